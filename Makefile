@@ -1,0 +1,44 @@
+# The README's commands and CI's are these targets, and only these.
+# Every target does its own set-up, idempotently: a second run skips what is already done.
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+PACKAGES := bridge spark_jobs consumers tests
+
+.PHONY: setup test lint unit integration stack-up stack-down clean
+
+setup: $(STAMP)
+	@bash scripts/ensure-system-tools.sh
+	@$(BIN)/bridge stack prepare
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	@rm -f $(VENV)/.installed-*
+	@touch $@
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy --strict $(PACKAGES)
+
+unit: $(STAMP)
+	$(BIN)/pytest tests/unit
+
+integration: setup
+	$(BIN)/pytest tests/integration
+
+test: setup lint
+	$(BIN)/pytest tests
+
+stack-up: setup
+	$(BIN)/bridge stack up
+
+stack-down: $(STAMP)
+	$(BIN)/bridge stack down
+
+clean:
+	rm -rf $(VENV) .stack .mypy_cache .ruff_cache .pytest_cache

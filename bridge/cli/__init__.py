@@ -1,0 +1,28 @@
+"""The `bridge` command line. Each group of commands lives in a module of its own."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+from rich.console import Console
+
+from bridge.cli import stack
+from bridge.errors import BridgeError
+
+app = typer.Typer(
+    name="bridge",
+    help="Exactly-once pipeline from Apache Spark, through Apache Kafka, into PostgreSQL.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+app.add_typer(stack.app, name="stack")
+
+
+def main() -> None:
+    """Entry point of the console script: refusals are one clear line, not a traceback."""
+    try:
+        app()
+    except BridgeError as exc:
+        Console(stderr=True).print(f"[bold red]error:[/] {exc}", highlight=False)
+        sys.exit(2)

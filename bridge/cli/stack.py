@@ -1,0 +1,79 @@
+"""`bridge stack prepare|up|down|status`: the local stack of real Kafka and PostgreSQL processes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from bridge.names import DEFAULT_STACK_DIR
+from bridge.stack import LocalStack, StackStatus
+
+app = typer.Typer(help="A local stack: Apache Kafka (KRaft) and PostgreSQL on loopback.")
+console = Console()
+
+DataDir = Annotated[
+    Path,
+    typer.Option(
+        "--data-dir",
+        envvar="BRIDGE_STACK_DIR",
+        show_envvar=True,
+        help="Where the servers keep their data, logs and stack.env.",
+    ),
+]
+
+
+@app.command()
+def prepare() -> None:
+    """Resolve the Kafka jars from Maven Central and find the PostgreSQL server; start nothing."""
+    LocalStack.prepare()
+    console.print("stack prepared: Kafka jars resolved, PostgreSQL server found")
+
+
+@app.command()
+def up(
+    data_dir: DataDir = Path(DEFAULT_STACK_DIR),
+    kafka_port: Annotated[
+        int | None, typer.Option(help="Kafka's port; a free one when not given.")
+    ] = None,
+    postgres_port: Annotated[
+        int | None, typer.Option(help="PostgreSQL's port; a free one when not given.")
+    ] = None,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for both servers.")] = 120.0,
+) -> None:
+    """Start Kafka and PostgreSQL (or leave them running) and write stack.env."""
+    stack = LocalStack(data_dir, kafka_port=kafka_port, postgres_port=postgres_port)
+    status = stack.up(timeout=timeout)
+    _show(status)
+    console.print(f"environment for clients: {stack.env_path}")
+
+
+@app.command()
+def down(data_dir: DataDir = Path(DEFAULT_STACK_DIR)) -> None:
+    """Stop both servers; their data stays in the data directory."""
+    _show(LocalStack(data_dir).down())
+
+
+@app.command()
+def status(data_dir: DataDir = Path(DEFAULT_STACK_DIR)) -> None:
+    """Say what runs where. Exits 1 when a server is down."""
+    current = LocalStack(data_dir).status()
+    _show(current)
+    if not current.running:
+        raise typer.Exit(1)
+
+
+def _show(status: StackStatus) -> None:
+    table = Table(title=f"stack in {status.data_dir}")
+    for column in ("server", "state", "pid", "address"):
+        table.add_column(column)
+    for name, running, pid, address in (
+        ("kafka", status.kafka_running, status.kafka_pid, status.bootstrap_servers),
+        ("postgres", status.postgres_running, status.postgres_pid, status.dsn),
+    ):
+        state = "[green]running[/]" if running else "[red]stopped[/]"
+        table.add_row(name, state, str(pid) if running else "-", address or "-")
+    console.print(table)

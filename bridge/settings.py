@@ -1,0 +1,263 @@
+"""Settings: one YAML file, overridden by `BRIDGE_*` environment variables, over `stack.env`.
+
+Precedence, highest first: keyword arguments, the process environment, the YAML file named by
+`--config` (or `BRIDGE_CONFIG`), then `stack.env` written by `bridge stack up`. Unknown keys and
+bad values are refused with the dotted path of the offending key (`consumer.routes.0.mode`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_settings import (
+    BaseSettings,
+    DotEnvSettingsSource,
+    InitSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+
+from bridge.errors import ConfigError
+from bridge.names import DEFAULT_STATE_SCHEMA, ENV_CONFIG_FILE, ENV_NESTED_DELIMITER, ENV_PREFIX
+
+_HOST_PORT = re.compile(r"^[A-Za-z0-9._\-\[\]:]+:\d{1,5}$")
+_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]*$")
+
+LibrdkafkaValue = str | int | float | bool
+
+
+class _Section(BaseModel):
+    """A nested settings section: frozen, and strict about unknown keys."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class KafkaSettings(_Section):
+    bootstrap_servers: str = "127.0.0.1:9092"
+    properties: dict[str, LibrdkafkaValue] = Field(default_factory=dict)
+
+    @field_validator("bootstrap_servers")
+    @classmethod
+    def _check_bootstrap(cls, value: str) -> str:
+        servers = [s.strip() for s in value.split(",") if s.strip()]
+        if not servers:
+            raise ValueError("needs at least one host:port")
+        for server in servers:
+            if not _HOST_PORT.match(server):
+                raise ValueError(f"{server!r} is not host:port")
+        return ",".join(servers)
+
+    @field_validator("properties")
+    @classmethod
+    def _check_properties(cls, value: dict[str, LibrdkafkaValue]) -> dict[str, LibrdkafkaValue]:
+        if "bootstrap.servers" in value:
+            raise ValueError("set kafka.bootstrap_servers instead of bootstrap.servers")
+        return value
+
+    def client_config(self, **overrides: LibrdkafkaValue) -> dict[str, LibrdkafkaValue]:
+        """The librdkafka configuration for one client: ours, then the user's, then the caller's."""
+        config: dict[str, LibrdkafkaValue] = {"bootstrap.servers": self.bootstrap_servers}
+        config.update(self.properties)
+        config.update(overrides)
+        return config
+
+
+class PostgresSettings(_Section):
+    # The DSN may carry a password, so it is secret: it never shows in logs or reprs.
+    dsn: SecretStr = SecretStr("postgresql://bridge@127.0.0.1:5432/bridge")
+
+    @field_validator("dsn")
+    @classmethod
+    def _check_dsn(cls, value: SecretStr) -> SecretStr:
+        raw = value.get_secret_value().strip()
+        if not raw:
+            raise ValueError("must not be empty")
+        is_url = raw.startswith(("postgresql://", "postgres://"))
+        is_keywords = "=" in raw and "://" not in raw
+        if not (is_url or is_keywords):
+            raise ValueError("must be a postgresql:// URL or a key=value connection string")
+        return SecretStr(raw)
+
+
+class RouteSettings(_Section):
+    topic: str = Field(min_length=1)
+    table: str = Field(min_length=1)
+    mode: Literal["insert", "upsert"] = "insert"
+    key_columns: tuple[str, ...] = ()
+
+    @field_validator("table")
+    @classmethod
+    def _check_table(cls, value: str) -> str:
+        parts = value.split(".")
+        if len(parts) > 2 or not all(_IDENTIFIER.match(p) for p in parts):
+            raise ValueError(f"{value!r} is not `table` or `schema.table`")
+        return value
+
+    @field_validator("key_columns")
+    @classmethod
+    def _check_key_columns(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for column in value:
+            if not _IDENTIFIER.match(column):
+                raise ValueError(f"{column!r} is not a column name")
+        if len(set(value)) != len(value):
+            raise ValueError("lists a column twice")
+        return value
+
+    @model_validator(mode="after")
+    def _upsert_needs_keys(self) -> RouteSettings:
+        if self.mode == "upsert" and not self.key_columns:
+            raise ValueError("mode 'upsert' needs key_columns")
+        return self
+
+
+class ConsumerSettings(_Section):
+    group_id: str = Field(min_length=1)
+    routes: tuple[RouteSettings, ...] = Field(min_length=1)
+    state_schema: str = DEFAULT_STATE_SCHEMA
+    start_policy: Literal["earliest", "latest"] = "earliest"
+    batch_max_records: int = Field(default=5000, ge=1, le=1_000_000)
+    batch_max_wait_ms: int = Field(default=100, ge=1, le=60_000)
+
+    @field_validator("state_schema")
+    @classmethod
+    def _check_schema(cls, value: str) -> str:
+        if not _IDENTIFIER.match(value):
+            raise ValueError(f"{value!r} is not a schema name")
+        return value
+
+    @field_validator("routes")
+    @classmethod
+    def _unique_topics(cls, value: tuple[RouteSettings, ...]) -> tuple[RouteSettings, ...]:
+        topics = [route.topic for route in value]
+        duplicated = sorted({t for t in topics if topics.count(t) > 1})
+        if duplicated:
+            raise ValueError(f"topic routed twice: {', '.join(duplicated)}")
+        return value
+
+
+# The files a load reads: set by `load_settings`, read by `settings_customise_sources`, which
+# pydantic-settings calls as a classmethod and so cannot take per-call arguments.
+_config_file: ContextVar[Path | None] = ContextVar("bridge_config_file", default=None)
+_env_file: ContextVar[Path | None] = ContextVar("bridge_env_file", default=None)
+
+
+class _YamlFileSource(InitSettingsSource):
+    """The YAML configuration file, refused if it is not a mapping at the top."""
+
+    def __init__(self, settings_cls: type[BaseSettings], path: Path | None) -> None:
+        super().__init__(settings_cls, _read_yaml(path) if path else {})
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError([("<file>", f"cannot read: {exc.strerror}")], source=str(path)) from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError([("<file>", f"not valid YAML: {exc}")], source=str(path)) from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError([("<file>", "the top level must be a mapping")], source=str(path))
+    return data
+
+
+class BridgeSettings(BaseSettings):
+    """Everything bridge reads from its configuration. Build it with `load_settings`."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        env_nested_delimiter=ENV_NESTED_DELIMITER,
+        extra="forbid",
+        frozen=True,
+    )
+
+    kafka: KafkaSettings = Field(default_factory=KafkaSettings)
+    postgres: PostgresSettings = Field(default_factory=PostgresSettings)
+    consumer: ConsumerSettings | None = None
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [
+            init_settings,
+            env_settings,
+            _YamlFileSource(settings_cls, _config_file.get()),
+        ]
+        env_file = _env_file.get()
+        if env_file is not None and env_file.is_file():
+            sources.append(DotEnvSettingsSource(settings_cls, env_file=env_file))
+        return tuple(sources)
+
+    def require_consumer(self) -> ConsumerSettings:
+        if self.consumer is None:
+            raise ConfigError([("consumer", "this command needs a consumer section")])
+        return self.consumer
+
+
+@contextmanager
+def _reading(config_file: Path | None, env_file: Path | None) -> Iterator[None]:
+    tokens = (_config_file.set(config_file), _env_file.set(env_file))
+    try:
+        yield
+    finally:
+        _config_file.reset(tokens[0])
+        _env_file.reset(tokens[1])
+
+
+def load_settings(
+    config_file: Path | None = None,
+    *,
+    env_file: Path | None = None,
+    **overrides: Any,
+) -> BridgeSettings:
+    """Load and validate the settings; raise `ConfigError` naming every offending key.
+
+    `config_file` defaults to `$BRIDGE_CONFIG` when that is set. `env_file` is the stack's
+    `stack.env`; it is read only when it exists.
+    """
+    if config_file is None and os.environ.get(ENV_CONFIG_FILE):
+        config_file = Path(os.environ[ENV_CONFIG_FILE])
+    if config_file is not None and not config_file.is_file():
+        raise ConfigError([("<file>", "no such file")], source=str(config_file))
+    source = str(config_file) if config_file else None
+    with _reading(config_file, env_file):
+        try:
+            return BridgeSettings(**overrides)
+        except ValidationError as exc:
+            raise ConfigError(_problems(exc), source=source) from None
+
+
+def _problems(exc: ValidationError) -> list[tuple[str, str]]:
+    problems = []
+    for error in exc.errors(include_url=False):
+        path = ".".join(str(part) for part in error["loc"]) or "<root>"
+        message = error["msg"]
+        if error["type"] == "extra_forbidden":
+            message = "unknown key"
+        problems.append((path, message))
+    return problems

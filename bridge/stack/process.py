@@ -1,0 +1,121 @@
+"""Start a server as a detached process, find it again from its pid file, and stop it."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+_PROC = Path("/proc")
+
+# Servers started by this very process, kept so that they can be reaped once stopped (and so that
+# Python does not warn about a child still running when its Popen object is collected).
+_children: dict[int, subprocess.Popen[bytes]] = {}
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago (the kernel's pick)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def spawn_detached(
+    argv: Sequence[str],
+    *,
+    log_path: Path,
+    cwd: Path,
+    env: dict[str, str] | None = None,
+) -> int:
+    """Start `argv` in its own session so it outlives the command that started it.
+
+    Output goes to `log_path`; standard input is closed. Returns the pid.
+    """
+    with log_path.open("ab") as log:
+        proc = subprocess.Popen(  # noqa: S603 - argv is built by us, never from user text
+            list(argv),
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    _children[proc.pid] = proc
+    return proc.pid
+
+
+def cmdline(pid: int) -> str | None:
+    """The command line of a live process, or None when it is gone (zombies count as gone)."""
+    try:
+        status = (_PROC / str(pid) / "stat").read_text()
+        if status.rsplit(")", 1)[1].split()[0] == "Z":
+            return None
+        raw = (_PROC / str(pid) / "cmdline").read_bytes()
+    except (OSError, IndexError):
+        return None
+    return raw.replace(b"\0", b" ").decode(errors="replace").strip()
+
+
+def alive(pid: int | None, marker: str) -> bool:
+    """Whether `pid` runs and is ours: its command line must contain `marker` (our data dir),
+    so that a pid recycled by an unrelated process is never mistaken for our server."""
+    if pid is None:
+        return False
+    line = cmdline(pid)
+    return line is not None and marker in line
+
+
+def read_pid(path: Path) -> int | None:
+    try:
+        return int(path.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def wait_until(predicate: Callable[[], bool], *, timeout: float, interval: float = 0.1) -> bool:
+    deadline = time.monotonic() + timeout
+    while True:
+        if predicate():
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(interval)
+
+
+def terminate(pid: int, marker: str, *, grace: float, sig: signal.Signals = signal.SIGTERM) -> None:
+    """Send `sig`, then SIGKILL after `grace` seconds; returns once the process is gone."""
+    if not alive(pid, marker):
+        return
+    _signal(pid, sig)
+    if not wait_until(lambda: not alive(pid, marker), timeout=grace):
+        _signal(pid, signal.SIGKILL)
+        wait_until(lambda: not alive(pid, marker), timeout=10)
+    _reap(pid)
+
+
+def _signal(pid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, sig)
+
+
+def _reap(pid: int) -> None:
+    # A server we started in this very process would linger as a zombie until reaped.
+    # Its command line can vanish a moment before it exits, so wait for the exit itself.
+    child = _children.pop(pid, None)
+    if child is not None:
+        child.wait(timeout=30)

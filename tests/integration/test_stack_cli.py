@@ -1,0 +1,121 @@
+"""`bridge stack up|status|down` as a user runs it: real processes, a client reading stack.env."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from bridge.kafka_admin import create_topic
+from bridge.settings import load_settings
+from bridge.stack import LocalStack
+from bridge.stack.process import alive
+from tests.kafka_helpers import read_all, transactional_producer
+
+pytestmark = pytest.mark.slow
+
+
+def bridge(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "bridge.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
+@pytest.fixture
+def data_dir() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="bridge-test-cli-"))
+    path.chmod(0o755)
+    try:
+        yield path
+    finally:
+        LocalStack(path).down()
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def test_up_serves_transactions_and_down_leaves_nothing(data_dir: Path) -> None:
+    first = bridge("stack", "up", "--data-dir", str(data_dir))
+    assert first.returncode == 0, first.stderr
+    env_file = data_dir / "stack.env"
+    settings = load_settings(env_file=env_file)
+
+    # An independent client, configured only by stack.env.
+    bootstrap = settings.kafka.bootstrap_servers
+    create_topic(bootstrap, "smoke")
+    producer = transactional_producer(bootstrap)
+    producer.begin_transaction()
+    producer.produce("smoke", value=b"hello")
+    producer.commit_transaction(30)
+    assert read_all(bootstrap, "smoke") == [b"hello"]
+    with psycopg.connect(settings.postgres.dsn.get_secret_value()) as conn:
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+
+    stack = LocalStack(data_dir)
+    before = stack.status()
+    again = bridge("stack", "up", "--data-dir", str(data_dir))
+    assert again.returncode == 0, again.stderr
+    after = stack.status()
+    assert (after.kafka_pid, after.postgres_pid) == (before.kafka_pid, before.postgres_pid)
+    assert bridge("stack", "status", "--data-dir", str(data_dir)).returncode == 0
+
+    down = bridge("stack", "down", "--data-dir", str(data_dir))
+    assert down.returncode == 0, down.stderr
+    assert before.kafka_pid is not None and before.postgres_pid is not None
+    assert not alive(before.kafka_pid, str(data_dir))
+    assert not alive(before.postgres_pid, str(data_dir))
+    assert not _processes_mentioning(data_dir)
+    assert not env_file.exists()
+    assert bridge("stack", "status", "--data-dir", str(data_dir)).returncode == 1
+
+
+def test_restart_keeps_addresses_and_data(data_dir: Path) -> None:
+    stack = LocalStack(data_dir)
+    stack.up()
+    state = stack.state()
+    dsn = stack.postgres(state).dsn
+    with psycopg.connect(dsn) as conn:
+        conn.execute("CREATE TABLE kept (x int)")
+        conn.execute("INSERT INTO kept VALUES (7)")
+    stack.down()
+    stack.up()
+    assert stack.state() == state
+    with psycopg.connect(dsn) as conn:
+        assert conn.execute("SELECT x FROM kept").fetchall() == [(7,)]
+
+
+def test_taken_port_is_refused_clearly(data_dir: Path) -> None:
+    import socket
+
+    with socket.socket() as blocker:
+        blocker.bind(("127.0.0.1", 0))
+        blocker.listen()
+        port = blocker.getsockname()[1]
+        result = bridge("stack", "up", "--data-dir", str(data_dir), "--postgres-port", str(port))
+    assert result.returncode == 2
+    assert f"port {port}" in result.stderr
+    assert not _processes_mentioning(data_dir)
+
+
+def _processes_mentioning(path: Path) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z" and str(path).encode() in cmdline:
+            found.append(int(entry.name))
+    return found

@@ -1,0 +1,81 @@
+"""Small readers and writers the integration tests share."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Literal
+
+from confluent_kafka import (
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
+
+Isolation = Literal["read_committed", "read_uncommitted"]
+
+
+def transactional_producer(bootstrap: str, transactional_id: str | None = None) -> Producer:
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "transactional.id": transactional_id or f"test-{uuid.uuid4().hex}",
+            "linger.ms": 5,
+        }
+    )
+    producer.init_transactions(60)
+    return producer
+
+
+def read_all(
+    bootstrap: str,
+    topic: str,
+    *,
+    isolation: Isolation = "read_committed",
+    partitions: int = 1,
+    timeout: float = 30.0,
+) -> list[bytes]:
+    """Every value a consumer of `isolation` can read, from the start to the end of each partition
+    (for read_committed the end is the last stable offset)."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"reader-{uuid.uuid4().hex}",
+            "isolation.level": isolation,
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+        }
+    )
+    try:
+        consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+        values: list[bytes] = []
+        at_end: set[int] = set()
+        deadline = time.monotonic() + timeout
+        while len(at_end) < partitions:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{topic}: reached the end of {sorted(at_end)} only")
+            message = consumer.poll(0.5)
+            if message is None:
+                continue
+            error = message.error()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
+                    at_end.add(_partition(message))
+                    continue
+                raise KafkaException(error)
+            at_end.discard(_partition(message))
+            value = message.value()
+            assert value is not None, f"{topic}: a record without a value"
+            values.append(value)
+        return values
+    finally:
+        consumer.close()
+
+
+def _partition(message: Message) -> int:
+    partition = message.partition()
+    assert partition is not None
+    return partition

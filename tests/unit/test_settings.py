@@ -1,0 +1,196 @@
+"""Each refusal of the configuration names the offending key; good configurations load."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bridge.errors import ConfigError
+from bridge.settings import load_settings
+
+GOOD = """
+kafka:
+  bootstrap_servers: "127.0.0.1:9092"
+  properties: {"linger.ms": 5}
+postgres:
+  dsn: "postgresql://user:secret@127.0.0.1:5432/db"
+consumer:
+  group_id: "orders-to-pg"
+  routes:
+    - topic: "orders"
+      table: "public.orders"
+      mode: "insert"
+    - topic: "customers"
+      table: "customers"
+      mode: "upsert"
+      key_columns: ["id"]
+"""
+
+
+@pytest.fixture(autouse=True)
+def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    for name in list(os.environ):
+        if name.startswith("BRIDGE_"):
+            monkeypatch.delenv(name)
+
+
+def write(tmp_path: Path, text: str, name: str = "bridge.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def refusal(tmp_path: Path, text: str) -> list[tuple[str, str]]:
+    with pytest.raises(ConfigError) as raised:
+        load_settings(write(tmp_path, text))
+    return raised.value.problems
+
+
+def test_good_configuration_loads(tmp_path: Path) -> None:
+    settings = load_settings(write(tmp_path, GOOD))
+    consumer = settings.require_consumer()
+    assert [r.topic for r in consumer.routes] == ["orders", "customers"]
+    assert consumer.routes[1].key_columns == ("id",)
+    assert settings.kafka.client_config(**{"acks": "all"}) == {
+        "bootstrap.servers": "127.0.0.1:9092",
+        "linger.ms": 5,
+        "acks": "all",
+    }
+
+
+def test_dsn_is_secret_in_reprs(tmp_path: Path) -> None:
+    settings = load_settings(write(tmp_path, GOOD))
+    assert "secret" not in repr(settings)
+    assert "secret" in settings.postgres.dsn.get_secret_value()
+
+
+def test_unknown_top_level_key_is_refused(tmp_path: Path) -> None:
+    assert refusal(tmp_path, GOOD + "\nkafak: {}\n") == [("kafak", "unknown key")]
+
+
+def test_unknown_nested_key_is_refused_with_its_path(tmp_path: Path) -> None:
+    text = GOOD.replace('mode: "insert"', 'mode: "insert"\n      colums: []')
+    assert refusal(tmp_path, text) == [("consumer.routes.0.colums", "unknown key")]
+
+
+def test_bad_mode_is_refused(tmp_path: Path) -> None:
+    problems = refusal(tmp_path, GOOD.replace('mode: "insert"', 'mode: "merge"'))
+    assert [path for path, _ in problems] == ["consumer.routes.0.mode"]
+    assert "insert" in problems[0][1]
+
+
+def test_upsert_without_key_columns_is_refused(tmp_path: Path) -> None:
+    problems = refusal(tmp_path, GOOD.replace('key_columns: ["id"]', "key_columns: []"))
+    assert problems[0][0] == "consumer.routes.1"
+    assert "key_columns" in problems[0][1]
+
+
+@pytest.mark.parametrize(
+    ("bootstrap", "fragment"),
+    [("", "at least one"), ("localhost", "host:port"), ("a:1,b", "host:port")],
+)
+def test_bad_bootstrap_servers_are_refused(tmp_path: Path, bootstrap: str, fragment: str) -> None:
+    problems = refusal(tmp_path, GOOD.replace('"127.0.0.1:9092"', f'"{bootstrap}"'))
+    assert problems[0][0] == "kafka.bootstrap_servers"
+    assert fragment in problems[0][1]
+
+
+def test_bootstrap_servers_inside_properties_is_refused(tmp_path: Path) -> None:
+    text = GOOD.replace('{"linger.ms": 5}', '{"bootstrap.servers": "x:1"}')
+    assert refusal(tmp_path, text)[0][0] == "kafka.properties"
+
+
+def test_bad_dsn_is_refused(tmp_path: Path) -> None:
+    problems = refusal(tmp_path, GOOD.replace("postgresql://user:secret@", "mysql://user@"))
+    assert problems[0][0] == "postgres.dsn"
+
+
+def test_bad_table_name_is_refused(tmp_path: Path) -> None:
+    problems = refusal(tmp_path, GOOD.replace('"public.orders"', '"a.b.c"'))
+    assert problems[0][0] == "consumer.routes.0.table"
+
+
+def test_topic_routed_twice_is_refused(tmp_path: Path) -> None:
+    problems = refusal(tmp_path, GOOD.replace('topic: "customers"', 'topic: "orders"'))
+    assert problems[0][0] == "consumer.routes"
+    assert "orders" in problems[0][1]
+
+
+def test_no_routes_is_refused(tmp_path: Path) -> None:
+    text = 'consumer:\n  group_id: "g"\n  routes: []\n'
+    assert refusal(tmp_path, text)[0][0] == "consumer.routes"
+
+
+def test_batch_size_out_of_range_is_refused(tmp_path: Path) -> None:
+    text = GOOD.replace('group_id: "orders-to-pg"', 'group_id: "g"\n  batch_max_records: 0')
+    assert refusal(tmp_path, text)[0][0] == "consumer.batch_max_records"
+
+
+def test_file_that_is_not_a_mapping_is_refused(tmp_path: Path) -> None:
+    assert refusal(tmp_path, "- a\n- b\n") == [("<file>", "the top level must be a mapping")]
+
+
+def test_invalid_yaml_is_refused(tmp_path: Path) -> None:
+    assert refusal(tmp_path, "kafka: [unclosed\n")[0][0] == "<file>"
+
+
+def test_missing_file_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="no such file"):
+        load_settings(tmp_path / "absent.yaml")
+
+
+def test_every_problem_is_reported_at_once(tmp_path: Path) -> None:
+    text = GOOD.replace('mode: "insert"', 'mode: "merge"').replace("kafka:", "kafka:\n  x: 1")
+    paths = {path for path, _ in refusal(tmp_path, text)}
+    assert paths == {"kafka.x", "consumer.routes.0.mode"}
+
+
+def test_message_names_the_file_and_the_path(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as raised:
+        load_settings(write(tmp_path, GOOD.replace('mode: "insert"', 'mode: "merge"')))
+    assert "bridge.yaml" in str(raised.value)
+    assert "consumer.routes.0.mode" in str(raised.value)
+
+
+def test_environment_overrides_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BRIDGE_KAFKA__BOOTSTRAP_SERVERS", "10.0.0.1:9093")
+    settings = load_settings(write(tmp_path, GOOD))
+    assert settings.kafka.bootstrap_servers == "10.0.0.1:9093"
+    assert settings.kafka.properties == {"linger.ms": 5}
+
+
+def test_bad_environment_value_is_refused_with_its_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("BRIDGE_KAFKA__BOOTSTRAP_SERVERS", "nonsense")
+    with pytest.raises(ConfigError) as raised:
+        load_settings()
+    assert raised.value.problems[0][0] == "kafka.bootstrap_servers"
+
+
+def test_stack_env_file_is_the_lowest_layer(tmp_path: Path) -> None:
+    env_file = write(
+        tmp_path,
+        "BRIDGE_KAFKA__BOOTSTRAP_SERVERS=127.0.0.1:40000\n"
+        "BRIDGE_POSTGRES__DSN=postgresql://bridge@127.0.0.1:40001/bridge\n",
+        "stack.env",
+    )
+    only_stack = load_settings(env_file=env_file)
+    assert only_stack.kafka.bootstrap_servers == "127.0.0.1:40000"
+    assert only_stack.postgres.dsn.get_secret_value().endswith(":40001/bridge")
+    # The configuration file wins over stack.env.
+    with_file = load_settings(write(tmp_path, GOOD), env_file=env_file)
+    assert with_file.kafka.bootstrap_servers == "127.0.0.1:9092"
+
+
+def test_config_file_from_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BRIDGE_CONFIG", str(write(tmp_path, GOOD)))
+    assert load_settings().require_consumer().group_id == "orders-to-pg"
+
+
+def test_require_consumer_refuses_when_absent() -> None:
+    with pytest.raises(ConfigError, match="consumer"):
+        load_settings().require_consumer()
