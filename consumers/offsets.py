@@ -1,0 +1,99 @@
+"""Offsets live in PostgreSQL, next to the rows: `(group, topic, partition) -> next_offset`,
+with an owner lease (`owner`, `owner_epoch`) that fences a member which lost its partition."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import psycopg
+
+from consumers.state import StateTables
+
+
+@dataclass(frozen=True, kw_only=True)
+class Lease:
+    """This instance's claim on one partition: writes are valid only while `epoch` is current."""
+
+    topic: str
+    partition: int
+    epoch: int
+    next_offset: int
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.topic, self.partition)
+
+
+class OffsetStore:
+    def __init__(self, *, tables: StateTables, group_id: str, owner: str) -> None:
+        self._group = group_id
+        self._owner = owner
+        self._table = tables.qualified(tables.offsets)
+
+    def stored(
+        self, conn: psycopg.Connection, keys: list[tuple[str, int]]
+    ) -> dict[tuple[str, int], int]:
+        """The stored next offsets of those partitions that have a row."""
+        rows = conn.execute(
+            f"SELECT topic, partition, next_offset FROM {self._table} "  # noqa: S608 - our table
+            "WHERE group_id = %s AND (topic, partition) IN "
+            "(SELECT * FROM unnest(%s::text[], %s::int[]))",
+            (self._group, [k[0] for k in keys], [k[1] for k in keys]),
+        ).fetchall()
+        return {(topic, partition): offset for topic, partition, offset in rows}
+
+    def claim(
+        self, conn: psycopg.Connection, start_offsets: dict[tuple[str, int], int]
+    ) -> list[Lease]:
+        """Take ownership of the partitions (bumping their owner epoch, which fences the previous
+        owner) and return where to start. `start_offsets` is used only for partitions that have
+        no row yet; a stored offset always wins. Commits."""
+        with conn.transaction():
+            rows = conn.execute(
+                f"INSERT INTO {self._table} AS o "  # noqa: S608 - our table
+                "(group_id, topic, partition, next_offset, owner, owner_epoch) "
+                "SELECT %s, t, p, n, %s, 1 "
+                "FROM unnest(%s::text[], %s::int[], %s::bigint[]) AS x(t, p, n) "
+                "ON CONFLICT (group_id, topic, partition) DO UPDATE "
+                "SET owner = EXCLUDED.owner, owner_epoch = o.owner_epoch + 1, updated_at = now() "
+                "RETURNING topic, partition, owner_epoch, next_offset",
+                (
+                    self._group,
+                    self._owner,
+                    [k[0] for k in start_offsets],
+                    [k[1] for k in start_offsets],
+                    list(start_offsets.values()),
+                ),
+            ).fetchall()
+        return [
+            Lease(topic=topic, partition=partition, epoch=epoch, next_offset=offset)
+            for topic, partition, epoch, offset in rows
+        ]
+
+    def advance(self, conn: psycopg.Connection, lease: Lease, next_offset: int) -> bool:
+        """The fenced offset update, first statement of a batch transaction. False means the
+        partition is no longer ours (or someone moved its offset): roll back and let it go."""
+        cursor = conn.execute(
+            f"UPDATE {self._table} SET next_offset = %s, updated_at = now() "  # noqa: S608
+            "WHERE group_id = %s AND topic = %s AND partition = %s "
+            "AND owner_epoch = %s AND next_offset = %s",
+            (
+                next_offset,
+                self._group,
+                lease.topic,
+                lease.partition,
+                lease.epoch,
+                lease.next_offset,
+            ),
+        )
+        return cursor.rowcount == 1
+
+    def release(self, conn: psycopg.Connection, leases: list[Lease]) -> None:
+        """Mark partitions as unowned after a clean revoke; a newer owner's row is left alone."""
+        with conn.transaction():
+            for lease in leases:
+                conn.execute(
+                    f"UPDATE {self._table} SET owner = NULL, updated_at = now() "  # noqa: S608
+                    "WHERE group_id = %s AND topic = %s AND partition = %s AND owner_epoch = %s",
+                    (self._group, lease.topic, lease.partition, lease.epoch),
+                )

@@ -1,0 +1,299 @@
+"""The long-running consumer: read_committed records -> one PostgreSQL transaction per batch
+holding the fenced offset advance and the rows together."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any, TypeVar
+
+import psycopg
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+from sqlalchemy import Engine, create_engine
+
+from bridge.settings import BridgeSettings, ConsumerSettings, LibrdkafkaValue
+from consumers.applier import Applier
+from consumers.offsets import Lease, OffsetStore
+from consumers.records import Record
+from consumers.state import ensure_state_tables, state_tables
+from consumers.targets import Target, reflect_target
+
+log = logging.getLogger("bridge.consumer")
+
+_RECONNECT_DELAYS = (0.2, 0.5, 1.0, 2.0, 5.0)
+_RECONNECT_ATTEMPTS = 60  # about five minutes at the longest delay, then give up loudly
+_RECORD_KEY = tuple[str, int]
+T = TypeVar("T")
+
+
+class PartitionFenced(Exception):
+    """The fenced offset update matched no row: another owner holds the partition now."""
+
+    def __init__(self, key: _RECORD_KEY) -> None:
+        self.key = key
+        super().__init__(f"{key[0]}[{key[1]}] is no longer ours")
+
+
+def sqlalchemy_engine(dsn: str) -> Engine:
+    """An engine over psycopg for DDL and reflection; takes URL and key=value DSNs alike."""
+    return create_engine("postgresql+psycopg://", creator=lambda: psycopg.connect(dsn))
+
+
+class ConsumerService:
+    def __init__(self, settings: BridgeSettings, *, owner: str | None = None) -> None:
+        self._settings = settings
+        self._config: ConsumerSettings = settings.require_consumer()
+        self._dsn = settings.postgres.dsn.get_secret_value()
+        self._owner = owner or f"{socket.gethostname()}:{os.getpid()}"
+        self._tables = state_tables(self._config.state_schema)
+        self._store = OffsetStore(
+            tables=self._tables, group_id=self._config.group_id, owner=self._owner
+        )
+        self._applier = Applier(tables=self._tables, group_id=self._config.group_id)
+        self._leases: dict[_RECORD_KEY, Lease] = {}
+        self._out_of_range: set[_RECORD_KEY] = set()
+        self._targets: dict[str, Target] = {}
+        self._stop = threading.Event()
+        self._conn: psycopg.Connection[Any] | None = None
+        self._consumer: Consumer | None = None
+        self.applied_total = 0
+
+    # -- life cycle ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Create the state tables, check every route's table, join the group. Refuses a bad
+        configuration (missing table or column) before consuming anything."""
+        engine = sqlalchemy_engine(self._dsn)
+        try:
+            with engine.connect() as conn:
+                ensure_state_tables(conn, self._tables)
+            self._targets = {
+                route.topic: reflect_target(engine, route, index)
+                for index, route in enumerate(self._config.routes)
+            }
+        finally:
+            engine.dispose()
+        self._conn = self._connect()
+        # Positions come from the database only: nothing is committed to Kafka, and a fetch
+        # outside the log is an error rather than a jump.
+        overrides: dict[str, LibrdkafkaValue] = {
+            "group.id": self._config.group_id,
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "partition.assignment.strategy": "cooperative-sticky",
+            "auto.offset.reset": "error",
+        }
+        self._consumer = Consumer(self._settings.kafka.client_config(**overrides))
+        self._consumer.subscribe(
+            list(self._targets),
+            on_assign=self._on_assign,
+            on_revoke=self._on_revoke,
+            on_lost=self._on_lost,
+        )
+        log.info("consumer started", extra={"owner": self._owner, "topics": list(self._targets)})
+
+    def stop(self) -> None:
+        """Ask the loop to stop after the batch in hand (safe from a signal handler)."""
+        self._stop.set()
+
+    def run(self) -> None:
+        """Consume until `stop`; then leave the group and close."""
+        assert self._consumer is not None, "start() first"  # noqa: S101
+        try:
+            while not self._stop.is_set():
+                messages = self._consumer.consume(
+                    self._config.batch_max_records, self._config.batch_max_wait_ms / 1000
+                )
+                records = []
+                for message in messages:
+                    error = message.error()
+                    if error is not None:
+                        if error.fatal():
+                            raise KafkaException(error)
+                        log.warning("kafka error: %s", error.str())
+                        continue
+                    records.append(Record.from_message(message))
+                if records:
+                    self._apply(records)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self._consumer is not None:
+            self._consumer.close()  # leaves the group: our partitions are revoked and released
+            self._consumer = None
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    @property
+    def ready(self) -> bool:
+        return self._consumer is not None and not self._out_of_range
+
+    # -- one batch ----------------------------------------------------------------------------
+
+    def _apply(self, records: list[Record]) -> None:
+        by_partition: dict[_RECORD_KEY, list[Record]] = defaultdict(list)
+        for record in records:
+            key = (record.topic, record.partition)
+            lease = self._leases.get(key)
+            # Records of a partition we let go of, or below what is already committed, are not ours.
+            if lease is not None and record.offset >= lease.next_offset:
+                by_partition[key].append(record)
+        while by_partition:
+            try:
+                self._commit_batch(by_partition)
+                return
+            except PartitionFenced as fenced:
+                log.warning("partition fenced, letting it go", extra={"partition": fenced.key})
+                by_partition.pop(fenced.key, None)
+                self._let_go([fenced.key])
+            except psycopg.OperationalError as exc:
+                log.error("database connection lost: %s", exc)
+                self._reconnect()
+                self._seek_to_leases()
+                return
+
+    def _commit_batch(self, by_partition: dict[_RECORD_KEY, list[Record]]) -> None:
+        """One database transaction for the whole batch.
+
+        Step 1: per partition, the fenced offset advance (owner epoch and expected offset).
+        Step 2: per route, the rows, and the dead letters of records that cannot be rows.
+        Step 3: the commit; only then do the in-memory leases move.
+        """
+        conn = self._connection()
+        advanced: dict[_RECORD_KEY, int] = {}
+        with conn.transaction():
+            # Step 1
+            for key, records in by_partition.items():
+                next_offset = records[-1].offset + 1
+                if not self._store.advance(conn, self._leases[key], next_offset):
+                    raise PartitionFenced(key)
+                advanced[key] = next_offset
+            # Step 2
+            by_topic: dict[str, list[Record]] = defaultdict(list)
+            for key, records in by_partition.items():
+                by_topic[key[0]].extend(records)
+            for topic, records in by_topic.items():
+                counts = self._applier.apply(conn, self._targets[topic], records)
+                self.applied_total += counts.applied + counts.deleted
+        # Step 3
+        for key, next_offset in advanced.items():
+            self._leases[key] = replace(self._leases[key], next_offset=next_offset)
+
+    # -- rebalance callbacks (run inside consume) -----------------------------------------------
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        keys = [(tp.topic, tp.partition) for tp in partitions]
+        watermarks = {
+            key: consumer.get_watermark_offsets(TopicPartition(*key), timeout=10, cached=False)
+            for key in keys
+        }
+        leases = self._with_database(lambda conn: self._claim(conn, keys, watermarks))
+        assignment = []
+        for lease in leases:
+            self._leases[lease.key] = lease
+            assignment.append(TopicPartition(lease.topic, lease.partition, lease.next_offset))
+        consumer.incremental_assign(assignment)
+        for lease in leases:
+            low = watermarks[lease.key][0]
+            if lease.next_offset < low:
+                # Never a silent jump: the partition stays paused until an operator resets it.
+                self._out_of_range.add(lease.key)
+                consumer.pause([TopicPartition(lease.topic, lease.partition)])
+                log.error(
+                    "stored offset %d of %s[%d] is below the log start %d: records were lost "
+                    "before they were applied; partition paused (see `bridge offsets reset`)",
+                    lease.next_offset, lease.topic, lease.partition, low,
+                )  # fmt: skip
+        log.info("assigned %s", [(x.topic, x.partition, x.next_offset) for x in leases])
+
+    def _claim(
+        self,
+        conn: psycopg.Connection[Any],
+        keys: list[_RECORD_KEY],
+        watermarks: dict[_RECORD_KEY, tuple[int, int]],
+    ) -> list[Lease]:
+        stored = self._store.stored(conn, keys)
+        starts = {}
+        for key in keys:
+            low, high = watermarks[key]
+            policy_start = low if self._config.start_policy == "earliest" else high
+            starts[key] = stored.get(key, policy_start)
+        return self._store.claim(conn, starts)
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        keys = [(tp.topic, tp.partition) for tp in partitions]
+        leases = [self._leases[k] for k in keys if k in self._leases]
+        self._forget(keys)
+        try:
+            self._store.release(self._connection(), leases)
+        except psycopg.OperationalError as exc:
+            log.warning("could not mark revoked partitions unowned: %s", exc)
+        consumer.incremental_unassign(partitions)
+
+    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._forget([(tp.topic, tp.partition) for tp in partitions])
+        consumer.incremental_unassign(partitions)
+
+    def _forget(self, keys: list[_RECORD_KEY]) -> None:
+        for key in keys:
+            self._leases.pop(key, None)
+            self._out_of_range.discard(key)
+
+    def _let_go(self, keys: list[_RECORD_KEY]) -> None:
+        self._forget(keys)
+        if self._consumer is not None:
+            self._consumer.pause([TopicPartition(*key) for key in keys])
+
+    # -- database connection ------------------------------------------------------------------
+
+    def _connect(self) -> psycopg.Connection[Any]:
+        return psycopg.connect(self._dsn, autocommit=True)
+
+    def _connection(self) -> psycopg.Connection[Any]:
+        if self._conn is None or self._conn.closed:
+            self._reconnect()
+        assert self._conn is not None  # noqa: S101
+        return self._conn
+
+    def _reconnect(self) -> None:
+        """Reconnect with bounded backoff; give up (and so exit non-zero) when it stays down."""
+        if self._conn is not None:
+            self._conn.close()
+        self._conn = None
+        for attempt in range(_RECONNECT_ATTEMPTS):
+            if self._stop.is_set():
+                raise RuntimeError("stopping while the database is unreachable")
+            try:
+                self._conn = self._connect()
+                log.info("database reconnected after %d attempt(s)", attempt + 1)
+                return
+            except psycopg.OperationalError as exc:
+                delay = _RECONNECT_DELAYS[min(attempt, len(_RECONNECT_DELAYS) - 1)]
+                log.warning("database unreachable (%s); retrying in %.1fs", exc, delay)
+                time.sleep(delay)
+        raise RuntimeError(f"database unreachable after {_RECONNECT_ATTEMPTS} attempts")
+
+    def _with_database(self, work: Callable[[psycopg.Connection[Any]], T]) -> T:
+        for _ in range(_RECONNECT_ATTEMPTS):
+            try:
+                return work(self._connection())
+            except psycopg.OperationalError as exc:
+                log.error("database connection lost: %s", exc)
+                self._reconnect()
+        raise RuntimeError("database kept failing")
+
+    def _seek_to_leases(self) -> None:
+        """After a rollback, fetch again from what the database says is committed."""
+        if self._consumer is None:
+            return
+        for lease in self._leases.values():
+            self._consumer.seek(TopicPartition(lease.topic, lease.partition, lease.next_offset))

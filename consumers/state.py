@@ -1,0 +1,84 @@
+"""The consumer's own tables in PostgreSQL: offsets with an owner lease, and dead letters.
+
+SQLAlchemy Core describes them; `ensure_state_tables` creates them idempotently, under an
+advisory lock so that two instances starting together do not race on CREATE TABLE.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Connection,
+    DateTime,
+    Integer,
+    LargeBinary,
+    MetaData,
+    PrimaryKeyConstraint,
+    Table,
+    Text,
+    UniqueConstraint,
+    func,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.schema import CreateSchema
+
+# Any constant works: it only has to be the same for every instance of bridge.
+_DDL_LOCK_KEY = 0x62726964  # "brid"
+
+OFFSETS_TABLE = "offsets"
+DEAD_LETTERS_TABLE = "dead_letters"
+
+
+@dataclass(frozen=True)
+class StateTables:
+    schema: str
+    offsets: Table
+    dead_letters: Table
+
+    def qualified(self, table: Table) -> str:
+        return f'"{self.schema}"."{table.name}"'
+
+
+def state_tables(schema: str) -> StateTables:
+    metadata = MetaData(schema=schema)
+    offsets = Table(
+        OFFSETS_TABLE,
+        metadata,
+        Column("group_id", Text, nullable=False),
+        Column("topic", Text, nullable=False),
+        Column("partition", Integer, nullable=False),
+        Column("next_offset", BigInteger, nullable=False),
+        Column("owner", Text),
+        Column("owner_epoch", BigInteger, nullable=False, server_default=text("0")),
+        Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+        PrimaryKeyConstraint("group_id", "topic", "partition"),
+    )
+    dead_letters = Table(
+        DEAD_LETTERS_TABLE,
+        metadata,
+        Column("id", BigInteger, primary_key=True, autoincrement=True),
+        Column("group_id", Text, nullable=False),
+        Column("topic", Text, nullable=False),
+        Column("partition", Integer, nullable=False),
+        Column("offset", BigInteger, nullable=False),
+        Column("key", LargeBinary),
+        Column("value", LargeBinary),
+        Column("headers", JSONB),
+        Column("error", Text, nullable=False),
+        Column("failed_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+        # A record is dead-lettered at most once: its offset moves past it in the same transaction.
+        UniqueConstraint("group_id", "topic", "partition", "offset"),
+    )
+    return StateTables(schema=schema, offsets=offsets, dead_letters=dead_letters)
+
+
+def ensure_state_tables(conn: Connection, tables: StateTables) -> None:
+    """Create the schema and both tables when missing; commits."""
+    with conn.begin():
+        conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _DDL_LOCK_KEY})
+        conn.execute(CreateSchema(tables.schema, if_not_exists=True))
+        tables.offsets.metadata.create_all(conn, checkfirst=True)

@@ -1,0 +1,80 @@
+"""The user's target tables: reflected at start-up and checked against the routes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Engine, MetaData, Table, inspect
+from sqlalchemy.exc import NoSuchTableError
+
+from bridge.errors import ConfigError
+from bridge.settings import RouteSettings
+from consumers.records import RecordError, to_cell
+
+
+@dataclass(frozen=True, kw_only=True)
+class Target:
+    route: RouteSettings
+    schema: str
+    name: str
+    columns: tuple[str, ...]
+    required: frozenset[str]  # NOT NULL without a default: a record must carry them
+
+    @property
+    def qualified(self) -> str:
+        return f'"{self.schema}"."{self.name}"'
+
+    def row(self, value: dict[str, Any]) -> dict[str, Any]:
+        """The record's fields that are columns of the table; keys that are not are ignored."""
+        missing = sorted(c for c in self.required if value.get(c) is None)
+        if missing:
+            raise RecordError(f"missing required column(s) {', '.join(missing)}")
+        return {c: to_cell(value[c]) for c in self.columns if c in value}
+
+
+def reflect_target(engine: Engine, route: RouteSettings, index: int) -> Target:
+    """Refuse at start-up a route whose table or key columns do not exist."""
+    path = f"consumer.routes.{index}"
+    schema, _, name = route.table.rpartition(".")
+    schema = schema or "public"
+    try:
+        table = Table(name, MetaData(), schema=schema, autoload_with=engine)
+    except NoSuchTableError:
+        raise ConfigError([(f"{path}.table", f"table {route.table!r} does not exist")]) from None
+    columns = tuple(c.name for c in table.columns)
+    unknown = [c for c in route.key_columns if c not in columns]
+    if unknown:
+        raise ConfigError(
+            [(f"{path}.key_columns", f"{route.table} has no column {', '.join(unknown)}")]
+        )
+    if route.mode == "upsert" and not _has_unique(engine, schema, name, route.key_columns):
+        raise ConfigError(
+            [(f"{path}.key_columns", f"{route.table} has no primary key or unique constraint "
+              f"on ({', '.join(route.key_columns)}), which upsert needs")]
+        )  # fmt: skip
+    required = frozenset(
+        c.name
+        for c in table.columns
+        if not c.nullable and c.server_default is None and not _is_identity(c)
+    )
+    return Target(route=route, schema=schema, name=name, columns=columns, required=required)
+
+
+def _is_identity(column: Any) -> bool:
+    return column.identity is not None or (column.autoincrement is True and column.primary_key)
+
+
+def _has_unique(engine: Engine, schema: str, name: str, keys: tuple[str, ...]) -> bool:
+    inspector = inspect(engine)
+    wanted = set(keys)
+    primary = inspector.get_pk_constraint(name, schema=schema).get("constrained_columns") or []
+    if set(primary) == wanted:
+        return True
+    for constraint in inspector.get_unique_constraints(name, schema=schema):
+        if set(constraint["column_names"]) == wanted:
+            return True
+    return any(
+        index.get("unique") and set(c for c in index["column_names"] if c) == wanted
+        for index in inspector.get_indexes(name, schema=schema)
+    )

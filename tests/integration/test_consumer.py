@@ -1,0 +1,220 @@
+"""The consumer service against real Kafka and PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+import pytest
+
+from bridge.errors import ConfigError
+from bridge.kafka_admin import create_topic
+from bridge.settings import BridgeSettings, load_settings
+from consumers.service import ConsumerService
+from tests.harness import Endpoints
+from tests.kafka_helpers import transactional_producer
+
+
+@pytest.fixture
+def names() -> dict[str, str]:
+    suffix = uuid.uuid4().hex[:10]
+    return {"topic": f"c-{suffix}", "table": f"t_{suffix}", "group": f"g-{suffix}",
+            "schema": f"s_{suffix}"}  # fmt: skip
+
+
+def settings_for(stack: Endpoints, names: dict[str, str], **route: Any) -> BridgeSettings:
+    return load_settings(
+        kafka={"bootstrap_servers": stack.bootstrap_servers},
+        postgres={"dsn": stack.dsn},
+        consumer={
+            "group_id": names["group"],
+            "state_schema": names["schema"],
+            "batch_max_wait_ms": 50,
+            "routes": [{"topic": names["topic"], "table": f"public.{names['table']}", **route}],
+        },
+    )
+
+
+def sql(stack: Endpoints, statement: str) -> list[tuple[Any, ...]]:
+    with psycopg.connect(stack.dsn, autocommit=True) as conn:
+        cursor = conn.execute(statement.encode())
+        return cursor.fetchall() if cursor.description else []
+
+
+def produce(
+    stack: Endpoints, topic: str, records: list[tuple[Any, Any]], *, abort: bool = False
+) -> None:
+    producer = transactional_producer(stack.bootstrap_servers)
+    producer.begin_transaction()
+    for key, value in records:
+        producer.produce(
+            topic,
+            key=None if key is None else json.dumps(key).encode(),
+            value=None
+            if value is None
+            else (value if isinstance(value, bytes) else json.dumps(value).encode()),
+        )
+    if abort:
+        producer.flush(30)
+        producer.abort_transaction(30)
+    else:
+        producer.commit_transaction(30)
+
+
+@contextmanager
+def running(settings: BridgeSettings) -> Iterator[ConsumerService]:
+    service = ConsumerService(settings)
+    service.start()
+    failure: list[BaseException] = []
+
+    def loop() -> None:
+        try:
+            service.run()
+        except BaseException as exc:  # noqa: BLE001 - handed to the test thread below
+            failure.append(exc)
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    try:
+        yield service
+    finally:
+        service.stop()
+        thread.join(60)
+        assert not thread.is_alive(), "the service did not stop"
+        if failure:
+            raise failure[0]
+
+
+def eventually(check: Callable[[], bool], timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.2)
+
+
+def test_committed_records_land_once_and_aborted_never(
+    stack: Endpoints, names: dict[str, str]
+) -> None:
+    create_topic(stack.bootstrap_servers, names["topic"], partitions=3)
+    sql(stack, f"CREATE TABLE {names['table']} (id int PRIMARY KEY, body text)")
+    produce(stack, names["topic"], [(None, {"id": i, "body": f"b{i}"}) for i in range(300)])
+    produce(stack, names["topic"], [(None, {"id": 10_000 + i}) for i in range(50)], abort=True)
+    produce(stack, names["topic"], [(None, {"id": i, "body": "late"}) for i in range(300, 400)])
+
+    with running(settings_for(stack, names)):
+        eventually(lambda: sql(stack, f"SELECT count(*) FROM {names['table']}")[0][0] >= 400)
+        time.sleep(1)  # anything more would be a duplicate (refused by the key) or an aborted row
+
+    assert sql(stack, f"SELECT count(*), min(id), max(id) FROM {names['table']}") == [(400, 0, 399)]
+    offsets = sql(
+        stack,
+        f"SELECT partition, next_offset, owner_epoch FROM {names['schema']}.offsets "
+        f"WHERE group_id = '{names['group']}' ORDER BY partition",
+    )
+    assert [row[0] for row in offsets] == [0, 1, 2]
+    # next_offset is last offset + 1: past the data and the transaction markers, never a count.
+    assert sum(row[1] for row in offsets) >= 400
+    assert sql(stack, f"SELECT count(*) FROM {names['schema']}.dead_letters") == [(0,)]
+
+
+def test_restart_resumes_from_database_offsets(stack: Endpoints, names: dict[str, str]) -> None:
+    create_topic(stack.bootstrap_servers, names["topic"], partitions=2)
+    sql(
+        stack, f"CREATE TABLE {names['table']} (id int, body text)"
+    )  # no key: duplicates would show
+    settings = settings_for(stack, names)
+    produce(stack, names["topic"], [(None, {"id": i}) for i in range(100)])
+    with running(settings):
+        eventually(lambda: sql(stack, f"SELECT count(*) FROM {names['table']}")[0][0] >= 100)
+    produce(stack, names["topic"], [(None, {"id": i}) for i in range(100, 150)])
+    with running(settings):
+        eventually(lambda: sql(stack, f"SELECT count(*) FROM {names['table']}")[0][0] >= 150)
+        time.sleep(1)
+    assert sql(stack, f"SELECT count(*), count(DISTINCT id) FROM {names['table']}") == [(150, 150)]
+
+
+def test_poison_records_go_to_dead_letters_and_the_rest_flows(
+    stack: Endpoints, names: dict[str, str]
+) -> None:
+    create_topic(stack.bootstrap_servers, names["topic"])
+    sql(stack, f"CREATE TABLE {names['table']} "
+               "(id int PRIMARY KEY, qty int NOT NULL CHECK (qty > 0), note text)")  # fmt: skip
+    records: list[tuple[Any, Any]] = [
+        (None, {"id": 1, "qty": 1}),
+        (None, b"not json"),  # offset 1
+        (None, {"id": 2}),  # offset 2: qty is required
+        (None, {"id": 3, "qty": -5}),  # offset 3: CHECK
+        (None, {"id": 4, "qty": "many"}),  # offset 4: not an integer
+        (None, {"id": 1, "qty": 9}),  # offset 5: unique violation in insert mode
+        (None, [1, 2]),  # offset 6: JSON, not an object
+        (None, {"id": 5, "qty": 5}),
+    ]
+    produce(stack, names["topic"], records)
+    with running(settings_for(stack, names)):
+        eventually(
+            lambda: sql(stack, f"SELECT count(*) FROM {names['schema']}.dead_letters")[0][0] >= 6
+        )
+        time.sleep(0.5)
+    assert sql(stack, f"SELECT id, qty FROM {names['table']} ORDER BY id") == [(1, 1), (5, 5)]
+    dead = sql(
+        stack,
+        f'SELECT topic, partition, "offset", value, error FROM {names["schema"]}.dead_letters '
+        'ORDER BY "offset"',
+    )
+    assert [(t, p, o) for t, p, o, _, _ in dead] == [
+        (names["topic"], 0, o) for o in (1, 2, 3, 4, 5, 6)
+    ]
+    assert bytes(dead[0][3]) == b"not json"
+    errors = [row[4] for row in dead]
+    assert "not JSON" in errors[0]
+    assert "qty" in errors[1]
+    assert errors[2].startswith("23514")  # check_violation
+    assert errors[3].startswith("22P02")  # invalid_text_representation
+    assert errors[4].startswith("23505")  # unique_violation
+    assert "not an object" in errors[5]
+
+
+def test_upsert_last_record_wins_and_tombstone_deletes(
+    stack: Endpoints, names: dict[str, str]
+) -> None:
+    create_topic(stack.bootstrap_servers, names["topic"])
+    sql(stack, f"CREATE TABLE {names['table']} (id int PRIMARY KEY, v text)")
+    produce(
+        stack,
+        names["topic"],
+        [
+            ({"id": 1}, {"id": 1, "v": "first"}),
+            ({"id": 2}, {"id": 2, "v": "doomed"}),
+            ({"id": 1}, {"id": 1, "v": "last"}),
+            ({"id": 3}, {"id": 3, "v": "kept"}),
+            ({"id": 2}, None),
+            ({"id": 3}, None),
+            ({"id": 3}, {"id": 3, "v": "back"}),
+        ],
+    )
+    with running(settings_for(stack, names, mode="upsert", key_columns=["id"])) as service:
+        eventually(lambda: service.applied_total >= 1)
+        eventually(
+            lambda: sql(stack, f"SELECT count(*) FROM {names['table']} WHERE v = 'back'")[0][0] == 1
+        )
+    assert sql(stack, f"SELECT id, v FROM {names['table']} ORDER BY id") == [
+        (1, "last"),
+        (3, "back"),
+    ]
+
+
+def test_bad_configuration_is_refused_at_start(stack: Endpoints, names: dict[str, str]) -> None:
+    with pytest.raises(ConfigError, match=r"consumer\.routes\.0\.table.*does not exist"):
+        ConsumerService(settings_for(stack, names)).start()
+
+    sql(stack, f"CREATE TABLE {names['table']} (id int, v text)")
+    with pytest.raises(ConfigError, match=r"key_columns.*no column nope"):
+        ConsumerService(settings_for(stack, names, mode="upsert", key_columns=["nope"])).start()
+    with pytest.raises(ConfigError, match=r"no primary key or unique constraint"):
+        ConsumerService(settings_for(stack, names, mode="upsert", key_columns=["id"])).start()
