@@ -9,6 +9,9 @@ import psycopg
 
 from consumers.state import StateTables
 
+PartitionKey = tuple[str, int]
+"""(topic, partition)."""
+
 
 @dataclass(frozen=True, kw_only=True)
 class Lease:
@@ -20,7 +23,7 @@ class Lease:
     next_offset: int
 
     @property
-    def key(self) -> tuple[str, int]:
+    def key(self) -> PartitionKey:
         return (self.topic, self.partition)
 
 
@@ -30,9 +33,7 @@ class OffsetStore:
         self._owner = owner
         self._table = tables.qualified(tables.offsets)
 
-    def stored(
-        self, conn: psycopg.Connection, keys: list[tuple[str, int]]
-    ) -> dict[tuple[str, int], int]:
+    def stored(self, conn: psycopg.Connection, keys: list[PartitionKey]) -> dict[PartitionKey, int]:
         """The stored next offsets of those partitions that have a row."""
         rows = conn.execute(
             f"SELECT topic, partition, next_offset FROM {self._table} "  # noqa: S608 - our table
@@ -43,7 +44,7 @@ class OffsetStore:
         return {(topic, partition): offset for topic, partition, offset in rows}
 
     def claim(
-        self, conn: psycopg.Connection, start_offsets: dict[tuple[str, int], int]
+        self, conn: psycopg.Connection, start_offsets: dict[PartitionKey, int]
     ) -> list[Lease]:
         """Take ownership of the partitions (bumping their owner epoch, which fences the previous
         owner) and return where to start. `start_offsets` is used only for partitions that have

@@ -19,7 +19,7 @@ from sqlalchemy import Engine, create_engine
 
 from bridge.settings import BridgeSettings, ConsumerSettings, LibrdkafkaValue
 from consumers.applier import Applier
-from consumers.offsets import Lease, OffsetStore
+from consumers.offsets import Lease, OffsetStore, PartitionKey
 from consumers.records import Record
 from consumers.state import ensure_state_tables, state_tables
 from consumers.targets import Target, reflect_target
@@ -28,14 +28,13 @@ log = logging.getLogger("bridge.consumer")
 
 _RECONNECT_DELAYS = (0.2, 0.5, 1.0, 2.0, 5.0)
 _RECONNECT_ATTEMPTS = 60  # about five minutes at the longest delay, then give up loudly
-_RECORD_KEY = tuple[str, int]
 T = TypeVar("T")
 
 
 class PartitionFenced(Exception):
     """The fenced offset update matched no row: another owner holds the partition now."""
 
-    def __init__(self, key: _RECORD_KEY) -> None:
+    def __init__(self, key: PartitionKey) -> None:
         self.key = key
         super().__init__(f"{key[0]}[{key[1]}] is no longer ours")
 
@@ -56,8 +55,8 @@ class ConsumerService:
             tables=self._tables, group_id=self._config.group_id, owner=self._owner
         )
         self._applier = Applier(tables=self._tables, group_id=self._config.group_id)
-        self._leases: dict[_RECORD_KEY, Lease] = {}
-        self._out_of_range: set[_RECORD_KEY] = set()
+        self._leases: dict[PartitionKey, Lease] = {}
+        self._out_of_range: set[PartitionKey] = set()
         self._targets: dict[str, Target] = {}
         self._stop = threading.Event()
         self._conn: psycopg.Connection[Any] | None = None
@@ -140,7 +139,7 @@ class ConsumerService:
     # -- one batch ----------------------------------------------------------------------------
 
     def _apply(self, records: list[Record]) -> None:
-        by_partition: dict[_RECORD_KEY, list[Record]] = defaultdict(list)
+        by_partition: dict[PartitionKey, list[Record]] = defaultdict(list)
         for record in records:
             key = (record.topic, record.partition)
             lease = self._leases.get(key)
@@ -161,7 +160,7 @@ class ConsumerService:
                 self._seek_to_leases()
                 return
 
-    def _commit_batch(self, by_partition: dict[_RECORD_KEY, list[Record]]) -> None:
+    def _commit_batch(self, by_partition: dict[PartitionKey, list[Record]]) -> None:
         """One database transaction for the whole batch.
 
         Step 1: per partition, the fenced offset advance (owner epoch and expected offset).
@@ -169,7 +168,7 @@ class ConsumerService:
         Step 3: the commit; only then do the in-memory leases move.
         """
         conn = self._connection()
-        advanced: dict[_RECORD_KEY, int] = {}
+        advanced: dict[PartitionKey, int] = {}
         with conn.transaction():
             # Step 1
             for key, records in by_partition.items():
@@ -218,8 +217,8 @@ class ConsumerService:
     def _claim(
         self,
         conn: psycopg.Connection[Any],
-        keys: list[_RECORD_KEY],
-        watermarks: dict[_RECORD_KEY, tuple[int, int]],
+        keys: list[PartitionKey],
+        watermarks: dict[PartitionKey, tuple[int, int]],
     ) -> list[Lease]:
         stored = self._store.stored(conn, keys)
         starts = {}
@@ -233,22 +232,26 @@ class ConsumerService:
         keys = [(tp.topic, tp.partition) for tp in partitions]
         leases = [self._leases[k] for k in keys if k in self._leases]
         self._forget(keys)
-        try:
-            self._store.release(self._connection(), leases)
-        except psycopg.OperationalError as exc:
-            log.warning("could not mark revoked partitions unowned: %s", exc)
+        # Releasing only clears `owner` for the operator tools; the owner epoch fences us either
+        # way. So it is not worth a reconnect here (which, while stopping, would abort close()).
+        conn = self._conn
+        if conn is not None and not conn.closed:
+            try:
+                self._store.release(conn, leases)
+            except psycopg.OperationalError as exc:
+                log.warning("could not mark revoked partitions unowned: %s", exc)
         consumer.incremental_unassign(partitions)
 
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self._forget([(tp.topic, tp.partition) for tp in partitions])
         consumer.incremental_unassign(partitions)
 
-    def _forget(self, keys: list[_RECORD_KEY]) -> None:
+    def _forget(self, keys: list[PartitionKey]) -> None:
         for key in keys:
             self._leases.pop(key, None)
             self._out_of_range.discard(key)
 
-    def _let_go(self, keys: list[_RECORD_KEY]) -> None:
+    def _let_go(self, keys: list[PartitionKey]) -> None:
         self._forget(keys)
         if self._consumer is not None:
             self._consumer.pause([TopicPartition(*key) for key in keys])
@@ -283,13 +286,14 @@ class ConsumerService:
         raise RuntimeError(f"database unreachable after {_RECONNECT_ATTEMPTS} attempts")
 
     def _with_database(self, work: Callable[[psycopg.Connection[Any]], T]) -> T:
-        for _ in range(_RECONNECT_ATTEMPTS):
-            try:
-                return work(self._connection())
-            except psycopg.OperationalError as exc:
-                log.error("database connection lost: %s", exc)
-                self._reconnect()
-        raise RuntimeError("database kept failing")
+        """Run `work`; if the connection drops, reconnect (itself bounded) and run it once more.
+        A second failure propagates: the service exits and its supervisor restarts it."""
+        try:
+            return work(self._connection())
+        except psycopg.OperationalError as exc:
+            log.error("database connection lost: %s", exc)
+            self._reconnect()
+            return work(self._connection())
 
     def _seek_to_leases(self) -> None:
         """After a rollback, fetch again from what the database says is committed."""

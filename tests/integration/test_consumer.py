@@ -198,8 +198,7 @@ def test_upsert_last_record_wins_and_tombstone_deletes(
             ({"id": 3}, {"id": 3, "v": "back"}),
         ],
     )
-    with running(settings_for(stack, names, mode="upsert", key_columns=["id"])) as service:
-        eventually(lambda: service.applied_total >= 1)
+    with running(settings_for(stack, names, mode="upsert", key_columns=["id"])):
         eventually(
             lambda: sql(stack, f"SELECT count(*) FROM {names['table']} WHERE v = 'back'")[0][0] == 1
         )
