@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
@@ -20,9 +22,12 @@ def create_topic(
     partitions: int = 1,
     replication_factor: int = 1,
     timeout: float = 30.0,
+    config: Mapping[str, str] | None = None,
 ) -> None:
-    """Create `name` and wait until it exists; an existing topic is left as it is."""
-    admin = AdminClient({"bootstrap.servers": bootstrap_servers})
+    """Create `name` and wait until it exists; an existing topic is left as it is.
+
+    `config`: extra client properties (security settings and the like)."""
+    admin = AdminClient({**(config or {}), "bootstrap.servers": bootstrap_servers})
     futures = admin.create_topics(
         [NewTopic(name, num_partitions=partitions, replication_factor=replication_factor)],
         operation_timeout=timeout,

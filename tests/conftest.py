@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import os
+import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -38,3 +42,40 @@ def stack() -> Iterator[Endpoints]:
 def topic_name() -> str:
     """A topic name no other test uses, so tests sharing one broker never see each other."""
     return f"t-{uuid.uuid4().hex[:12]}"
+
+
+# The sink's fault-injection rules file: fixed for the session, because Spark's Python workers
+# inherit the environment of the JVM, which starts once.
+_FAULTS_FILE = Path(tempfile.mkdtemp(prefix="bridge-faults-")) / "rules.json"
+
+FaultRules = Callable[[list[dict[str, Any]]], Path]
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """One local Spark session (2 cores, up to 4 attempts per task) for the whole test session."""
+    from spark_jobs.spark_session import build_session
+
+    os.environ["BRIDGE_SINK_FAULTS"] = str(_FAULTS_FILE)
+    session = build_session(
+        "bridge-tests",
+        master="local[2,4]",
+        with_kafka_connector=True,
+        # Small split size, so that a few small files make several partitions (write tasks).
+        conf={"spark.sql.files.maxPartitionBytes": "65536", "spark.sql.files.openCostInBytes": "0"},
+    )
+    yield session
+    session.stop()
+
+
+@pytest.fixture
+def fault_rules() -> Iterator[FaultRules]:
+    """Install fault-injection rules for this test (see spark_jobs/faults.py); removed after."""
+
+    def install(rules: list[dict[str, Any]]) -> Path:
+        _FAULTS_FILE.write_text(json.dumps(rules))
+        return _FAULTS_FILE
+
+    yield install
+    for leftover in _FAULTS_FILE.parent.iterdir():
+        leftover.unlink()

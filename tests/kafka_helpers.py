@@ -40,6 +40,25 @@ def read_all(
 ) -> list[bytes]:
     """Every value a consumer of `isolation` can read, from the start to the end of each partition
     (for read_committed the end is the last stable offset)."""
+    values = []
+    for message in read_messages(
+        bootstrap, topic, isolation=isolation, partitions=partitions, timeout=timeout
+    ):
+        value = message.value()
+        assert value is not None, f"{topic}: a record without a value"
+        values.append(value)
+    return values
+
+
+def read_messages(
+    bootstrap: str,
+    topic: str,
+    *,
+    isolation: Isolation = "read_committed",
+    partitions: int = 1,
+    timeout: float = 30.0,
+) -> list[Message]:
+    """Every record a consumer of `isolation` can read, as in `read_all`, with key and headers."""
     consumer = Consumer(
         {
             "bootstrap.servers": bootstrap,
@@ -51,26 +70,23 @@ def read_all(
     )
     try:
         consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
-        values: list[bytes] = []
+        messages: list[Message] = []
         at_end: set[int] = set()
         deadline = time.monotonic() + timeout
         while len(at_end) < partitions:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{topic}: reached the end of {sorted(at_end)} only")
-            message = consumer.poll(0.5)
-            if message is None:
-                continue
-            error = message.error()
-            if error is not None:
-                if error.code() == KafkaError._PARTITION_EOF:
-                    at_end.add(_partition(message))
-                    continue
-                raise KafkaException(error)
-            at_end.discard(_partition(message))
-            value = message.value()
-            assert value is not None, f"{topic}: a record without a value"
-            values.append(value)
-        return values
+            batch = consumer.consume(10_000, 0.5)
+            for message in batch:
+                error = message.error()
+                if error is not None:
+                    if error.code() == KafkaError._PARTITION_EOF:
+                        at_end.add(_partition(message))
+                        continue
+                    raise KafkaException(error)
+                at_end.discard(_partition(message))
+                messages.append(message)
+        return messages
     finally:
         consumer.close()
 
@@ -79,3 +95,9 @@ def _partition(message: Message) -> int:
     partition = message.partition()
     assert partition is not None
     return partition
+
+
+def header_map(message: Message) -> dict[str, bytes]:
+    headers = message.headers() or []
+    pairs = list(headers.items()) if isinstance(headers, dict) else headers
+    return {name: value for name, value in pairs if isinstance(value, bytes)}

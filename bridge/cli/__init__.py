@@ -7,7 +7,7 @@ import sys
 import typer
 from rich.console import Console
 
-from bridge.cli import consume, stack
+from bridge.cli import consume, produce, stack
 from bridge.errors import BridgeError
 
 app = typer.Typer(
@@ -17,6 +17,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(stack.app, name="stack")
+app.command()(produce.produce)
 app.command()(consume.consume)
 
 

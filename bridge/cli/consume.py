@@ -5,27 +5,11 @@ from __future__ import annotations
 import signal
 from pathlib import Path
 from types import FrameType
-from typing import Annotated
-
-import typer
 
 from bridge import logs
+from bridge.cli.options import ConfigFile, StackDir
 from bridge.names import DEFAULT_STACK_DIR, STACK_ENV_FILE
 from bridge.settings import load_settings
-
-ConfigFile = Annotated[
-    Path | None,
-    typer.Option("--config", envvar="BRIDGE_CONFIG", show_envvar=True, help="The YAML file."),
-]
-StackDir = Annotated[
-    Path,
-    typer.Option(
-        "--stack-dir",
-        envvar="BRIDGE_STACK_DIR",
-        show_envvar=True,
-        help="A local stack whose stack.env fills in Kafka and PostgreSQL addresses.",
-    ),
-]
 
 
 def consume(config: ConfigFile = None, stack_dir: StackDir = Path(DEFAULT_STACK_DIR)) -> None:

@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import base64
-import hashlib
 import os
-import shutil
 import subprocess
-import tempfile
 import time
 import uuid
 from dataclasses import dataclass
@@ -16,12 +13,12 @@ from pathlib import Path
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
-from bridge.errors import MissingToolError, ServerStartError, StackError
+from bridge.errors import ServerStartError
+from bridge.maven import cached_jars_dir, java_binary, repo_root, resolve_jars
 from bridge.stack import process
 
 ENV_KAFKA_LIBS = "BRIDGE_KAFKA_LIBS"
 ENV_KAFKA_HEAP = "BRIDGE_KAFKA_HEAP"
-_COMPLETE = ".complete"
 
 # Single-node settings: every internal topic with one replica, so that transactions
 # (__transaction_state) and group offsets (__consumer_offsets) work on one broker.
@@ -69,66 +66,12 @@ Configuration:
 """
 
 
-def repo_root() -> Path:
-    return Path(__file__).resolve().parents[2]
-
-
-def default_pom() -> Path:
-    return repo_root() / "pom.xml"
-
-
-def default_libs_dir(pom: Path) -> Path:
-    """A cache outside the work tree, keyed by the pom's content, so fresh clones reuse it."""
-    if os.environ.get(ENV_KAFKA_LIBS):
-        return Path(os.environ[ENV_KAFKA_LIBS])
-    digest = hashlib.sha256(pom.read_bytes()).hexdigest()[:12]
-    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-    return cache / "bridge" / f"kafka-libs-{digest}"
-
-
-def java_binary() -> str:
-    java_home = os.environ.get("JAVA_HOME")
-    if java_home and (Path(java_home) / "bin" / "java").exists():
-        return str(Path(java_home) / "bin" / "java")
-    found = shutil.which("java")
-    if found is None:
-        raise MissingToolError(
-            "java", "install a Java 17+ runtime (Debian: apt-get install openjdk-17-jre-headless)"
-        )
-    return found
-
-
-def resolve_kafka_libs(pom: Path | None = None, libs_dir: Path | None = None) -> Path:
-    """Copy the broker's jars from Maven Central into `libs_dir`, once; return the directory."""
-    pom = pom or default_pom()
-    libs_dir = libs_dir or default_libs_dir(pom)
-    if (libs_dir / _COMPLETE).exists():
-        return libs_dir
-    if not pom.is_file():
-        raise StackError(f"no pom.xml at {pom}: set {ENV_KAFKA_LIBS} to a directory of Kafka jars")
-    mvn = shutil.which("mvn")
-    if mvn is None:
-        raise MissingToolError("mvn", "install Apache Maven (Debian: apt-get install maven)")
-    java_binary()
-    libs_dir.parent.mkdir(parents=True, exist_ok=True)
-    # Copy into a scratch directory and rename, so an interrupted download is never taken as done.
-    scratch = Path(tempfile.mkdtemp(prefix=libs_dir.name + ".", dir=libs_dir.parent))
-    argv = [
-        mvn, "-B", "-q", "-f", str(pom), "dependency:copy-dependencies",
-        f"-DoutputDirectory={scratch}", "-DincludeScope=runtime",
-    ]  # fmt: skip
-    result = subprocess.run(argv, capture_output=True, text=True, check=False)  # noqa: S603
-    if result.returncode != 0:
-        shutil.rmtree(scratch, ignore_errors=True)
-        tail = (result.stdout + result.stderr).strip()[-2000:]
-        raise StackError(f"Maven could not resolve the Kafka jars from {pom}:\n{tail}")
-    (scratch / _COMPLETE).touch()
-    try:
-        scratch.rename(libs_dir)
-    except OSError:
-        # Another process finished first; its copy is as good as ours.
-        shutil.rmtree(scratch, ignore_errors=True)
-    return libs_dir
+def resolve_kafka_libs() -> Path:
+    """The broker's jars (pom.xml at the repository root), resolved once from Maven Central."""
+    pom = repo_root() / "pom.xml"
+    return resolve_jars(
+        pom, cached_jars_dir(pom, "kafka-libs", ENV_KAFKA_LIBS), override_env=ENV_KAFKA_LIBS
+    )
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,0 +1,265 @@
+"""One write task = one Kafka transaction for one (Spark partition, epoch), fenced and replay-safe.
+
+Order, and why:
+1. `init_transactions` with the id of (P, E): aborts any open transaction of an earlier holder of
+   the id (a failed attempt, a dead driver's task, a speculative twin) and fences that holder.
+2. Read the marker of P. Only now is it trustworthy: no earlier holder can still commit.
+3. Marker epoch >= E: this epoch of P is already in Kafka (a replay after a driver crash), write
+   nothing. Otherwise begin, produce every row, add the marker (P, E) to the transaction, commit.
+
+Errors: retriable ones are retried within the transaction timeout; an abortable one aborts the
+transaction and fails the task so that Spark re-runs it from its input; fatal ones (fenced, ...)
+fail the task. No error is swallowed: each one reaches Spark with the task's coordinates.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from confluent_kafka import KafkaError, KafkaException, Producer
+
+from spark_jobs.epoch_markers import MarkerReader, marker_position
+from spark_jobs.faults import TaskFaults
+from spark_jobs.kafka_rows import KafkaRow
+from spark_jobs.sink_options import IdNaming, SinkOptions
+
+log = logging.getLogger("bridge.sink")
+
+T = TypeVar("T")
+PROVENANCE_QUERY = "bridge.query"
+PROVENANCE_PARTITION = "bridge.partition"
+PROVENANCE_EPOCH = "bridge.epoch"
+# Serve delivery reports this often so librdkafka's queue never fills with finished messages.
+_POLL_EVERY = 10_000
+
+
+class EpochWriteError(RuntimeError):
+    """The transaction of one (partition, epoch) failed; Spark fails (and retries) the task.
+
+    `fatal`: the producer is unusable (fenced by a newer holder of the id, or worse)."""
+
+    def __init__(self, message: str, *, fatal: bool) -> None:
+        super().__init__(message)
+        self.fatal = fatal
+
+
+@dataclass(frozen=True, kw_only=True)
+class TaskCoordinates:
+    query_id: str
+    prefix: str
+    partition: int
+    epoch: int
+    attempt: int
+
+    def transactional_id(self, naming: IdNaming) -> str:
+        if naming is IdNaming.PER_PARTITION:
+            return f"{self.prefix}-p{self.partition}"
+        return f"{self.prefix}-p{self.partition}-e{self.epoch}"
+
+    def provenance(self) -> list[tuple[str, bytes]]:
+        return [
+            (PROVENANCE_QUERY, self.query_id.encode()),
+            (PROVENANCE_PARTITION, str(self.partition).encode()),
+            (PROVENANCE_EPOCH, str(self.epoch).encode()),
+        ]
+
+    def __str__(self) -> str:
+        return f"partition {self.partition} epoch {self.epoch} attempt {self.attempt}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class EpochOutcome:
+    """What one write task did, for the driver's commit hook."""
+
+    partition: int
+    epoch: int
+    attempt: int
+    transactional_id: str
+    rows: int
+    skipped: bool  # the marker said this (partition, epoch) was already committed
+    init_seconds: float
+    marker_seconds: float
+    produce_seconds: float
+    commit_seconds: float
+    empty: bool = False  # no input: no transaction at all
+
+    @classmethod
+    def of_empty_input(cls, where: TaskCoordinates) -> EpochOutcome:
+        """An empty partition replays as empty (Spark's condition: a deterministic query), so it
+        needs no transaction and no marker; skipping them saves three round trips per task."""
+        return cls(
+            partition=where.partition,
+            epoch=where.epoch,
+            attempt=where.attempt,
+            transactional_id="",
+            rows=0,
+            skipped=False,
+            init_seconds=0.0,
+            marker_seconds=0.0,
+            produce_seconds=0.0,
+            commit_seconds=0.0,
+            empty=True,
+        )
+
+
+class EpochTransaction:
+    def __init__(self, options: SinkOptions, where: TaskCoordinates) -> None:
+        self._options = options
+        self._where = where
+        self._transactional_id = where.transactional_id(options.naming)
+        self._timeout = options.transaction_timeout_ms / 1000
+        self._faults = TaskFaults.for_task(
+            prefix=where.prefix, partition=where.partition, epoch=where.epoch, attempt=where.attempt
+        )
+
+    def write(self, rows: Callable[[], Iterator[KafkaRow]]) -> EpochOutcome:
+        """Write the task's rows exactly once; `rows` is called only if they must be written."""
+        started = time.monotonic()
+        producer = Producer(self._producer_config())
+        markers = MarkerReader(
+            self._options.kafka,
+            prefix=self._where.prefix,
+            partition=self._where.partition,
+            marker_topic=self._options.marker_topic,
+        )
+        try:
+            self._call("init_transactions", lambda: producer.init_transactions(self._timeout))
+            fenced_at = time.monotonic()
+            marker = markers.read(timeout=self._timeout)
+            read_at = time.monotonic()
+            if marker is not None and marker.epoch >= self._where.epoch:
+                log.info(
+                    "%s already committed (marker epoch %d): writing nothing",
+                    self._where,
+                    marker.epoch,
+                )
+                return self._outcome(0, True, started, fenced_at, read_at, read_at, read_at)
+            producer.begin_transaction()
+            try:
+                count = self._produce(producer, rows())
+                produced_at = time.monotonic()
+                self._reach("before-commit")
+                position = marker_position(
+                    self._options.marker_topic,
+                    self._where.epoch,
+                    {
+                        "rows": count,
+                        "query": self._where.query_id,
+                        "attempt": self._where.attempt,
+                    },
+                )
+                self._call(
+                    "send_offsets_to_transaction",
+                    lambda: producer.send_offsets_to_transaction(
+                        position, markers.group_metadata(), self._timeout
+                    ),
+                )
+                self._call("commit_transaction", lambda: producer.commit_transaction(self._timeout))
+            except BaseException as exc:
+                self._abort(producer, exc)
+                raise
+            committed_at = time.monotonic()
+            self._reach("after-commit")
+            return self._outcome(
+                count, False, started, fenced_at, read_at, produced_at, committed_at
+            )
+        finally:
+            markers.close()
+
+    def _producer_config(self) -> dict[str, Any]:
+        config: dict[str, Any] = {"linger.ms": 5}
+        config.update(self._options.kafka)
+        config["transactional.id"] = self._transactional_id
+        config["transaction.timeout.ms"] = self._options.transaction_timeout_ms
+        return config
+
+    def _produce(self, producer: Producer, rows: Iterator[KafkaRow]) -> int:
+        produce = producer.produce
+        fail_after = self._faults.after_rows() if self._faults else None
+        count = 0
+        for topic, value, key, partition, headers in rows:
+            if count == fail_after:
+                # Fault injection only: put what this attempt wrote so far in the log, so that a
+                # test can see the abort hide it.
+                producer.flush(self._timeout)
+                self._reach("mid-produce")
+            while True:
+                try:
+                    produce(topic, value, key, partition, headers=headers)
+                    break
+                except BufferError:
+                    # The local queue is full: let librdkafka deliver, then try again.
+                    producer.poll(0.05)
+                except KafkaException as exc:
+                    raise self._failure(f"produce to {topic}", exc.args[0]) from exc
+            count += 1
+            if count % _POLL_EVERY == 0:
+                producer.poll(0)
+        return count
+
+    def _call(self, what: str, action: Callable[[], T]) -> T:
+        """Run a transactional call, retrying retriable errors until the transaction timeout."""
+        deadline = time.monotonic() + self._timeout
+        delay = 0.1
+        while True:
+            try:
+                return action()
+            except KafkaException as exc:
+                error: KafkaError = exc.args[0]
+                if error.retriable() and not error.fatal() and time.monotonic() < deadline:
+                    log.warning("%s: %s failed, retrying: %s", self._where, what, error.str())
+                    time.sleep(delay)
+                    delay = min(delay * 2, 2.0)
+                    continue
+                raise self._failure(what, error) from exc
+
+    def _failure(self, what: str, error: KafkaError) -> EpochWriteError:
+        kind = "fatal" if error.fatal() else "abortable" if error.txn_requires_abort() else ""
+        return EpochWriteError(
+            f"{self._where} (transactional.id {self._transactional_id}): {what} failed:"
+            f" {error.str()} {kind}".rstrip(),
+            fatal=error.fatal() or error.code() == KafkaError._FENCED,
+        )
+
+    def _abort(self, producer: Producer, cause: BaseException) -> None:
+        """Abort the open transaction so that its records never show and its id is free again.
+
+        A fatal or fenced producer cannot abort; the broker aborts its transaction when the next
+        holder initialises the id, or at the transaction timeout."""
+        if isinstance(cause, EpochWriteError) and cause.fatal:
+            return
+        try:
+            producer.abort_transaction(self._timeout)
+        except KafkaException as exc:
+            log.error("%s: abort after %r failed too: %s", self._where, cause, exc)
+
+    def _reach(self, point: str) -> None:
+        if self._faults is not None:
+            self._faults.reach(point)
+
+    def _outcome(
+        self,
+        rows: int,
+        skipped: bool,
+        started: float,
+        fenced_at: float,
+        read_at: float,
+        produced_at: float,
+        committed_at: float,
+    ) -> EpochOutcome:
+        return EpochOutcome(
+            partition=self._where.partition,
+            epoch=self._where.epoch,
+            attempt=self._where.attempt,
+            transactional_id=self._transactional_id,
+            rows=rows,
+            skipped=skipped,
+            init_seconds=fenced_at - started,
+            marker_seconds=read_at - fenced_at,
+            produce_seconds=produced_at - read_at,
+            commit_seconds=committed_at - produced_at,
+        )

@@ -1,0 +1,189 @@
+"""The producer job: a streaming query from a replayable source into Kafka through bridge-kafka.
+
+Each input row becomes one Kafka record whose value is the row as a JSON object (for the files
+source, the line itself: each line of a JSON-lines file already is one). A line that is not JSON
+still goes through, unchanged: the consumer dead-letters it with its coordinates, so nothing is
+lost and the operator sees it where the other bad records are.
+
+Run it with `bridge produce ...`, or `spark-submit spark_jobs/producer_job.py ...` (same options).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import signal
+import sys
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from bridge.errors import ConfigError
+from spark_jobs.progress import SinkCounters
+from spark_jobs.sink import FORMAT_NAME
+from spark_jobs.spark_session import build_session, checkpoint_progress_path
+
+log = logging.getLogger("bridge.produce")
+
+AVAILABLE_NOW = "available-now"
+_INTERVAL = re.compile(r"^\d+(\.\d+)?\s*(ms|milliseconds?|s|seconds?|m|minutes?|h|hours?)$")
+_FIELD = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*$")
+
+
+class Source(StrEnum):
+    FILES = "files"
+    RATE = "rate"
+    KAFKA = "kafka"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProducerJob:
+    source: Source
+    topic: str
+    checkpoint: Path
+    bootstrap_servers: str
+    kafka_properties: dict[str, str] = field(default_factory=dict)
+    input: Path | None = None
+    source_topic: str | None = None
+    rows_per_second: int = 1000
+    key_field: str | None = None
+    trigger: str = AVAILABLE_NOW
+    max_files_per_trigger: int | None = None
+    transactional_id_prefix: str | None = None
+    transaction_timeout_ms: int | None = None
+    master: str | None = None
+
+    def check(self) -> None:
+        """Refuse a job that cannot run, before a Spark session is started for it."""
+        problems: list[tuple[str, str]] = []
+        if self.source is Source.FILES:
+            if self.input is None:
+                problems.append(("--input", "the files source needs a directory"))
+            elif not self.input.is_dir():
+                problems.append(("--input", f"{self.input} is not a directory"))
+        elif self.input is not None:
+            problems.append(("--input", f"only the files source reads files, not {self.source}"))
+        if self.source is Source.KAFKA and not self.source_topic:
+            problems.append(("--source-topic", "the kafka source needs a topic to read"))
+        if self.trigger != AVAILABLE_NOW and not _INTERVAL.match(self.trigger):
+            problems.append(
+                (
+                    "--trigger",
+                    f"{self.trigger!r}: use available-now or an interval like '5 seconds'",
+                )
+            )
+        if self.key_field is not None and not _FIELD.match(self.key_field):
+            problems.append(("--key-field", f"{self.key_field!r} is not a field name"))
+        if self.max_files_per_trigger is not None and self.max_files_per_trigger < 1:
+            problems.append(("--max-files-per-trigger", "must be at least 1"))
+        if self.rows_per_second < 1:
+            problems.append(("--rows-per-second", "must be at least 1"))
+        if problems:
+            raise ConfigError(problems, source="bridge produce")
+
+
+def run(job: ProducerJob, spark: Any | None = None) -> SinkCounters:
+    """Run the query until it has consumed what is available (available-now) or until SIGTERM.
+
+    `spark`: a session to run in (left running); by default the job starts and stops its own."""
+    job.check()
+    own = spark is None
+    if spark is None:
+        spark = build_session("bridge-produce", master=job.master, with_kafka_connector=_needs(job))
+    try:
+        query = _start(spark, job)
+        log.info("query %s started (checkpoint %s)", query.id, job.checkpoint)
+        if job.trigger != AVAILABLE_NOW:
+            _stop_on_signals(query)
+        query.awaitTermination()
+    finally:
+        if own:
+            spark.stop()
+    return SinkCounters.load(checkpoint_progress_path(job.checkpoint))
+
+
+def _needs(job: ProducerJob) -> bool:
+    return job.source is Source.KAFKA
+
+
+def _start(spark: Any, job: ProducerJob) -> Any:
+    from pyspark.sql import functions as F
+
+    rows = _read(spark, job)
+    value = F.col("value") if job.source is Source.FILES else F.to_json(F.struct("*"))
+    columns = [value.alias("value")]
+    if job.key_field is not None:
+        if job.source is Source.FILES:
+            key = F.get_json_object(F.col("value"), f"$.{job.key_field}")
+        else:
+            key = F.col(job.key_field).cast("string")
+        columns.append(key.alias("key"))
+    writer = (
+        rows.select(*columns)
+        .writeStream.format(FORMAT_NAME)
+        .option("kafka.bootstrap.servers", job.bootstrap_servers)
+        .option("topic", job.topic)
+        .option("checkpointLocation", str(job.checkpoint))
+        .option("progress.path", str(checkpoint_progress_path(job.checkpoint)))
+    )
+    for key_name, setting in job.kafka_properties.items():
+        writer = writer.option(f"kafka.{key_name}", setting)
+    if job.transactional_id_prefix:
+        writer = writer.option("transactional.id.prefix", job.transactional_id_prefix)
+    if job.transaction_timeout_ms is not None:
+        writer = writer.option("transaction.timeout.ms", job.transaction_timeout_ms)
+    if job.trigger == AVAILABLE_NOW:
+        writer = writer.trigger(availableNow=True)
+    else:
+        writer = writer.trigger(processingTime=job.trigger)
+    return writer.start()
+
+
+def _read(spark: Any, job: ProducerJob) -> Any:
+    from pyspark.sql import functions as F
+
+    reader = spark.readStream
+    if job.source is Source.FILES:
+        if job.max_files_per_trigger is not None:
+            reader = reader.option("maxFilesPerTrigger", job.max_files_per_trigger)
+        lines = reader.text(str(job.input))
+        return lines.where(F.length(F.trim(F.col("value"))) > 0)
+    if job.source is Source.RATE:
+        return reader.format("rate").option("rowsPerSecond", job.rows_per_second).load()
+    reader = (
+        reader.format("kafka")
+        .option("kafka.bootstrap.servers", job.bootstrap_servers)
+        .option("subscribe", job.source_topic)
+        .option("startingOffsets", "earliest")
+        .option("kafka.isolation.level", "read_committed")
+    )
+    records = reader.load()
+    return records.select(
+        F.col("key").cast("string").alias("key"),
+        F.col("value").cast("string").alias("value"),
+        F.col("topic").alias("source_topic"),
+        F.col("partition").alias("source_partition"),
+        F.col("offset").alias("source_offset"),
+        F.col("timestamp"),
+    )
+
+
+def _stop_on_signals(query: Any) -> None:
+    """SIGTERM / SIGINT stop the query between epochs' work; Spark aborts a running one."""
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        log.info("signal %d: stopping the query", signum)
+        query.stop()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+
+
+if __name__ == "__main__":
+    # spark-submit spark_jobs/producer_job.py --source files ...: the options of bridge produce.
+    from bridge.cli import main
+
+    sys.argv[1:1] = ["produce"]
+    main()

@@ -1,0 +1,118 @@
+"""`bridge-kafka`: an exactly-once Structured Streaming sink into Kafka, as a Python data source.
+
+    spark.dataSource.register(BridgeKafkaSink)
+    df.writeStream.format("bridge-kafka").option("kafka.bootstrap.servers", ...)
+      .option("topic", "orders").option("checkpointLocation", ...).start()
+
+Each write task runs one Kafka transaction for its (partition, epoch); see epoch_transaction.py.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import sys
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark import TaskContext
+from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, WriterCommitMessage
+from pyspark.sql.types import StructType
+
+from bridge.kafka_admin import create_topic
+from spark_jobs.epoch_transaction import EpochOutcome, EpochTransaction, TaskCoordinates
+from spark_jobs.kafka_rows import check_schema, kafka_rows
+from spark_jobs.progress import record_epoch
+from spark_jobs.sink_options import SinkOptions
+
+FORMAT_NAME = "bridge-kafka"
+BATCH_ID_PROPERTY = "streaming.sql.batchId"
+QUERY_ID_PROPERTY = "sql.streaming.queryId"
+DEFAULT_PREFIX_HEAD = "bridge-"
+_FORMAT = logging.Formatter("%(asctime)s bridge-kafka %(levelname)s %(message)s")
+
+
+@dataclass(frozen=True)
+class EpochCommitMessage(WriterCommitMessage):
+    outcome: EpochOutcome
+
+
+class BridgeKafkaSink(DataSource):
+    @classmethod
+    def name(cls) -> str:
+        return FORMAT_NAME
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> BridgeKafkaStreamWriter:
+        options = SinkOptions.parse(self.options)
+        check_schema(schema, default_topic=options.topic)
+        # The marker topic only anchors the marker groups' offsets; nothing is produced to it.
+        create_topic(options.bootstrap_servers, options.marker_topic, config=options.kafka)
+        return BridgeKafkaStreamWriter(options)
+
+
+class BridgeKafkaStreamWriter(DataSourceStreamArrowWriter):
+    def __init__(self, options: SinkOptions) -> None:
+        self.options = options
+
+    def write(self, iterator: Iterator[Any]) -> EpochCommitMessage:
+        context = TaskContext.get()
+        if context is None:
+            raise RuntimeError("the bridge-kafka sink writes only inside a Spark task")
+        epoch = context.getLocalProperty(BATCH_ID_PROPERTY)
+        query_id = context.getLocalProperty(QUERY_ID_PROPERTY) or ""
+        if epoch is None:
+            raise RuntimeError(
+                "no streaming batch id in this task: the bridge-kafka sink needs micro-batch "
+                "mode (continuous processing is not supported)"
+            )
+        where = TaskCoordinates(
+            query_id=query_id,
+            prefix=self.options.prefix or DEFAULT_PREFIX_HEAD + query_id,
+            partition=context.partitionId(),
+            epoch=int(epoch),
+            attempt=context.attemptNumber(),
+        )
+        _log_to_stderr()
+        batches = (batch for batch in iterator if batch.num_rows > 0)
+        first = next(batches, None)
+        if first is None:
+            return EpochCommitMessage(EpochOutcome.of_empty_input(where))
+        outcome = EpochTransaction(self.options, where).write(
+            lambda: kafka_rows(
+                itertools.chain([first], batches),
+                default_topic=self.options.topic,
+                provenance=where.provenance(),
+            )
+        )
+        return EpochCommitMessage(outcome)
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        _log_to_stderr()
+        record_epoch(batchId, _outcomes(messages), committed=True, path=self.options.progress_path)
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        _log_to_stderr()
+        record_epoch(batchId, _outcomes(messages), committed=False, path=self.options.progress_path)
+
+
+def _outcomes(messages: Sequence[WriterCommitMessage | None]) -> list[EpochOutcome | None]:
+    return [m.outcome if isinstance(m, EpochCommitMessage) else None for m in messages]
+
+
+def _log_to_stderr() -> None:
+    """Python workers start with no logging set up; send the sink's lines to stderr, once."""
+    sink_log = logging.getLogger("bridge.sink")
+    if not sink_log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(
+            logging.Formatter("%(asctime)s bridge-kafka %(levelname)s %(message)s")
+        )
+        sink_log.addHandler(handler)
+        sink_log.setLevel(logging.INFO)
+        sink_log.propagate = False
+
+
+def register(spark: Any) -> None:
+    """Make `format("bridge-kafka")` available in `spark`."""
+    spark.dataSource.register(BridgeKafkaSink)

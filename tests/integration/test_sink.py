@@ -1,0 +1,195 @@
+"""The bridge-kafka sink on real Spark (local[2]) and the real broker: exactly once per row."""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bridge.kafka_admin import create_topic
+from spark_jobs.epoch_markers import MarkerReader
+from spark_jobs.epoch_transaction import (
+    EpochTransaction,
+    EpochWriteError,
+    TaskCoordinates,
+)
+from spark_jobs.kafka_rows import KafkaRow
+from spark_jobs.producer_job import ProducerJob, Source, run
+from spark_jobs.progress import SinkCounters
+from spark_jobs.sink_options import SinkOptions
+from tests.conftest import FaultRules
+from tests.harness import Endpoints
+from tests.kafka_helpers import header_map, read_all, read_messages
+
+PARTITIONS = 3
+
+
+def write_orders(directory: Path, files: int, rows_per_file: int) -> list[bytes]:
+    """JSON-lines files of orders with unique ids; returns the lines the sink should write."""
+    directory.mkdir(parents=True, exist_ok=True)
+    lines: list[bytes] = []
+    for f in range(files):
+        chunk = [
+            json.dumps({"id": f * rows_per_file + i, "amount": i % 97, "note": "x" * 20})
+            for i in range(rows_per_file)
+        ]
+        (directory / f"orders-{f:03d}.jsonl").write_text("\n".join(chunk) + "\n")
+        lines.extend(line.encode() for line in chunk)
+    return lines
+
+
+def files_job(stack: Endpoints, tmp_path: Path, topic: str, **extra: Any) -> ProducerJob:
+    return ProducerJob(
+        source=Source.FILES,
+        input=tmp_path / "in",
+        topic=topic,
+        checkpoint=tmp_path / "checkpoint",
+        bootstrap_servers=stack.bootstrap_servers,
+        key_field="id",
+        max_files_per_trigger=2,
+        **extra,
+    )
+
+
+@pytest.fixture
+def topic(stack: Endpoints, topic_name: str) -> str:
+    create_topic(stack.bootstrap_servers, topic_name, partitions=PARTITIONS)
+    return topic_name
+
+
+def assert_exactly(stack: Endpoints, topic: str, expected: list[bytes]) -> None:
+    seen = Counter(read_all(stack.bootstrap_servers, topic, partitions=PARTITIONS))
+    doubled = {value: n for value, n in seen.items() if n > 1}
+    assert not doubled, (
+        f"{len(doubled)} records written more than once, e.g. {next(iter(doubled))!r}"
+    )
+    assert set(seen) == set(expected), (
+        f"{len(set(expected) - set(seen))} missing, {len(set(seen) - set(expected))} unexpected"
+    )
+
+
+def test_every_row_lands_once_with_its_provenance(
+    spark: Any, stack: Endpoints, topic: str, tmp_path: Path
+) -> None:
+    expected = write_orders(tmp_path / "in", files=6, rows_per_file=1500)
+    counters = run(files_job(stack, tmp_path, topic), spark)
+
+    assert_exactly(stack, topic, expected)
+    assert counters.rows_written == len(expected)
+    assert counters.epochs_committed == 3  # 6 files, 2 per trigger
+    assert counters.partitions_written > counters.epochs_committed  # several tasks per epoch
+
+    messages = read_messages(stack.bootstrap_servers, topic, partitions=PARTITIONS)
+    query_ids = {header_map(m)["bridge.query"] for m in messages}
+    assert len(query_ids) == 1
+    assert {int(header_map(m)["bridge.epoch"]) for m in messages} == {0, 1, 2}
+    first = messages[0]
+    assert first.key() == str(json.loads(first.value() or b"")["id"]).encode()
+
+
+def test_failed_attempt_is_retried_and_its_records_stay_invisible(
+    spark: Any, stack: Endpoints, topic: str, tmp_path: Path, fault_rules: FaultRules
+) -> None:
+    expected = write_orders(tmp_path / "in", files=2, rows_per_file=2000)
+    prefix = f"retry-{uuid.uuid4().hex[:8]}"
+    rules = fault_rules(
+        [{"point": "mid-produce", "prefix": prefix, "partition": 1, "epoch": 0, "attempt": 0,
+          "after_rows": 300, "action": "fail"}]
+    )  # fmt: skip
+
+    run(files_job(stack, tmp_path, topic, transactional_id_prefix=prefix), spark)
+
+    assert Path(f"{rules}.0.fired").exists(), "the first attempt did not reach the fault"
+    assert_exactly(stack, topic, expected)
+    # The failed attempt did write 300 records before it failed: only its abort hides them.
+    everything = read_all(
+        stack.bootstrap_servers, topic, partitions=PARTITIONS, isolation="read_uncommitted"
+    )
+    assert len(everything) == len(expected) + 300
+
+
+def test_replayed_epoch_writes_nothing(
+    spark: Any, stack: Endpoints, topic: str, tmp_path: Path
+) -> None:
+    """Spark replays an epoch that is in its offset log but not in its commit log (the driver died
+    between the Kafka commits and its own). Here the commit log entry is removed by hand, which
+    leaves the checkpoint as such a crash does; test_producer_faults.py kills a real driver."""
+    expected = write_orders(tmp_path / "in", files=4, rows_per_file=1000)
+    job = files_job(stack, tmp_path, topic)
+    first = run(job, spark)
+    assert first.epochs_committed == 2
+    for entry in ("1", ".1.crc"):  # the entry and the checksum Hadoop's file system keeps
+        (job.checkpoint / "commits" / entry).unlink(missing_ok=True)
+
+    again = run(job, spark)
+
+    assert_exactly(stack, topic, expected)
+    assert again.rows_written == first.rows_written  # the replay added no rows
+    assert again.partitions_skipped == first.partitions_written - _written_in_epoch(first, 0)
+
+
+def _written_in_epoch(counters: SinkCounters, epoch: int) -> int:
+    written = [e["partitions_written"] for e in counters.recent if e["epoch"] == epoch]
+    return sum(len(partitions) for partitions in written if isinstance(partitions, list))
+
+
+def test_zombie_cannot_commit_after_a_newer_holder_initialised_its_id(
+    stack: Endpoints, topic: str
+) -> None:
+    options = SinkOptions.parse(
+        {"kafka.bootstrap.servers": stack.bootstrap_servers, "topic": topic}
+    )
+    create_topic(stack.bootstrap_servers, options.marker_topic)
+    prefix = f"zombie-{uuid.uuid4().hex[:8]}"
+
+    def coordinates(attempt: int) -> TaskCoordinates:
+        return TaskCoordinates(query_id="q", prefix=prefix, partition=0, epoch=5, attempt=attempt)
+
+    successor_done = threading.Event()
+    zombie_started = threading.Event()
+
+    def zombie_rows() -> Iterator[KafkaRow]:
+        for i in range(100):
+            yield topic, f"zombie-{i}".encode(), None, 0, []
+        zombie_started.set()
+        successor_done.wait(60)  # paused, as a GC pause or a lost executor would pause it
+        yield topic, b"zombie-late", None, 0, []
+
+    failure: list[BaseException] = []
+
+    def zombie() -> None:
+        try:
+            EpochTransaction(options, coordinates(0)).write(zombie_rows)
+        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
+            failure.append(exc)
+
+    thread = threading.Thread(target=zombie)
+    thread.start()
+    assert zombie_started.wait(60)
+    outcome = EpochTransaction(options, coordinates(1)).write(
+        lambda: iter([(topic, f"successor-{i}".encode(), None, 0, []) for i in range(200)])
+    )
+    successor_done.set()
+    thread.join(60)
+
+    assert outcome.rows == 200 and not outcome.skipped
+    assert len(failure) == 1 and isinstance(failure[0], EpochWriteError), failure
+    assert failure[0].fatal, failure[0]
+    values = read_all(stack.bootstrap_servers, topic, partitions=PARTITIONS)
+    assert sorted(values) == sorted(f"successor-{i}".encode() for i in range(200))
+
+    # A third holder finds the marker of epoch 5 and writes nothing.
+    again = EpochTransaction(options, coordinates(2)).write(lambda: iter([]))
+    assert again.skipped
+    reader = MarkerReader(
+        options.kafka, prefix=prefix, partition=0, marker_topic=options.marker_topic
+    )
+    marker = reader.read(timeout=30)
+    reader.close()
+    assert marker is not None and marker.epoch == 5 and marker.details["rows"] == 200
