@@ -54,6 +54,7 @@ class ProducerJob:
     transactional_id_prefix: str | None = None
     transaction_timeout_ms: int | None = None
     master: str | None = None
+    spark_conf: dict[str, str] = field(default_factory=dict)
 
     def check(self) -> None:
         """Refuse a job that cannot run, before a Spark session is started for it."""
@@ -91,7 +92,12 @@ def run(job: ProducerJob, spark: Any | None = None) -> SinkCounters:
     job.check()
     own = spark is None
     if spark is None:
-        spark = build_session("bridge-produce", master=job.master, with_kafka_connector=_needs(job))
+        spark = build_session(
+            "bridge-produce",
+            master=job.master,
+            with_kafka_connector=_needs(job),
+            conf=job.spark_conf,
+        )
     try:
         query = _start(spark, job)
         log.info("query %s started (checkpoint %s)", query.id, job.checkpoint)

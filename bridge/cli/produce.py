@@ -61,6 +61,10 @@ def produce(
     master: Annotated[
         str | None, typer.Option("--master", help="Spark master; default local[2].")
     ] = None,
+    spark_conf: Annotated[
+        list[str] | None,
+        typer.Option("--spark-conf", help="KEY=VALUE for the Spark session; repeatable."),
+    ] = None,
     config: ConfigFile = None,
     stack_dir: StackDir = Path(DEFAULT_STACK_DIR),
 ) -> None:
@@ -90,9 +94,19 @@ def produce(
         transactional_id_prefix=transactional_id_prefix,
         transaction_timeout_ms=transaction_timeout_ms,
         master=master,
+        spark_conf=_key_values(spark_conf or []),
     )
     counters = run(job)
     Console(soft_wrap=True).print(
         f"produced {counters.rows_written} rows in {counters.epochs_committed} epochs "
         f"({counters.partitions_skipped} partition-epochs skipped as already committed)"
     )
+
+
+def _key_values(pairs: list[str]) -> dict[str, str]:
+    from bridge.errors import ConfigError
+
+    bad = [pair for pair in pairs if "=" not in pair or not pair.split("=", 1)[0].strip()]
+    if bad:
+        raise ConfigError([("--spark-conf", f"{pair!r} is not KEY=VALUE") for pair in bad])
+    return dict(pair.split("=", 1) for pair in pairs)

@@ -1,0 +1,186 @@
+"""The producer job's driver killed with SIGKILL (the whole process group: Python driver, JVM and
+Python workers) at chosen and at random moments, then restarted from its checkpoint."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from bridge.kafka_admin import create_topic, offset_range
+from tests.harness import Endpoints
+from tests.integration.test_sink import write_orders
+from tests.kafka_helpers import header_map, read_all, read_messages
+
+pytestmark = pytest.mark.slow
+
+# Small splits, so that a few small files make several write tasks per epoch.
+SPLITS = ["--spark-conf", "spark.sql.files.maxPartitionBytes=65536",
+          "--spark-conf", "spark.sql.files.openCostInBytes=0"]  # fmt: skip
+
+
+class Producer:
+    """`bridge produce` as a separate process group, for one input directory and checkpoint."""
+
+    def __init__(self, stack: Endpoints, tmp_path: Path, topic: str, *extra: str) -> None:
+        self.stack = stack
+        self.tmp_path = tmp_path
+        self.checkpoint = tmp_path / "checkpoint"
+        self.rules = tmp_path / "faults.json"
+        self.log = tmp_path / "producer.log"
+        self.argv = [
+            sys.executable, "-m", "bridge.cli", "produce", "--source", "files",
+            "--input", str(tmp_path / "in"), "--topic", topic, "--key-field", "id",
+            "--checkpoint", str(self.checkpoint), "--stack-dir", str(tmp_path / "no-stack"),
+            *extra,
+        ]  # fmt: skip
+
+    def start(self, rules: list[dict[str, object]] | None = None) -> subprocess.Popen[bytes]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("BRIDGE_")}
+        env["BRIDGE_KAFKA__BOOTSTRAP_SERVERS"] = self.stack.bootstrap_servers
+        if rules is not None:
+            self.rules.write_text(json.dumps(rules))
+            env["BRIDGE_SINK_FAULTS"] = str(self.rules)
+        with self.log.open("ab") as out:
+            return subprocess.Popen(
+                self.argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
+
+    def run_to_end(self, timeout: float = 240) -> None:
+        process = self.start()
+        assert process.wait(timeout) == 0, self.log.read_text()[-3000:]
+
+    def fired(self, rule: int = 0) -> bool:
+        return Path(f"{self.rules}.{rule}.fired").exists()
+
+    def wait_fired(self, process: subprocess.Popen[bytes], timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while not self.fired():
+            assert process.poll() is None, self.log.read_text()[-3000:]
+            assert time.monotonic() < deadline, "the fault point was never reached"
+            time.sleep(0.2)
+
+
+def kill_group(process: subprocess.Popen[bytes]) -> None:
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait(30)
+
+
+def assert_exactly(stack: Endpoints, topic: str, partitions: int, expected: list[bytes]) -> None:
+    seen = Counter(read_all(stack.bootstrap_servers, topic, partitions=partitions, timeout=60))
+    doubled = sum(1 for n in seen.values() if n > 1)
+    assert doubled == 0, f"{doubled} records written more than once"
+    assert set(seen) == set(expected), f"{len(set(expected) - set(seen))} records missing"
+
+
+def test_driver_killed_after_kafka_commit_before_spark_commit_log(
+    stack: Endpoints, topic_name: str, tmp_path: Path
+) -> None:
+    create_topic(stack.bootstrap_servers, topic_name, partitions=3)
+    expected = write_orders(tmp_path / "in", files=4, rows_per_file=2000)
+    producer = Producer(stack, tmp_path, topic_name, "--max-files-per-trigger", "2", *SPLITS)
+
+    # Partition 0 of epoch 1 commits its transaction, then hangs: Spark never logs epoch 1.
+    process = producer.start(
+        [{"point": "after-commit", "partition": 0, "epoch": 1, "action": "hang"}]
+    )
+    producer.wait_fired(process)
+    time.sleep(2)  # the other tasks of epoch 1 commit meanwhile
+    kill_group(process)
+    assert (producer.checkpoint / "offsets" / "1").exists()
+    assert not (producer.checkpoint / "commits" / "1").exists()
+
+    producer.run_to_end()
+
+    assert_exactly(stack, topic_name, 3, expected)
+    progress = json.loads((producer.checkpoint / "bridge-sink-progress.json").read_text())
+    replayed = [e for e in progress["recent"] if e["epoch"] == 1]
+    assert replayed and 0 in replayed[-1]["partitions_skipped"], replayed
+
+
+def test_driver_killed_mid_epoch_replay_releases_read_committed_readers(
+    stack: Endpoints, topic_name: str, tmp_path: Path, record_property: object
+) -> None:
+    # One Kafka partition: the dead attempt's open transaction holds back everything after it.
+    create_topic(stack.bootstrap_servers, topic_name, partitions=1)
+    expected = write_orders(tmp_path / "in", files=4, rows_per_file=2000)
+    # A long transaction timeout, so that only the replay's fencing can release the readers.
+    producer = Producer(
+        stack, tmp_path, topic_name, "--max-files-per-trigger", "2",
+        "--transaction-timeout-ms", "600000", *SPLITS,
+    )  # fmt: skip
+
+    process = producer.start(
+        [{"point": "before-commit", "partition": 1, "epoch": 1, "action": "hang"}]
+    )
+    producer.wait_fired(process)
+    time.sleep(2)  # partition 0 of epoch 1 commits meanwhile; partition 1's records are in the log
+    kill_group(process)
+    killed_at = time.monotonic()
+
+    stuck = _first_offset_of(stack, topic_name, partition=1, epoch=1)
+    assert _last_stable_offset(stack, topic_name) <= stuck, "the open transaction holds nothing"
+
+    restarted_at = time.monotonic()
+    process = producer.start()
+    released_at = None
+    while process.poll() is None or released_at is None:
+        if released_at is None and _last_stable_offset(stack, topic_name) > stuck:
+            released_at = time.monotonic()
+        assert time.monotonic() - restarted_at < 240, producer.log.read_text()[-3000:]
+        time.sleep(0.1)
+    assert process.returncode == 0, producer.log.read_text()[-3000:]
+
+    held = released_at - killed_at
+    print(f"read_committed held {held:.1f}s after the kill, {released_at - restarted_at:.1f}s "
+          "after the restart")  # fmt: skip
+    assert callable(record_property)
+    record_property("held_after_kill_s", round(held, 1))
+    assert held < 600, "released by the transaction timeout, not by the replay's fencing"
+    assert_exactly(stack, topic_name, 1, expected)
+
+
+def _first_offset_of(stack: Endpoints, topic: str, *, partition: int, epoch: int) -> int:
+    offsets = [
+        m.offset()
+        for m in read_messages(stack.bootstrap_servers, topic, isolation="read_uncommitted")
+        if header_map(m).get("bridge.partition") == str(partition).encode()
+        and header_map(m).get("bridge.epoch") == str(epoch).encode()
+    ]
+    assert offsets, f"no record of partition {partition} epoch {epoch} in the log"
+    return min(o for o in offsets if o is not None)
+
+
+def _last_stable_offset(stack: Endpoints, topic: str) -> int:
+    return offset_range(stack.bootstrap_servers, [(topic, 0)])[(topic, 0)][1]
+
+
+def test_driver_killed_at_random_moments_until_done(
+    stack: Endpoints, topic_name: str, tmp_path: Path
+) -> None:
+    seed = int(os.environ.get("BRIDGE_TEST_SEED", time.time()))
+    chance = random.Random(seed)  # noqa: S311 - test timing, not secrets
+    create_topic(stack.bootstrap_servers, topic_name, partitions=3)
+    expected = write_orders(tmp_path / "in", files=30, rows_per_file=10_000)
+    producer = Producer(stack, tmp_path, topic_name, "--max-files-per-trigger", "3", *SPLITS)
+
+    kills = 0
+    for _ in range(3):
+        process = producer.start()
+        time.sleep(chance.uniform(8, 20))
+        if process.poll() is not None:
+            break  # finished before the kill
+        kill_group(process)
+        kills += 1
+    producer.run_to_end(timeout=300)
+
+    assert kills >= 2, f"seed {seed}: the run finished before most kills"
+    assert_exactly(stack, topic_name, 3, expected)

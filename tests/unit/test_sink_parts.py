@@ -1,0 +1,164 @@
+"""The sink's pure parts: options, input schema, ids, markers, counters, fault rules."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from confluent_kafka import TopicPartition
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    IntegerType,
+    StringType,
+    StructField,
+    StructType,
+)
+
+from bridge.errors import ConfigError
+from spark_jobs.epoch_markers import (
+    Marker,
+    marker_group,
+    marker_position,
+    partition_of_marker_group,
+)
+from spark_jobs.epoch_transaction import TaskCoordinates
+from spark_jobs.faults import ENV_FAULTS, InjectedFault, TaskFaults
+from spark_jobs.kafka_rows import check_schema, kafka_rows
+from spark_jobs.progress import EpochSummary, SinkCounters
+from spark_jobs.sink_options import IdNaming, SinkOptions
+
+BASE = {"kafka.bootstrap.servers": "127.0.0.1:9092", "topic": "orders"}
+
+
+def refused(options: dict[str, str]) -> dict[str, str]:
+    with pytest.raises(ConfigError) as raised:
+        SinkOptions.parse(options)
+    return dict(raised.value.problems)
+
+
+def test_options_pass_kafka_properties_through_and_default_the_rest() -> None:
+    options = SinkOptions.parse({**BASE, "kafka.Linger.MS": "20", "checkpointLocation": "/c"})
+    assert options.kafka == {"bootstrap.servers": "127.0.0.1:9092", "linger.ms": "20"}
+    assert options.naming is IdNaming.PER_EPOCH
+    assert options.prefix is None and options.transaction_timeout_ms == 60_000
+
+
+@pytest.mark.parametrize(
+    ("extra", "key"),
+    [
+        ({"kafka.transactional.id": "x"}, "kafka.transactional.id"),
+        ({"kafka.transaction.timeout.ms": "1"}, "kafka.transaction.timeout.ms"),
+        ({"transaction.timeout.ms": "900001"}, "transaction.timeout.ms"),
+        ({"transaction.timeout.ms": "soon"}, "transaction.timeout.ms"),
+        ({"transactional.id.naming": "per-query"}, "transactional.id.naming"),
+        ({"transactional.id.prefix": "has space"}, "transactional.id.prefix"),
+        ({"topik": "orders"}, "topik"),
+    ],
+)
+def test_bad_options_are_refused_by_name(extra: dict[str, str], key: str) -> None:
+    assert key in refused({**BASE, **extra})
+
+
+def test_missing_bootstrap_is_refused() -> None:
+    assert "kafka.bootstrap.servers" in refused({"topic": "orders"})
+
+
+def schema(*fields: StructField) -> StructType:
+    return StructType(list(fields))
+
+
+def test_schema_needs_a_value_and_a_topic() -> None:
+    with pytest.raises(ConfigError) as raised:
+        check_schema(schema(StructField("key", StringType())), default_topic=None)
+    assert {"value", "topic"} <= dict(raised.value.problems).keys()
+
+
+def test_schema_refuses_wrong_column_types() -> None:
+    bad = schema(
+        StructField("value", IntegerType()),
+        StructField("partition", StringType()),
+        StructField("headers", ArrayType(StringType())),
+    )
+    with pytest.raises(ConfigError) as raised:
+        check_schema(bad, default_topic="t")
+    assert set(dict(raised.value.problems)) == {"value", "partition", "headers"}
+
+
+def test_schema_of_spark_kafka_sink_is_accepted() -> None:
+    header = StructType([StructField("key", StringType()), StructField("value", BinaryType())])
+    check_schema(
+        schema(
+            StructField("key", BinaryType()),
+            StructField("value", BinaryType()),
+            StructField("topic", StringType()),
+            StructField("partition", IntegerType()),
+            StructField("headers", ArrayType(header)),
+        ),
+        default_topic=None,
+    )
+
+
+def test_rows_become_records_with_provenance_first() -> None:
+    import pyarrow as pa
+
+    batch = pa.RecordBatch.from_pydict(
+        {
+            "value": [b"a", b"b"],
+            "key": ["k1", None],
+            "headers": [[{"key": "h", "value": b"v"}], None],
+        }
+    )
+    provenance = [("bridge.epoch", b"3")]
+    rows = list(kafka_rows(iter([batch]), default_topic="t", provenance=provenance))
+    assert rows == [
+        ("t", b"a", "k1", -1, [("bridge.epoch", b"3"), ("h", b"v")]),
+        ("t", b"b", None, -1, [("bridge.epoch", b"3")]),
+    ]
+
+
+def test_transactional_ids_by_naming() -> None:
+    where = TaskCoordinates(query_id="q", prefix="orders", partition=4, epoch=17, attempt=1)
+    assert where.transactional_id(IdNaming.PER_EPOCH) == "orders-p4-e17"
+    assert where.transactional_id(IdNaming.PER_PARTITION) == "orders-p4"
+
+
+def test_marker_round_trip() -> None:
+    [position] = marker_position("markers", 17, {"rows": 5})
+    assert position.offset == 18  # epoch + 1: offset 0 must never mean epoch 0
+    marker = Marker.from_committed(position)
+    assert marker is not None and marker.epoch == 17 and marker.details["rows"] == 5
+    assert Marker.from_committed(TopicPartition("markers", 0, -1001)) is None
+    assert partition_of_marker_group("orders", marker_group("orders", 12)) == 12
+    assert partition_of_marker_group("orders", marker_group("orders-2", 12)) is None
+
+
+def test_counters_count_a_replayed_epoch_once() -> None:
+    counters = SinkCounters()
+    first = EpochSummary(epoch=4, rows=10, partitions_written=(0, 1), partitions_skipped=())
+    replay = EpochSummary(epoch=4, rows=0, partitions_written=(), partitions_skipped=(0, 1))
+    counters.add(first, committed=True)
+    counters.add(replay, committed=True)
+    assert (counters.epochs_committed, counters.rows_written, counters.partitions_skipped) == (
+        1,
+        10,
+        2,
+    )
+
+
+def test_fault_rules_fire_once_and_only_where_asked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rules = tmp_path / "rules.json"
+    rules.write_text(json.dumps([{"point": "before-commit", "epoch": 2, "action": "fail"}]))
+    monkeypatch.setenv(ENV_FAULTS, str(rules))
+    assert TaskFaults.for_task(prefix="p", partition=0, epoch=1, attempt=0) is None
+    faults = TaskFaults.for_task(prefix="p", partition=0, epoch=2, attempt=0)
+    assert faults is not None
+    faults.reach("after-commit")  # another point: nothing
+    with pytest.raises(InjectedFault):
+        faults.reach("before-commit")
+    faults.reach("before-commit")  # fired already
+    monkeypatch.delenv(ENV_FAULTS)
+    assert TaskFaults.for_task(prefix="p", partition=0, epoch=2, attempt=0) is None
