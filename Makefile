@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
-PACKAGES := bridge spark_jobs consumers tests
+PACKAGES := bridge spark_jobs consumers tests bench
 
 .PHONY: setup test lint unit integration stack-up stack-down clean
 

@@ -29,6 +29,8 @@ class EpochSummary:
     partitions_skipped: tuple[int, ...]
     partitions_empty: int = 0
     partitions_missing: int = 0  # tasks that sent no outcome (only in an abort)
+    # Per task that opened a transaction: init + marker read + commit, the cost of exactly-once.
+    transaction_overhead_ms: tuple[float, ...] = ()
 
     @classmethod
     def of(cls, epoch: int, outcomes: Sequence[EpochOutcome | None]) -> EpochSummary:
@@ -41,6 +43,11 @@ class EpochSummary:
             ),
             partitions_skipped=tuple(sorted(o.partition for o in done if o.skipped)),
             partitions_empty=sum(1 for o in done if o.empty),
+            transaction_overhead_ms=tuple(
+                round((o.init_seconds + o.marker_seconds + o.commit_seconds) * 1000, 2)
+                for o in done
+                if not o.empty
+            ),
             partitions_missing=len(outcomes) - len(done),
         )
 

@@ -25,7 +25,7 @@ from spark_jobs.progress import SinkCounters
 from spark_jobs.sink_options import SinkOptions
 from tests.conftest import FaultRules
 from tests.harness import Endpoints
-from tests.kafka_helpers import header_map, read_all, read_messages
+from tests.kafka_helpers import header_map, read_all, read_messages, transactional_producer
 
 PARTITIONS = 3
 
@@ -193,3 +193,62 @@ def test_zombie_cannot_commit_after_a_newer_holder_initialised_its_id(
     marker = reader.read(timeout=30)
     reader.close()
     assert marker is not None and marker.epoch == 5 and marker.details["rows"] == 200
+
+
+def test_per_partition_naming_replays_exactly_too(
+    spark: Any, stack: Endpoints, topic: str, tmp_path: Path
+) -> None:
+    expected = write_orders(tmp_path / "in", files=4, rows_per_file=1000)
+    prefix = f"bounded-{uuid.uuid4().hex[:8]}"
+    checkpoint = tmp_path / "checkpoint"
+
+    def run_query() -> None:
+        query = (
+            spark.readStream.option("maxFilesPerTrigger", 2)
+            .text(str(tmp_path / "in"))
+            .writeStream.format("bridge-kafka")
+            .option("kafka.bootstrap.servers", stack.bootstrap_servers)
+            .option("topic", topic)
+            .option("transactional.id.prefix", prefix)
+            .option("transactional.id.naming", "per-partition")
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination()
+
+    run_query()
+    for entry in ("1", ".1.crc"):
+        (checkpoint / "commits" / entry).unlink(missing_ok=True)
+    run_query()
+
+    assert_exactly(stack, topic, expected)
+
+
+def test_kafka_source_feeds_the_sink(
+    spark: Any, stack: Endpoints, topic: str, tmp_path: Path
+) -> None:
+    """The producer job's kafka source: Spark's connector from spark_jobs/jars/pom.xml."""
+    source = f"src-{uuid.uuid4().hex[:8]}"
+    create_topic(stack.bootstrap_servers, source, partitions=2)
+    feeder = transactional_producer(stack.bootstrap_servers)
+    feeder.begin_transaction()
+    for i in range(1000):
+        feeder.produce(source, key=str(i).encode(), value=json.dumps({"id": i}).encode())
+    feeder.commit_transaction(30)
+
+    job = ProducerJob(
+        source=Source.KAFKA,
+        source_topic=source,
+        topic=topic,
+        checkpoint=tmp_path / "checkpoint",
+        bootstrap_servers=stack.bootstrap_servers,
+        key_field="key",
+    )
+    counters = run(job, spark)
+
+    assert counters.rows_written == 1000
+    values = read_all(stack.bootstrap_servers, topic, partitions=PARTITIONS)
+    rows = [json.loads(v) for v in values]
+    assert sorted(json.loads(r["value"])["id"] for r in rows) == list(range(1000))
+    assert {r["source_topic"] for r in rows} == {source}
