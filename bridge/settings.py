@@ -133,6 +133,9 @@ class ConsumerSettings(_Section):
     start_policy: Literal["earliest", "latest"] = "earliest"
     batch_max_records: int = Field(default=5000, ge=1, le=1_000_000)
     batch_max_wait_ms: int = Field(default=100, ge=1, le=60_000)
+    # /metrics, /healthz, /readyz; off unless a port is set (0: any free port).
+    http_port: int | None = Field(default=None, ge=0, le=65_535)
+    http_host: str = "0.0.0.0"  # noqa: S104 - a metrics endpoint is scraped from elsewhere
 
     @field_validator("state_schema")
     @classmethod

@@ -19,6 +19,7 @@ from sqlalchemy import Engine, create_engine
 
 from bridge.settings import BridgeSettings, ConsumerSettings, LibrdkafkaValue
 from consumers.applier import Applier
+from consumers.metrics import ConsumerMetrics, HealthServer
 from consumers.offsets import Lease, OffsetStore, PartitionKey
 from consumers.records import Record
 from consumers.state import ensure_state_tables, state_tables
@@ -28,6 +29,8 @@ log = logging.getLogger("bridge.consumer")
 
 _RECONNECT_DELAYS = (0.2, 0.5, 1.0, 2.0, 5.0)
 _RECONNECT_ATTEMPTS = 60  # about five minutes at the longest delay, then give up loudly
+_STATISTICS_INTERVAL_MS = 5_000  # how often librdkafka reports the last stable offsets (lag)
+_STALLED_AFTER_S = 60.0  # /healthz fails when the poll loop has not turned for this long
 T = TypeVar("T")
 
 
@@ -57,11 +60,15 @@ class ConsumerService:
         self._applier = Applier(tables=self._tables, group_id=self._config.group_id)
         self._leases: dict[PartitionKey, Lease] = {}
         self._out_of_range: set[PartitionKey] = set()
+        self._delivered: dict[PartitionKey, int] = {}  # last offset Kafka handed us, + 1
         self._targets: dict[str, Target] = {}
         self._stop = threading.Event()
         self._conn: psycopg.Connection[Any] | None = None
         self._consumer: Consumer | None = None
         self.applied_total = 0
+        self.metrics = ConsumerMetrics(self._config.group_id)
+        self._http: HealthServer | None = None
+        self._last_turn = time.monotonic()
 
     # -- life cycle ---------------------------------------------------------------------------
 
@@ -88,15 +95,34 @@ class ConsumerService:
             "enable.auto.offset.store": False,
             "partition.assignment.strategy": "cooperative-sticky",
             "auto.offset.reset": "error",
+            "statistics.interval.ms": _STATISTICS_INTERVAL_MS,
         }
-        self._consumer = Consumer(self._settings.kafka.client_config(**overrides))
+        config: dict[str, Any] = self._settings.kafka.client_config(**overrides)
+        config["stats_cb"] = self._on_statistics
+        self._consumer = Consumer(config)
         self._consumer.subscribe(
             list(self._targets),
             on_assign=self._on_assign,
             on_revoke=self._on_revoke,
             on_lost=self._on_lost,
         )
-        log.info("consumer started", extra={"owner": self._owner, "topics": list(self._targets)})
+        if self._config.http_port is not None:
+            self._http = HealthServer(
+                self.metrics,
+                host=self._config.http_host,
+                port=self._config.http_port,
+                healthy=self.healthy,
+                ready=lambda: self.ready,
+            )
+            self._http.start()
+        log.info(
+            "consumer started",
+            extra={
+                "owner": self._owner,
+                "topics": list(self._targets),
+                "http_port": self.http_port,
+            },
+        )
 
     def stop(self) -> None:
         """Ask the loop to stop after the batch in hand (safe from a signal handler)."""
@@ -107,6 +133,7 @@ class ConsumerService:
         assert self._consumer is not None, "start() first"  # noqa: S101
         try:
             while not self._stop.is_set():
+                self._last_turn = time.monotonic()
                 messages = self._consumer.consume(
                     self._config.batch_max_records, self._config.batch_max_wait_ms / 1000
                 )
@@ -118,13 +145,18 @@ class ConsumerService:
                             raise KafkaException(error)
                         log.warning("kafka error: %s", error.str())
                         continue
-                    records.append(Record.from_message(message))
+                    record = Record.from_message(message)
+                    self._delivered[(record.topic, record.partition)] = record.offset + 1
+                    records.append(record)
                 if records:
                     self._apply(records)
         finally:
             self.close()
 
     def close(self) -> None:
+        if self._http is not None:
+            self._http.stop()
+            self._http = None
         if self._consumer is not None:
             self._consumer.close()  # leaves the group: our partitions are revoked and released
             self._consumer = None
@@ -135,6 +167,16 @@ class ConsumerService:
     @property
     def ready(self) -> bool:
         return self._consumer is not None and not self._out_of_range
+
+    def healthy(self) -> bool:
+        """The poll loop turns (a database outage past the reconnect budget stops it)."""
+        return time.monotonic() - self._last_turn < max(
+            _STALLED_AFTER_S, 3 * self._config.batch_max_wait_ms / 1000
+        )
+
+    @property
+    def http_port(self) -> int | None:
+        return self._http.port if self._http is not None else None
 
     # -- one batch ----------------------------------------------------------------------------
 
@@ -168,7 +210,9 @@ class ConsumerService:
         Step 3: the commit; only then do the in-memory leases move.
         """
         conn = self._connection()
+        started = time.perf_counter()
         advanced: dict[PartitionKey, int] = {}
+        applied: dict[str, tuple[int, int]] = {}
         with conn.transaction():
             # Step 1
             for key, records in by_partition.items():
@@ -182,10 +226,18 @@ class ConsumerService:
                 by_topic[key[0]].extend(records)
             for topic, records in by_topic.items():
                 counts = self._applier.apply(conn, self._targets[topic], records)
-                self.applied_total += counts.applied + counts.deleted
+                applied[topic] = (counts.applied + counts.deleted, counts.dead)
         # Step 3
         for key, next_offset in advanced.items():
             self._leases[key] = replace(self._leases[key], next_offset=next_offset)
+        for topic, (rows, dead) in applied.items():
+            self.applied_total += rows
+            self.metrics.records_applied(topic).inc(rows)
+            self.metrics.dead_letters(topic).inc(dead)
+        self.metrics.committed(
+            [r for records in by_partition.values() for r in records],
+            time.perf_counter() - started,
+        )
 
     # -- rebalance callbacks (run inside consume) -----------------------------------------------
 
@@ -201,6 +253,9 @@ class ConsumerService:
             self._leases[lease.key] = lease
             assignment.append(TopicPartition(lease.topic, lease.partition, lease.next_offset))
         consumer.incremental_assign(assignment)
+        # A partition this member paused after being fenced (a zombie that woke up) keeps its
+        # pause flag in librdkafka across unassign/assign: a fresh claim must flow again.
+        consumer.resume(assignment)
         for lease in leases:
             low = watermarks[lease.key][0]
             if lease.next_offset < low:
@@ -249,7 +304,16 @@ class ConsumerService:
     def _forget(self, keys: list[PartitionKey]) -> None:
         for key in keys:
             self._leases.pop(key, None)
+            self._delivered.pop(key, None)
             self._out_of_range.discard(key)
+        self.metrics.forget(keys)
+
+    def _on_statistics(self, report: str) -> None:
+        next_offsets = {key: lease.next_offset for key, lease in self._leases.items()}
+        caught_up = {
+            key for key, offset in next_offsets.items() if self._delivered.get(key, 0) <= offset
+        }
+        self.metrics.statistics(report, next_offsets, caught_up)
 
     def _let_go(self, keys: list[PartitionKey]) -> None:
         self._forget(keys)

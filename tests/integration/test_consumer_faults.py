@@ -37,6 +37,30 @@ def start_consumer(config: Path, log: Path) -> subprocess.Popen[bytes]:
         )
 
 
+def write_config(
+    path: Path, stack: Endpoints, *, group: str, topic: str, table: str, batch: int
+) -> Path:
+    path.write_text(
+        yaml.safe_dump(
+            {
+                # A short session lets the group drop a killed or paused member quickly.
+                "kafka": {
+                    "bootstrap_servers": stack.bootstrap_servers,
+                    "properties": {"session.timeout.ms": 6000, "heartbeat.interval.ms": 1000},
+                },
+                "postgres": {"dsn": stack.dsn},
+                "consumer": {
+                    "group_id": group,
+                    "batch_max_records": batch,
+                    "batch_max_wait_ms": 50,
+                    "routes": [{"topic": topic, "table": f"public.{table}"}],
+                },
+            }
+        )
+    )
+    return path
+
+
 def count(dsn: str, table: str) -> tuple[int, int]:
     with psycopg.connect(dsn) as conn:
         row = conn.execute(f"SELECT count(*), count(DISTINCT id) FROM {table}").fetchone()
@@ -59,24 +83,8 @@ def test_sigkill_at_random_moments_loses_and_doubles_nothing(
             producer.produce(topic, value=json.dumps({"id": i, "body": "x" * 40}).encode())
         producer.commit_transaction(60)
 
-    config = tmp_path / "bridge.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                # A short session lets the group drop a killed member quickly.
-                "kafka": {
-                    "bootstrap_servers": stack.bootstrap_servers,
-                    "properties": {"session.timeout.ms": 6000, "heartbeat.interval.ms": 1000},
-                },
-                "postgres": {"dsn": stack.dsn},
-                "consumer": {
-                    "group_id": f"g-{suffix}",
-                    "batch_max_records": 500,
-                    "batch_max_wait_ms": 50,
-                    "routes": [{"topic": topic, "table": f"public.{table}"}],
-                },
-            }
-        )
+    config = write_config(
+        tmp_path / "bridge.yaml", stack, group=f"g-{suffix}", topic=topic, table=table, batch=500
     )
     log = tmp_path / "consumer.log"
     rng = random.Random(suffix)  # noqa: S311 - timing jitter, not secrets
@@ -108,3 +116,66 @@ def test_sigkill_at_random_moments_loses_and_doubles_nothing(
     assert count(stack.dsn, table) == (RECORDS, RECORDS), f"rows at each kill: {progress}"
     mid_stream = [p for p in progress if 0 < p < RECORDS]
     assert len(mid_stream) >= 3, f"too few kills landed mid-stream: {progress}"
+
+
+def test_zombie_woken_after_its_partitions_moved_commits_nothing(
+    stack: Endpoints, tmp_path: Path
+) -> None:
+    suffix = uuid.uuid4().hex[:10]
+    topic, table, group = f"z-{suffix}", f"z_{suffix}", f"g-{suffix}"
+    records = 20_000
+    create_topic(stack.bootstrap_servers, topic, partitions=2)
+    with psycopg.connect(stack.dsn) as conn:
+        conn.execute(f"CREATE TABLE {table} (id int NOT NULL, body text)")
+
+    def feed(start: int, stop: int) -> None:
+        producer = transactional_producer(stack.bootstrap_servers)
+        producer.begin_transaction()
+        for i in range(start, stop):
+            producer.produce(topic, value=json.dumps({"id": i, "body": "z"}).encode())
+        producer.commit_transaction(60)
+
+    feed(0, records)
+    config = write_config(
+        tmp_path / "bridge.yaml", stack, group=group, topic=topic, table=table, batch=200
+    )
+    zombie_log, successor_log = tmp_path / "zombie.log", tmp_path / "successor.log"
+    zombie = start_consumer(config, zombie_log)
+    deadline = time.monotonic() + 60
+    while count(stack.dsn, table)[0] == 0:
+        assert time.monotonic() < deadline, zombie_log.read_text()[-3000:]
+        time.sleep(0.02)
+    zombie.send_signal(signal.SIGSTOP)  # paused mid-stream, batch in hand, past its session
+    paused_at = count(stack.dsn, table)[0]
+
+    successor = start_consumer(config, successor_log)
+    try:
+        deadline = time.monotonic() + 120
+        while count(stack.dsn, table)[0] < records:
+            assert successor.poll() is None, successor_log.read_text()[-3000:]
+            assert time.monotonic() < deadline, "the successor never took the partitions over"
+            time.sleep(0.2)
+        with psycopg.connect(stack.dsn) as conn:
+            owners = conn.execute(
+                "SELECT owner FROM bridge.offsets WHERE group_id = %s", (group,)
+            ).fetchall()
+        assert {o[0].rsplit(":", 1)[1] for o in owners} == {str(successor.pid)}, owners
+
+        zombie.send_signal(signal.SIGCONT)  # wakes up with its stale batch and stale epoch
+        time.sleep(5)
+        assert count(stack.dsn, table) == (records, records), "the zombie committed its batch"
+        feed(records, records + 2_000)  # and the group, zombie included, keeps going exactly
+        deadline = time.monotonic() + 60
+        while count(stack.dsn, table)[0] < records + 2_000 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(1)
+    finally:
+        for process in (zombie, successor):
+            process.send_signal(signal.SIGCONT)
+            process.send_signal(signal.SIGTERM)
+        for process in (zombie, successor):
+            process.wait(60)
+
+    assert count(stack.dsn, table) == (records + 2_000, records + 2_000)
+    print(f"zombie paused at {paused_at} rows; its log after waking:")
+    print(zombie_log.read_text()[-1500:])

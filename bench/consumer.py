@@ -1,0 +1,284 @@
+"""Consumer benchmark: the service against the limits of its parts, in one run on one machine.
+
+    .venv/bin/python -m bench.consumer [--records 1000000] [--rate 10000] [--seconds 20]
+
+(a) raw psycopg COPY of the same rows into the same table (the database's limit),
+(b) raw read_committed consumption of the topic (Kafka's limit),
+(c) the service end to end (`python -m consumers`, its own process) in insert and upsert mode,
+    with its peak RSS,
+(d) end-to-end latency under a steady offered load: the record's send time to the row's
+    insertion (clock_timestamp() inside the batch's transaction), p50 / p99.
+Writes the figures to bench/results/consumer-*.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import yaml
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+
+from bench.common import Endpoints, running_stack, write_results
+from bridge.kafka_admin import create_topic, offset_range
+
+PARTITIONS = 4
+COLUMNS = "id bigint NOT NULL, customer text, amount numeric(12,2), currency text, note text, " \
+    "sent_ms bigint, applied_at timestamptz DEFAULT clock_timestamp()"  # fmt: skip
+
+
+def record(i: int, sent_ms: int) -> dict[str, Any]:
+    """About 150 bytes of JSON, like an order event."""
+    return {"id": i, "customer": f"customer-{i % 5000:05d}", "amount": round(i % 10_000 / 7, 2),
+            "currency": "EUR", "note": "n" * 40, "sent_ms": sent_ms}  # fmt: skip
+
+
+def fill_topic(stack: Endpoints, topic: str, records: int) -> float:
+    create_topic(stack.bootstrap_servers, topic, partitions=PARTITIONS)
+    producer = Producer({"bootstrap.servers": stack.bootstrap_servers, "linger.ms": 20,
+                         "transactional.id": f"bench-{uuid.uuid4().hex}"})  # fmt: skip
+    producer.init_transactions(30)
+    started = time.perf_counter()
+    now_ms = int(time.time() * 1000)
+    for start in range(0, records, 50_000):
+        producer.begin_transaction()
+        for i in range(start, min(records, start + 50_000)):
+            while True:
+                try:
+                    producer.produce(topic, json.dumps(record(i, now_ms)).encode())
+                    break
+                except BufferError:
+                    producer.poll(0.05)
+        producer.commit_transaction(60)
+    return time.perf_counter() - started
+
+
+def sql(dsn: str, statement: str) -> list[tuple[Any, ...]]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        cursor = conn.execute(statement.encode())
+        return cursor.fetchall() if cursor.description else []
+
+
+def raw_copy(stack: Endpoints, records: int) -> float:
+    """The same rows, parsed from the same JSON, COPYed in batches of 5000 with one offset update
+    per batch, as the service's transaction does."""
+    table = f"raw_{uuid.uuid4().hex[:8]}"
+    sql(stack.dsn, f"CREATE TABLE {table} ({COLUMNS})")
+    sql(stack.dsn, f"CREATE TABLE {table}_offsets (p int PRIMARY KEY, next bigint)")
+    sql(stack.dsn, f"INSERT INTO {table}_offsets VALUES (0, 0)")
+    payloads = [json.dumps(record(i, 0)).encode() for i in range(records)]
+    names = ["id", "customer", "amount", "currency", "note", "sent_ms"]
+    started = time.perf_counter()
+    with psycopg.connect(stack.dsn) as conn:
+        for start in range(0, records, 5_000):
+            with conn.transaction():
+                conn.execute(
+                    f"UPDATE {table}_offsets SET next = %s WHERE p = 0".encode(), (start + 5000,)
+                )
+                with conn.cursor().copy(
+                    f"COPY {table} ({', '.join(names)}) FROM STDIN".encode()
+                ) as copy:
+                    for payload in payloads[start : start + 5_000]:
+                        row = json.loads(payload)
+                        copy.write_row([row[n] for n in names])
+    return time.perf_counter() - started
+
+
+def raw_consume(stack: Endpoints, topic: str) -> tuple[float, int]:
+    consumer = Consumer({"bootstrap.servers": stack.bootstrap_servers, "group.id": "bench-raw",
+                         "isolation.level": "read_committed", "enable.partition.eof": True,
+                         "enable.auto.commit": False})  # fmt: skip
+    consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
+    started = time.perf_counter()
+    seen, at_end = 0, set[int]()
+    while len(at_end) < PARTITIONS:
+        for message in consumer.consume(10_000, 1.0):
+            error = message.error()
+            if error is not None and error.code() == KafkaError._PARTITION_EOF:
+                at_end.add(message.partition() or 0)
+            elif error is None:
+                json.loads(message.value() or b"null")  # the service decodes every value too
+                seen += 1
+    seconds = time.perf_counter() - started
+    consumer.close()
+    return seconds, seen
+
+
+class Service:
+    """`python -m consumers` on one route, in its own process, as in production."""
+
+    def __init__(self, stack: Endpoints, topic: str, table: str, mode: str, scratch: Path) -> None:
+        self.stack, self.group = stack, f"bench-{uuid.uuid4().hex[:8]}"
+        route: dict[str, Any] = {"topic": topic, "table": f"public.{table}", "mode": mode}
+        if mode == "upsert":
+            route["key_columns"] = ["id"]
+        config = scratch / f"{self.group}.yaml"
+        config.write_text(yaml.safe_dump({
+            "kafka": {"bootstrap_servers": stack.bootstrap_servers},
+            "postgres": {"dsn": stack.dsn},
+            "consumer": {"group_id": self.group, "routes": [route], "batch_max_wait_ms": 20},
+        }))  # fmt: skip
+        self.log = scratch / f"{self.group}.log"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("BRIDGE_")}
+        with self.log.open("wb") as out:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "consumers", "--config", str(config)],
+                stdout=out, stderr=subprocess.STDOUT, env=env,
+            )  # fmt: skip
+
+    def position(self) -> int:
+        rows = sql(
+            self.stack.dsn,
+            "SELECT coalesce(sum(next_offset), 0) FROM bridge.offsets"
+            f" WHERE group_id = '{self.group}'",
+        )
+        return int(rows[0][0])
+
+    def wait_for(self, target: int, timeout: float = 600) -> None:
+        deadline = time.monotonic() + timeout
+        while self.position() < target:
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the service stopped short:\n{self.log.read_text()[-2000:]}")
+            time.sleep(0.05)
+
+    def peak_rss_mb(self) -> float:
+        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+        return float("nan")
+
+    def stop(self) -> None:
+        self.process.send_signal(signal.SIGTERM)
+        self.process.wait(60)
+
+
+def caught_up_position(stack: Endpoints, topic: str) -> int:
+    """The sum of next offsets once every record is applied: each partition ends with the commit
+    marker of its last transaction, one offset past the last record."""
+    ranges = offset_range(stack.bootstrap_servers, [(topic, p) for p in range(PARTITIONS)])
+    return sum(stable - 1 for _, stable in ranges.values() if stable > 0)
+
+
+def service_run(
+    stack: Endpoints, topic: str, records: int, mode: str, scratch: Path
+) -> dict[str, Any]:
+    table = f"svc_{mode}_{uuid.uuid4().hex[:8]}"
+    key = ", PRIMARY KEY (id)" if mode == "upsert" else ""
+    sql(stack.dsn, f"CREATE TABLE {table} ({COLUMNS}{key})")
+    started = time.perf_counter()
+    service = Service(stack, topic, table, mode, scratch)
+    try:
+        service.wait_for(1)  # offsets claimed: the group is joined
+        joined = time.perf_counter()
+        service.wait_for(caught_up_position(stack, topic))
+        seconds = time.perf_counter() - joined
+        rss = service.peak_rss_mb()
+    finally:
+        service.stop()
+    return {"mode": mode, "seconds": round(seconds, 2), "rows_per_second": round(records / seconds),
+            "start_seconds": round(joined - started, 2), "peak_rss_mb": round(rss, 1)}  # fmt: skip
+
+
+def latency_run(stack: Endpoints, rate: int, seconds: int, scratch: Path) -> dict[str, Any]:
+    topic = f"bench-lat-{uuid.uuid4().hex[:8]}"
+    create_topic(stack.bootstrap_servers, topic, partitions=PARTITIONS)
+    table = f"lat_{uuid.uuid4().hex[:8]}"
+    sql(stack.dsn, f"CREATE TABLE {table} ({COLUMNS})")
+    service = Service(stack, topic, table, "insert", scratch)
+    producer = Producer({"bootstrap.servers": stack.bootstrap_servers, "linger.ms": 5,
+                         "transactional.id": f"bench-lat-{uuid.uuid4().hex}"})  # fmt: skip
+    producer.init_transactions(30)
+    sent = 0
+    try:
+        time.sleep(3)  # let the service join its group
+        # One transaction every 100 ms, as a streaming producer with a short trigger commits.
+        tick, per_tick = 0.1, rate // 10
+        begin = time.perf_counter()
+        while time.perf_counter() - begin < seconds:
+            due = begin + (sent // per_tick) * tick
+            time.sleep(max(0.0, due - time.perf_counter()))
+            producer.begin_transaction()
+            for _ in range(per_tick):
+                producer.produce(topic, json.dumps(record(sent, int(time.time() * 1000))).encode())
+                sent += 1
+            producer.commit_transaction(30)
+        offered = sent / (time.perf_counter() - begin)
+        service.wait_for(caught_up_position(stack, topic))
+        rss = service.peak_rss_mb()
+    finally:
+        service.stop()
+    p50, p99, worst = sql(
+        stack.dsn,
+        f"""
+        SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY ms),
+               percentile_cont(0.99) WITHIN GROUP (ORDER BY ms), max(ms)
+        FROM (SELECT extract(epoch FROM applied_at) * 1000 - sent_ms AS ms FROM {table}) t""",
+    )[0]
+    return {
+        "offered_per_second": round(offered),
+        "records": sent,
+        "p50_ms": round(p50, 1),
+        "p99_ms": round(p99, 1),
+        "max_ms": round(worst, 1),
+        "peak_rss_mb": round(rss, 1),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--records", type=int, default=1_000_000)
+    parser.add_argument("--rate", type=int, default=10_000)
+    parser.add_argument("--seconds", type=int, default=20)
+    args = parser.parse_args()
+    scratch = Path(tempfile.mkdtemp(prefix="bridge-bench-consumer-"))
+
+    with running_stack() as stack:
+        topic = f"bench-c-{uuid.uuid4().hex[:8]}"
+        fill = fill_topic(stack, topic, args.records)
+        print(f"{args.records:,} records of ~150 bytes in Kafka ({args.records / fill:,.0f}/s)")
+        copy_s = raw_copy(stack, args.records)
+        consume_s, consumed = raw_consume(stack, topic)
+        assert consumed == args.records, consumed
+        insert = service_run(stack, topic, args.records, "insert", scratch)
+        upsert = service_run(stack, topic, args.records, "upsert", scratch)
+        latency = latency_run(stack, args.rate, args.seconds, scratch)
+
+    copy_rate, consume_rate = args.records / copy_s, args.records / consume_s
+    print(f"(a) raw COPY (+ offset update per 5000)  : {copy_rate:>10,.0f} rows/s")
+    print(f"(b) raw read_committed consumption        : {consume_rate:>10,.0f} records/s")
+    for run in (insert, upsert):
+        ratio = run["rows_per_second"] / copy_rate
+        print(
+            f"(c) service, {run['mode']:<6}                       : "
+            f"{run['rows_per_second']:>10,} rows/s  = {ratio:.2f}x COPY"
+            f"  (peak RSS {run['peak_rss_mb']} MB)"
+        )
+    print(
+        f"(d) latency at {latency['offered_per_second']:,} records/s offered: "
+        f"p50 {latency['p50_ms']} ms, p99 {latency['p99_ms']} ms (max {latency['max_ms']} ms)"
+    )
+    print("goals: insert >= 0.7x COPY, p99 < 200 ms, peak RSS < 200 MB")
+    path = write_results("consumer", {
+        "records": args.records,
+        "raw_copy_rows_per_second": round(copy_rate),
+        "raw_consume_records_per_second": round(consume_rate),
+        "insert": insert | {"ratio_to_copy": round(insert["rows_per_second"] / copy_rate, 3)},
+        "upsert": upsert | {"ratio_to_copy": round(upsert["rows_per_second"] / copy_rate, 3)},
+        "latency": latency,
+        "goals": {"insert_ratio": 0.7, "p99_ms": 200, "peak_rss_mb": 200},
+    })  # fmt: skip
+    print(f"figures: {path}")
+
+
+if __name__ == "__main__":
+    main()

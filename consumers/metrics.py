@@ -1,0 +1,162 @@
+"""The consumer's Prometheus metrics, and the HTTP endpoints that serve them with its health.
+
+`/metrics` (Prometheus text format), `/healthz` (200 while the poll loop turns), `/readyz` (200
+once the consumer is in its group and no partition is stuck outside its log). Each service has
+its own registry, so several services in one process never share counters.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+from collections.abc import Callable, Sequence
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import generate_latest
+
+from consumers.records import Record
+
+# How many records of a batch feed the latency histogram: enough for p99, cheap per batch.
+_LATENCY_SAMPLES_PER_BATCH = 100
+_BATCH_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+class ConsumerMetrics:
+    def __init__(self, group_id: str) -> None:
+        self.registry = CollectorRegistry()
+        labels = {"group": group_id}
+        self.records_applied = Counter(
+            "bridge_consumer_records_applied",
+            "Records applied to PostgreSQL (inserted, upserted or deleted).",
+            ["topic"],
+            registry=self.registry,
+        ).labels
+        self.dead_letters = Counter(
+            "bridge_consumer_dead_letters",
+            "Records written to the dead-letter table.",
+            ["topic"],
+            registry=self.registry,
+        ).labels
+        self.batches = Counter(
+            "bridge_consumer_batches", "Database transactions committed.", registry=self.registry
+        )
+        self.batch_seconds = Histogram(
+            "bridge_consumer_batch_duration_seconds",
+            "Time of one batch's database transaction, offsets and rows.",
+            buckets=_BATCH_BUCKETS,
+            registry=self.registry,
+        )
+        self.latency_seconds = Histogram(
+            "bridge_consumer_end_to_end_latency_seconds",
+            "From a record's Kafka timestamp to the commit of its database transaction "
+            f"(up to {_LATENCY_SAMPLES_PER_BATCH} records sampled per batch).",
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.lag = Gauge(
+            "bridge_consumer_lag",
+            "Records between the stored next offset and the last stable offset.",
+            ["topic", "partition"],
+            registry=self.registry,
+        )
+        Gauge(
+            "bridge_consumer_info", "The consumer group.", list(labels), registry=self.registry
+        ).labels(**labels).set(1)
+
+    def committed(self, records: Sequence[Record], seconds: float) -> None:
+        """After a batch's commit: its duration, and the latency of a sample of its records."""
+        self.batches.inc()
+        self.batch_seconds.observe(seconds)
+        now_ms = time.time() * 1000
+        stride = max(1, len(records) // _LATENCY_SAMPLES_PER_BATCH)
+        for record in records[::stride]:
+            if record.timestamp_ms is not None:
+                self.latency_seconds.observe(max(0.0, now_ms - record.timestamp_ms) / 1000)
+
+    def statistics(
+        self, report: str, next_offsets: dict[tuple[str, int], int], caught_up: set[tuple[str, int]]
+    ) -> None:
+        """librdkafka's statistics callback: lag = last stable offset - our position.
+
+        The stored next offset stops after the last record; the commit marker of its transaction
+        takes one more offset. For a partition whose delivered records are all applied
+        (`caught_up`), the consumer's own position, which steps over those markers, counts."""
+        stats: dict[str, Any] = json.loads(report)
+        for topic, topic_stats in stats.get("topics", {}).items():
+            for name, partition in topic_stats.get("partitions", {}).items():
+                key = (topic, int(name))
+                stable = partition.get("ls_offset", -1)
+                if key not in next_offsets or stable < 0:
+                    continue
+                position = next_offsets[key]
+                if key in caught_up:
+                    position = max(position, partition.get("app_offset", -1))
+                self.lag.labels(topic=topic, partition=name).set(max(0, stable - position))
+
+    def forget(self, keys: Sequence[tuple[str, int]]) -> None:
+        for topic, partition in keys:
+            with contextlib.suppress(KeyError):  # never reported for this partition
+                self.lag.remove(topic, str(partition))
+
+
+class HealthServer:
+    """/metrics, /healthz and /readyz on a background thread."""
+
+    def __init__(
+        self,
+        metrics: ConsumerMetrics,
+        *,
+        host: str,
+        port: int,
+        healthy: Callable[[], bool],
+        ready: Callable[[], bool],
+    ) -> None:
+        routes: dict[str, Callable[[], tuple[int, bytes, str]]] = {
+            "/metrics": lambda: (200, generate_latest(metrics.registry), CONTENT_TYPE_LATEST),
+            "/healthz": lambda: _verdict(healthy()),
+            "/readyz": lambda: _verdict(ready()),
+        }
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                route = routes.get(self.path.split("?", 1)[0])
+                status, body, content_type = (
+                    route() if route else (404, b"not found\n", "text/plain")
+                )
+                self.send_response(status)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                return  # scrapes every few seconds would drown the service's own logs
+
+        self._server = ThreadingHTTPServer((host, port), Handler)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="bridge-health", daemon=True
+        )
+
+    @property
+    def port(self) -> int:
+        return int(self._server.server_address[1])
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+def _verdict(ok: bool) -> tuple[int, bytes, str]:
+    return (200, b"ok\n", "text/plain") if ok else (503, b"not ok\n", "text/plain")
+
+
+def _not_found() -> tuple[int, bytes, str]:
+    return 404, b"not found\n", "text/plain"
