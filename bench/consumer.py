@@ -73,8 +73,8 @@ def raw_copy(stack: Endpoints, records: int) -> float:
     """The same rows, parsed from the same JSON, COPYed in batches of 5000 with one offset update
     per batch, as the service's transaction does."""
     table = f"raw_{uuid.uuid4().hex[:8]}"
-    sql(stack.dsn, f"CREATE TABLE {table} ({COLUMNS})")
-    sql(stack.dsn, f"CREATE TABLE {table}_offsets (p int PRIMARY KEY, next bigint)")
+    sql(stack.dsn, f"CREATE TABLE public.{table} ({COLUMNS})")
+    sql(stack.dsn, f"CREATE TABLE public.{table}_offsets (p int PRIMARY KEY, next bigint)")
     sql(stack.dsn, f"INSERT INTO {table}_offsets VALUES (0, 0)")
     payloads = [json.dumps(record(i, 0)).encode() for i in range(records)]
     names = ["id", "customer", "amount", "currency", "note", "sent_ms"]
@@ -137,11 +137,15 @@ class Service:
             )  # fmt: skip
 
     def position(self) -> int:
-        rows = sql(
-            self.stack.dsn,
-            "SELECT coalesce(sum(next_offset), 0) FROM bridge.offsets"
-            f" WHERE group_id = '{self.group}'",
-        )
+        """The sum of the stored next offsets of the group (0 until the service made its tables)."""
+        try:
+            rows = sql(
+                self.stack.dsn,
+                "SELECT coalesce(sum(next_offset), 0) FROM bridge.offsets"
+                f" WHERE group_id = '{self.group}'",
+            )
+        except psycopg.errors.UndefinedTable:
+            return 0
         return int(rows[0][0])
 
     def wait_for(self, target: int, timeout: float = 600) -> None:
@@ -174,7 +178,7 @@ def service_run(
 ) -> dict[str, Any]:
     table = f"svc_{mode}_{uuid.uuid4().hex[:8]}"
     key = ", PRIMARY KEY (id)" if mode == "upsert" else ""
-    sql(stack.dsn, f"CREATE TABLE {table} ({COLUMNS}{key})")
+    sql(stack.dsn, f"CREATE TABLE public.{table} ({COLUMNS}{key})")
     started = time.perf_counter()
     service = Service(stack, topic, table, mode, scratch)
     try:
@@ -193,7 +197,7 @@ def latency_run(stack: Endpoints, rate: int, seconds: int, scratch: Path) -> dic
     topic = f"bench-lat-{uuid.uuid4().hex[:8]}"
     create_topic(stack.bootstrap_servers, topic, partitions=PARTITIONS)
     table = f"lat_{uuid.uuid4().hex[:8]}"
-    sql(stack.dsn, f"CREATE TABLE {table} ({COLUMNS})")
+    sql(stack.dsn, f"CREATE TABLE public.{table} ({COLUMNS})")
     service = Service(stack, topic, table, "insert", scratch)
     producer = Producer({"bootstrap.servers": stack.bootstrap_servers, "linger.ms": 5,
                          "transactional.id": f"bench-lat-{uuid.uuid4().hex}"})  # fmt: skip
@@ -227,9 +231,9 @@ def latency_run(stack: Endpoints, rate: int, seconds: int, scratch: Path) -> dic
     return {
         "offered_per_second": round(offered),
         "records": sent,
-        "p50_ms": round(p50, 1),
-        "p99_ms": round(p99, 1),
-        "max_ms": round(worst, 1),
+        "p50_ms": round(float(p50), 1),
+        "p99_ms": round(float(p99), 1),
+        "max_ms": round(float(worst), 1),
         "peak_rss_mb": round(rss, 1),
     }
 

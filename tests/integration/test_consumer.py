@@ -102,7 +102,7 @@ def test_committed_records_land_once_and_aborted_never(
     stack: Endpoints, names: dict[str, str]
 ) -> None:
     create_topic(stack.bootstrap_servers, names["topic"], partitions=3)
-    sql(stack, f"CREATE TABLE {names['table']} (id int PRIMARY KEY, body text)")
+    sql(stack, f"CREATE TABLE public.{names['table']} (id int PRIMARY KEY, body text)")
     produce(stack, names["topic"], [(None, {"id": i, "body": f"b{i}"}) for i in range(300)])
     produce(stack, names["topic"], [(None, {"id": 10_000 + i}) for i in range(50)], abort=True)
     produce(stack, names["topic"], [(None, {"id": i, "body": "late"}) for i in range(300, 400)])
@@ -126,7 +126,7 @@ def test_committed_records_land_once_and_aborted_never(
 def test_restart_resumes_from_database_offsets(stack: Endpoints, names: dict[str, str]) -> None:
     create_topic(stack.bootstrap_servers, names["topic"], partitions=2)
     sql(
-        stack, f"CREATE TABLE {names['table']} (id int, body text)"
+        stack, f"CREATE TABLE public.{names['table']} (id int, body text)"
     )  # no key: duplicates would show
     settings = settings_for(stack, names)
     produce(stack, names["topic"], [(None, {"id": i}) for i in range(100)])
@@ -143,7 +143,7 @@ def test_poison_records_go_to_dead_letters_and_the_rest_flows(
     stack: Endpoints, names: dict[str, str]
 ) -> None:
     create_topic(stack.bootstrap_servers, names["topic"])
-    sql(stack, f"CREATE TABLE {names['table']} "
+    sql(stack, f"CREATE TABLE public.{names['table']} "
                "(id int PRIMARY KEY, qty int NOT NULL CHECK (qty > 0), note text)")  # fmt: skip
     records: list[tuple[Any, Any]] = [
         (None, {"id": 1, "qty": 1}),
@@ -184,7 +184,7 @@ def test_upsert_last_record_wins_and_tombstone_deletes(
     stack: Endpoints, names: dict[str, str]
 ) -> None:
     create_topic(stack.bootstrap_servers, names["topic"])
-    sql(stack, f"CREATE TABLE {names['table']} (id int PRIMARY KEY, v text)")
+    sql(stack, f"CREATE TABLE public.{names['table']} (id int PRIMARY KEY, v text)")
     produce(
         stack,
         names["topic"],
@@ -212,7 +212,7 @@ def test_bad_configuration_is_refused_at_start(stack: Endpoints, names: dict[str
     with pytest.raises(ConfigError, match=r"consumer\.routes\.0\.table.*does not exist"):
         ConsumerService(settings_for(stack, names)).start()
 
-    sql(stack, f"CREATE TABLE {names['table']} (id int, v text)")
+    sql(stack, f"CREATE TABLE public.{names['table']} (id int, v text)")
     with pytest.raises(ConfigError, match=r"key_columns.*no column nope"):
         ConsumerService(settings_for(stack, names, mode="upsert", key_columns=["nope"])).start()
     with pytest.raises(ConfigError, match=r"no primary key or unique constraint"):
@@ -221,7 +221,7 @@ def test_bad_configuration_is_refused_at_start(stack: Endpoints, names: dict[str
 
 def test_metrics_health_and_readiness_endpoints(stack: Endpoints, names: dict[str, str]) -> None:
     create_topic(stack.bootstrap_servers, names["topic"], partitions=2)
-    sql(stack, f"CREATE TABLE {names['table']} (id int NOT NULL, body text)")
+    sql(stack, f"CREATE TABLE public.{names['table']} (id int NOT NULL, body text)")
     produce(stack, names["topic"], [(None, {"id": i}) for i in range(500)])
     produce(stack, names["topic"], [(None, b"not json")])
     settings = settings_for(stack, names)
@@ -276,7 +276,7 @@ def test_two_instances_with_forced_rebalances_apply_each_record_once(
     total, chunk = 30_000, 1_000
     create_topic(stack.bootstrap_servers, names["topic"], partitions=4)
     # No key: a record applied twice would be a second row.
-    sql(stack, f"CREATE TABLE {names['table']} (id int NOT NULL, body text)")
+    sql(stack, f"CREATE TABLE public.{names['table']} (id int NOT NULL, body text)")
     settings = settings_for(stack, names)
 
     def feed(start: int) -> None:
@@ -314,7 +314,7 @@ def test_postgres_restarted_mid_stream_loses_and_doubles_nothing(
         pytest.skip("needs the local stack's PostgreSQL process to restart it")
     total, chunk = 20_000, 1_000
     create_topic(stack.bootstrap_servers, names["topic"], partitions=3)
-    sql(stack, f"CREATE TABLE {names['table']} (id int NOT NULL, body text)")
+    sql(stack, f"CREATE TABLE public.{names['table']} (id int NOT NULL, body text)")
 
     with running(settings_for(stack, names)) as service:
         for start in range(0, total, chunk):

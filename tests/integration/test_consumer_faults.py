@@ -75,7 +75,7 @@ def test_sigkill_at_random_moments_loses_and_doubles_nothing(
     topic, table = f"k-{suffix}", f"k_{suffix}"
     create_topic(stack.bootstrap_servers, topic, partitions=3)
     with psycopg.connect(stack.dsn) as conn:
-        conn.execute(f"CREATE TABLE {table} (id int NOT NULL, body text)")
+        conn.execute(f"CREATE TABLE public.{table} (id int NOT NULL, body text)")
     producer = transactional_producer(stack.bootstrap_servers)
     for start in range(0, RECORDS, 5_000):
         producer.begin_transaction()
@@ -126,7 +126,7 @@ def test_zombie_woken_after_its_partitions_moved_commits_nothing(
     records = 20_000
     create_topic(stack.bootstrap_servers, topic, partitions=2)
     with psycopg.connect(stack.dsn) as conn:
-        conn.execute(f"CREATE TABLE {table} (id int NOT NULL, body text)")
+        conn.execute(f"CREATE TABLE public.{table} (id int NOT NULL, body text)")
 
     def feed(start: int, stop: int) -> None:
         producer = transactional_producer(stack.bootstrap_servers)
