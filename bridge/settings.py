@@ -133,6 +133,9 @@ class ConsumerSettings(_Section):
     start_policy: Literal["earliest", "latest"] = "earliest"
     batch_max_records: int = Field(default=5000, ge=1, le=1_000_000)
     batch_max_wait_ms: int = Field(default=100, ge=1, le=60_000)
+    # Longest a database statement, or a pause inside a transaction, may last before PostgreSQL
+    # ends the session: bounds how long a paused member's locks block the member that takes over.
+    db_session_timeout_ms: int = Field(default=30_000, ge=1_000, le=3_600_000)
     # /metrics, /healthz, /readyz; off unless a port is set (0: any free port).
     http_port: int | None = Field(default=None, ge=0, le=65_535)
     http_host: str = "0.0.0.0"  # noqa: S104 - a metrics endpoint is scraped from elsewhere

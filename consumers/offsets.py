@@ -3,11 +3,14 @@ with an owner lease (`owner`, `owner_epoch`) that fences a member which lost its
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import psycopg
 
 from consumers.state import StateTables
+
+log = logging.getLogger("bridge.consumer")
 
 PartitionKey = tuple[str, int]
 """(topic, partition)."""
@@ -44,12 +47,31 @@ class OffsetStore:
         return {(topic, partition): offset for topic, partition, offset in rows}
 
     def claim(
-        self, conn: psycopg.Connection, start_offsets: dict[PartitionKey, int]
+        self,
+        conn: psycopg.Connection,
+        start_offsets: dict[PartitionKey, int],
+        *,
+        lock_wait_ms: int,
     ) -> list[Lease]:
         """Take ownership of the partitions (bumping their owner epoch, which fences the previous
         owner) and return where to start. `start_offsets` is used only for partitions that have
-        no row yet; a stored offset always wins. Commits."""
+        no row yet; a stored offset always wins. Commits.
+
+        A previous owner paused inside a batch (GC, SIGSTOP, a frozen VM) still holds the row
+        locks; PostgreSQL's timeouts do not end a session stalled in the middle of a COPY. After
+        `lock_wait_ms` the stalled sessions of this group are terminated (their batch rolls back,
+        which is what fencing wants anyway) and the claim is tried once more."""
+        try:
+            return self._claim_once(conn, start_offsets, lock_wait_ms)
+        except psycopg.errors.LockNotAvailable:
+            self._end_stalled_sessions(conn, lock_wait_ms)
+            return self._claim_once(conn, start_offsets, lock_wait_ms)
+
+    def _claim_once(
+        self, conn: psycopg.Connection, start_offsets: dict[PartitionKey, int], lock_wait_ms: int
+    ) -> list[Lease]:
         with conn.transaction():
+            conn.execute("SELECT set_config('lock_timeout', %s, true)", (f"{lock_wait_ms}ms",))
             rows = conn.execute(
                 f"INSERT INTO {self._table} AS o "  # noqa: S608 - our table
                 "(group_id, topic, partition, next_offset, owner, owner_epoch) "
@@ -70,6 +92,18 @@ class OffsetStore:
             Lease(topic=topic, partition=partition, epoch=epoch, next_offset=offset)
             for topic, partition, epoch, offset in rows
         ]
+
+    def _end_stalled_sessions(self, conn: psycopg.Connection, older_than_ms: int) -> None:
+        ended = conn.execute(
+            "SELECT pid, pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE application_name = %s AND pid <> pg_backend_pid() "
+            "AND xact_start < now() - make_interval(secs => %s)",
+            (application_name(self._group), older_than_ms / 1000),
+        ).fetchall()
+        log.warning(
+            "claim waited on a stalled member's locks; ended its sessions",
+            extra={"pids": [pid for pid, _ in ended], "group": self._group},
+        )
 
     def advance(self, conn: psycopg.Connection, lease: Lease, next_offset: int) -> bool:
         """The fenced offset update, first statement of a batch transaction. False means the
@@ -98,3 +132,8 @@ class OffsetStore:
                     "WHERE group_id = %s AND topic = %s AND partition = %s AND owner_epoch = %s",
                     (self._group, lease.topic, lease.partition, lease.epoch),
                 )
+
+
+def application_name(group_id: str) -> str:
+    """How the sessions of a group's members name themselves (PostgreSQL keeps 63 bytes)."""
+    return f"bridge-consumer:{group_id}"[:63]

@@ -20,7 +20,7 @@ from sqlalchemy import Engine, create_engine
 from bridge.settings import BridgeSettings, ConsumerSettings, LibrdkafkaValue
 from consumers.applier import Applier
 from consumers.metrics import ConsumerMetrics, HealthServer
-from consumers.offsets import Lease, OffsetStore, PartitionKey
+from consumers.offsets import Lease, OffsetStore, PartitionKey, application_name
 from consumers.records import Record
 from consumers.state import ensure_state_tables, state_tables
 from consumers.targets import Target, reflect_target
@@ -281,7 +281,7 @@ class ConsumerService:
             low, high = watermarks[key]
             policy_start = low if self._config.start_policy == "earliest" else high
             starts[key] = stored.get(key, policy_start)
-        return self._store.claim(conn, starts)
+        return self._store.claim(conn, starts, lock_wait_ms=self._config.db_session_timeout_ms // 2)
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         keys = [(tp.topic, tp.partition) for tp in partitions]
@@ -323,7 +323,18 @@ class ConsumerService:
     # -- database connection ------------------------------------------------------------------
 
     def _connect(self) -> psycopg.Connection[Any]:
-        return psycopg.connect(self._dsn, autocommit=True)
+        # A member paused in the middle of a batch (GC, SIGSTOP, a frozen VM) holds the row locks
+        # of its offsets; the member that takes its partitions over would wait on them forever.
+        # PostgreSQL ends such a session after the timeout, which frees the locks; the paused
+        # member finds its connection gone when it wakes and its batch rolled back.
+        timeout = self._config.db_session_timeout_ms
+        return psycopg.connect(
+            self._dsn,
+            autocommit=True,
+            application_name=application_name(self._config.group_id),
+            options=f"-c idle_in_transaction_session_timeout={timeout}"
+            f" -c statement_timeout={timeout}",
+        )
 
     def _connection(self) -> psycopg.Connection[Any]:
         if self._conn is None or self._conn.closed:
