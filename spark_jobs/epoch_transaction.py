@@ -129,7 +129,9 @@ class EpochTransaction:
         try:
             self._call("init_transactions", lambda: producer.init_transactions(self._timeout))
             fenced_at = time.monotonic()
-            marker = markers.read(timeout=self._timeout)
+            marker = self._call(
+                "read the epoch marker", lambda: markers.read(timeout=self._timeout)
+            )
             read_at = time.monotonic()
             if marker is not None and marker.epoch >= self._where.epoch:
                 log.info(

@@ -16,6 +16,9 @@ from pathlib import Path
 import pytest
 
 from bridge.kafka_admin import create_topic, offset_range
+from spark_jobs.epoch_markers import MarkerReader
+from spark_jobs.sink import DEFAULT_PREFIX_HEAD
+from spark_jobs.sink_options import DEFAULT_MARKER_TOPIC
 from tests.harness import Endpoints
 from tests.integration.test_sink import write_orders
 from tests.kafka_helpers import header_map, read_all, read_messages
@@ -69,6 +72,27 @@ class Producer:
             time.sleep(0.2)
 
 
+def wait_for_marker(
+    stack: Endpoints, producer: Producer, *, partition: int, epoch: int, timeout: float = 60
+) -> None:
+    """Until (partition, epoch) is committed in Kafka: its marker says so. The sink's default
+    prefix comes from the query id, which Spark keeps in the checkpoint's metadata file."""
+    query_id = json.loads((producer.checkpoint / "metadata").read_text())["id"]
+    reader = MarkerReader(
+        {"bootstrap.servers": stack.bootstrap_servers},
+        prefix=DEFAULT_PREFIX_HEAD + query_id,
+        partition=partition,
+        marker_topic=DEFAULT_MARKER_TOPIC,
+    )
+    try:
+        deadline = time.monotonic() + timeout
+        while (marker := reader.read(timeout=10)) is None or marker.epoch < epoch:
+            assert time.monotonic() < deadline, f"partition {partition} never committed {epoch}"
+            time.sleep(0.2)
+    finally:
+        reader.close()
+
+
 def kill_group(process: subprocess.Popen[bytes]) -> None:
     os.killpg(process.pid, signal.SIGKILL)
     process.wait(30)
@@ -93,7 +117,7 @@ def test_driver_killed_after_kafka_commit_before_spark_commit_log(
         [{"point": "after-commit", "partition": 0, "epoch": 1, "action": "hang"}]
     )
     producer.wait_fired(process)
-    time.sleep(2)  # the other tasks of epoch 1 commit meanwhile
+    wait_for_marker(stack, producer, partition=1, epoch=1)  # another task of epoch 1 committed
     kill_group(process)
     assert (producer.checkpoint / "offsets" / "1").exists()
     assert not (producer.checkpoint / "commits" / "1").exists()
@@ -122,7 +146,7 @@ def test_driver_killed_mid_epoch_replay_releases_read_committed_readers(
         [{"point": "before-commit", "partition": 1, "epoch": 1, "action": "hang"}]
     )
     producer.wait_fired(process)
-    time.sleep(2)  # partition 0 of epoch 1 commits meanwhile; partition 1's records are in the log
+    wait_for_marker(stack, producer, partition=0, epoch=1)  # committed, while partition 1 is open
     kill_group(process)
     killed_at = time.monotonic()
 
