@@ -101,7 +101,8 @@ class OffsetStore:
             (application_name(self._group), older_than_ms / 1000),
         ).fetchall()
         log.warning(
-            "claim waited on a stalled member's locks; ended its sessions",
+            "claim waited on the locks of a stalled member; ended %d of its sessions",
+            len(ended),
             extra={"pids": [pid for pid, _ in ended], "group": self._group},
         )
 

@@ -93,6 +93,7 @@ class MarkerReader:
                 error: KafkaError = exc.args[0]
                 pending = error.retriable() or error.code() == KafkaError._TIMED_OUT
                 if pending and time.monotonic() < deadline:
+                    time.sleep(0.2)  # some retriable errors return at once: do not spin
                     continue
                 raise
             if found[0].error is not None:

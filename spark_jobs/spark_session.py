@@ -49,7 +49,7 @@ def build_session(
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.shuffle.partitions": "2",
-        # The sink's log lines come from the Python workers; show them.
+        # A Python worker that dies (the sink runs there) prints its traceback, not only a code.
         "spark.python.worker.faulthandler.enabled": "true",
         **(conf or {}),
     }
