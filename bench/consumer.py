@@ -2,8 +2,9 @@
 
     .venv/bin/python -m bench.consumer [--records 1000000] [--rate 10000] [--seconds 20]
 
-(a) raw psycopg COPY of the same rows into the same table (the database's limit),
-(b) raw read_committed consumption of the topic (Kafka's limit),
+(a) raw psycopg COPY of the same rows into the same table (the database's limit); the rows are
+    decoded from the same JSON with orjson, as the service decodes them,
+(b) raw read_committed consumption of the topic with that decoding (Kafka's limit),
 (c) the service end to end (`python -m consumers`, its own process) in insert and upsert mode,
     with its peak RSS,
 (d) end-to-end latency under a steady offered load: the record's send time to the row's
@@ -25,6 +26,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import orjson
 import psycopg
 import yaml
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
@@ -89,7 +91,7 @@ def raw_copy(stack: Endpoints, records: int) -> float:
                     f"COPY {table} ({', '.join(names)}) FROM STDIN".encode()
                 ) as copy:
                     for payload in payloads[start : start + 5_000]:
-                        row = json.loads(payload)
+                        row = orjson.loads(payload)
                         copy.write_row([row[n] for n in names])
     return time.perf_counter() - started
 
@@ -107,7 +109,7 @@ def raw_consume(stack: Endpoints, topic: str) -> tuple[float, int]:
             if error is not None and error.code() == KafkaError._PARTITION_EOF:
                 at_end.add(message.partition() or 0)
             elif error is None:
-                json.loads(message.value() or b"null")  # the service decodes every value too
+                orjson.loads(message.value() or b"null")  # the service decodes every value too
                 seen += 1
     seconds = time.perf_counter() - started
     consumer.close()
@@ -264,7 +266,8 @@ def main() -> None:
         ratio = run["rows_per_second"] / copy_rate
         print(
             f"(c) service, {run['mode']:<6}                       : "
-            f"{run['rows_per_second']:>10,} rows/s  = {ratio:.2f}x COPY"
+            f"{run['rows_per_second']:>10,} rows/s  = {ratio:.2f}x COPY, "
+            f"{run['rows_per_second'] / consume_rate:.2f}x consumption"
             f"  (peak RSS {run['peak_rss_mb']} MB)"
         )
     print(
@@ -276,8 +279,10 @@ def main() -> None:
         "records": args.records,
         "raw_copy_rows_per_second": round(copy_rate),
         "raw_consume_records_per_second": round(consume_rate),
-        "insert": insert | {"ratio_to_copy": round(insert["rows_per_second"] / copy_rate, 3)},
-        "upsert": upsert | {"ratio_to_copy": round(upsert["rows_per_second"] / copy_rate, 3)},
+        **{run["mode"]: run | {
+            "ratio_to_copy": round(run["rows_per_second"] / copy_rate, 3),
+            "ratio_to_consume": round(run["rows_per_second"] / consume_rate, 3),
+        } for run in (insert, upsert)},
         "latency": latency,
         "goals": {"insert_ratio": 0.7, "p99_ms": 200, "peak_rss_mb": 200},
     })  # fmt: skip

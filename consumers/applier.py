@@ -10,28 +10,26 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import psycopg
 from psycopg import sql
 
 from consumers.records import Record, RecordError, decode_key, decode_object
 from consumers.state import StateTables
-from consumers.targets import Target
+from consumers.targets import Target, cells
 
 _RECORD_FAULT_CLASSES = ("22", "23")
 
 T = TypeVar("T")
 
 
-@dataclass(frozen=True)
-class Upsert:
+class Upsert(NamedTuple):
     record: Record
-    row: dict[str, Any]
+    value: dict[str, Any]  # the decoded JSON object; fields that are not columns are ignored
 
 
-@dataclass(frozen=True)
-class Delete:
+class Delete(NamedTuple):
     record: Record
     key: tuple[Any, ...]
 
@@ -77,12 +75,13 @@ class Applier:
             if not keys:
                 raise RecordError("tombstone, but the route has no key_columns to delete by")
             return Delete(record, decode_key(record.key, keys))
-        row = target.row(decode_object(record.value))
+        value = decode_object(record.value)
+        target.check(value)
         if target.route.mode == "upsert":
-            absent = [c for c in keys if row.get(c) is None]
+            absent = [c for c in keys if value.get(c) is None]
             if absent:
                 raise RecordError(f"value lacks key column(s) {', '.join(absent)}")
-        return Upsert(record, row)
+        return Upsert(record, value)
 
     # -- writing ------------------------------------------------------------------------------
 
@@ -143,8 +142,7 @@ class Applier:
 
     @staticmethod
     def _columns(target: Target, rows: list[Upsert]) -> list[str]:
-        present = set().union(*(op.row.keys() for op in rows))
-        return [c for c in target.columns if c in present]
+        return target.present(op.value for op in rows)
 
     def _copy(self, conn: psycopg.Connection, target: Target, rows: list[Upsert]) -> None:
         self._copy_into(conn, sql.SQL(target.qualified), self._columns(target, rows), rows)
@@ -157,8 +155,9 @@ class Applier:
             table, sql.SQL(", ").join(map(sql.Identifier, columns))
         )
         with conn.cursor().copy(statement) as copy:
+            write_row = copy.write_row
             for op in rows:
-                copy.write_row([op.row.get(c) for c in columns])
+                write_row(cells(op.value, columns))
 
     def _merge(self, conn: psycopg.Connection, target: Target, rows: list[Upsert]) -> None:
         columns = self._columns(target, rows)
@@ -220,7 +219,7 @@ def _last_per_key(target: Target, ops: list[Op]) -> list[Op]:
     keys = target.route.key_columns
     last: dict[tuple[Any, ...], Op] = {}
     for op in ops:
-        key = op.key if isinstance(op, Delete) else tuple(op.row.get(c) for c in keys)
+        key = op.key if isinstance(op, Delete) else tuple(cells(op.value, keys))
         last.pop(key, None)  # re-insert so the dict keeps the order of the winners
         last[key] = op
     return list(last.values())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,6 +12,8 @@ from sqlalchemy.exc import NoSuchTableError
 from bridge.errors import ConfigError
 from bridge.settings import RouteSettings
 from consumers.records import RecordError, to_cell
+
+_NESTED = frozenset((dict, list))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -25,12 +28,25 @@ class Target:
     def qualified(self) -> str:
         return f'"{self.schema}"."{self.name}"'
 
-    def row(self, value: dict[str, Any]) -> dict[str, Any]:
-        """The record's fields that are columns of the table; keys that are not are ignored."""
-        missing = sorted(c for c in self.required if value.get(c) is None)
-        if missing:
-            raise RecordError(f"missing required column(s) {', '.join(missing)}")
-        return {c: to_cell(value[c]) for c in self.columns if c in value}
+    def check(self, value: dict[str, Any]) -> None:
+        """Refuse a record that lacks a column the table cannot fill itself."""
+        for column in self.required:
+            if value.get(column) is None:
+                missing = sorted(c for c in self.required if value.get(c) is None)
+                raise RecordError(f"missing required column(s) {', '.join(missing)}")
+
+    def present(self, values: Iterable[dict[str, Any]]) -> list[str]:
+        """The table's columns that at least one of `values` carries, in table order. A column
+        no record carries is left out of the statement, so the table's default fills it."""
+        keys: set[str] = set()
+        for value in values:
+            keys.update(value)
+        return [c for c in self.columns if c in keys]
+
+
+def cells(value: dict[str, Any], columns: Sequence[str]) -> list[Any]:
+    """One record's row for COPY: its fields in `columns` order, NULL where it has none."""
+    return [to_cell(v) if (v := value.get(c)).__class__ in _NESTED else v for c in columns]
 
 
 def reflect_target(engine: Engine, route: RouteSettings, index: int) -> Target:
