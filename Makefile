@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 PACKAGES := bridge spark_jobs consumers tests bench
 
-.PHONY: setup test lint unit integration stack-up stack-down clean
+.PHONY: setup demo test lint unit integration stack-up stack-down clean
 
 setup: $(STAMP)
 	@bash scripts/ensure-system-tools.sh
@@ -30,6 +30,10 @@ unit: $(STAMP)
 
 integration: setup
 	$(BIN)/pytest tests/integration
+
+# The whole pipeline once, verified: sample orders -> Spark -> Kafka -> consumer -> PostgreSQL.
+demo: setup
+	$(BIN)/bridge demo
 
 test: setup lint
 	$(BIN)/pytest tests

@@ -1,10 +1,21 @@
-"""Kafka administration both sides and the tools share: topics and their offset ranges."""
+"""Kafka administration both sides and the tools share: topics, offset ranges, groups."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
-from confluent_kafka import IsolationLevel, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import (
+    Consumer,
+    ConsumerGroupState,
+    ConsumerGroupTopicPartitions,
+    IsolationLevel,
+    KafkaError,
+    KafkaException,
+    TopicCollection,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._listoffsets import OffsetSpec
 from confluent_kafka.cimpl import NewTopic
@@ -49,25 +60,158 @@ def offset_range(
     timeout: float = 30.0,
     config: Mapping[str, str] | None = None,
 ) -> dict[tuple[str, int], tuple[int, int]]:
-    """(log start offset, last stable offset) of each partition.
+    """(log start offset, last stable offset) of each partition."""
+    admin = KafkaAdmin({**(config or {}), "bootstrap.servers": bootstrap_servers}, timeout=timeout)
+    return {
+        key: (log.log_start, log.last_stable) for key, log in admin.log_ranges(partitions).items()
+    }
 
-    The last stable offset is where a read_committed consumer stops: below the first record of
-    the oldest open transaction, or the high watermark when none is open."""
-    admin = AdminClient({**(config or {}), "bootstrap.servers": bootstrap_servers})
-    wanted = [TopicPartition(topic, partition) for topic, partition in partitions]
 
-    def ask(spec: OffsetSpec, isolation: IsolationLevel) -> dict[tuple[str, int], int]:
-        futures = admin.list_offsets(
-            dict.fromkeys(wanted, spec), isolation_level=isolation, request_timeout=timeout
+PartitionKey = tuple[str, int]
+"""(topic, partition)."""
+
+# While a group rebalances, partitions are in flight between members: all of them count as owned.
+_REBALANCING = {ConsumerGroupState.PREPARING_REBALANCING, ConsumerGroupState.COMPLETING_REBALANCING}
+
+
+@dataclass(frozen=True)
+class LogRange:
+    """The offsets of one partition's log.
+
+    `last_stable` is where a read_committed consumer stops: below the first record of the oldest
+    open transaction, or the high watermark when none is open."""
+
+    log_start: int
+    last_stable: int
+    high_watermark: int
+
+
+class KafkaAdmin:
+    """The questions the operator tools ask Kafka, each answered or refused with a TopicError."""
+
+    def __init__(
+        self, client_config: Mapping[str, str | int | float], *, timeout: float = 30.0
+    ) -> None:
+        self._config = dict(client_config)
+        self._admin = AdminClient(self._config)
+        self._timeout = timeout
+
+    def partitions(self, topic: str) -> list[int]:
+        # describe_topics, unlike a metadata request, never creates the topic it asks about.
+        futures = self._admin.describe_topics(
+            TopicCollection([topic]), request_timeout=self._timeout
+        )
+        try:
+            description = futures[topic].result(self._timeout)
+        except KafkaException as exc:
+            raise TopicError(f"topic {topic!r}: {exc.args[0].str()}") from exc
+        return sorted(p.id for p in description.partitions)
+
+    def log_ranges(self, partitions: Iterable[PartitionKey]) -> dict[PartitionKey, LogRange]:
+        wanted = [TopicPartition(topic, partition) for topic, partition in partitions]
+        if not wanted:
+            return {}
+        earliest = OffsetSpec.earliest()  # type: ignore[no-untyped-call]
+        latest = OffsetSpec.latest()  # type: ignore[no-untyped-call]
+        starts = self._list_offsets(wanted, earliest, IsolationLevel.READ_UNCOMMITTED)
+        stable = self._list_offsets(wanted, latest, IsolationLevel.READ_COMMITTED)
+        high = self._list_offsets(wanted, latest, IsolationLevel.READ_UNCOMMITTED)
+        return {key: LogRange(starts[key], stable[key], high[key]) for key in starts}
+
+    def offsets_at(
+        self, partitions: Iterable[PartitionKey], timestamp_ms: int
+    ) -> dict[PartitionKey, int | None]:
+        """The first offset whose record timestamp is at or after `timestamp_ms`; None where
+        every record is older."""
+        wanted = [TopicPartition(topic, partition) for topic, partition in partitions]
+        spec = OffsetSpec.for_timestamp(timestamp_ms)
+        found = self._list_offsets(wanted, spec, IsolationLevel.READ_COMMITTED)
+        return {key: (offset if offset >= 0 else None) for key, offset in found.items()}
+
+    def committed_records_from(
+        self, positions: Mapping[PartitionKey, int], *, timeout: float = 5.0
+    ) -> set[PartitionKey]:
+        """Those partitions where a read_committed consumer starting at the given offset still
+        gets a record. The offsets between a stored position and the last stable offset may be
+        only transaction markers and aborted records; this tells them from real lag."""
+        if not positions:
+            return set()
+        consumer = Consumer({**self._config, "group.id": "bridge-tools-probe",
+                             "isolation.level": "read_committed", "enable.auto.commit": False,
+                             "enable.partition.eof": True})  # fmt: skip
+        try:
+            consumer.assign([TopicPartition(t, p, offset) for (t, p), offset in positions.items()])
+            pending, found = set(positions), set()
+            deadline = time.monotonic() + timeout
+            while pending and time.monotonic() < deadline:
+                for message in consumer.consume(len(pending), 0.5):
+                    key = (message.topic() or "", message.partition() or 0)
+                    error = message.error()
+                    if error is None:
+                        found.add(key)
+                    elif error.code() != KafkaError._PARTITION_EOF:
+                        continue
+                    pending.discard(key)
+                    consumer.pause([TopicPartition(*key)])
+            return found | pending  # unanswered: assume there is something to read
+        finally:
+            consumer.close()
+
+    def owners(self, group: str) -> dict[PartitionKey, str]:
+        """The partitions a live member of `group` holds, each with `client_id@host` of its
+        member. While the group rebalances, every subscribed partition counts as held."""
+        future = self._admin.describe_consumer_groups([group], request_timeout=self._timeout)
+        try:
+            description = future[group].result(self._timeout)
+        except KafkaException as exc:
+            raise TopicError(f"cannot describe consumer group {group!r}: {exc}") from exc
+        held: dict[PartitionKey, str] = {}
+        for member in description.members:
+            who = f"{member.client_id}@{member.host.lstrip('/')}"
+            for tp in member.assignment.topic_partitions:
+                held[(tp.topic, tp.partition)] = who
+            if description.state in _REBALANCING:
+                held.update(dict.fromkeys(self._subscribed(member), f"{who} (rebalancing)"))
+        return held
+
+    def _subscribed(self, member: object) -> list[PartitionKey]:
+        target = getattr(member, "target_assignment", None)
+        return [(tp.topic, tp.partition) for tp in getattr(target, "topic_partitions", [])]
+
+    def group_ids(self, prefix: str) -> list[str]:
+        try:
+            listing = self._admin.list_consumer_groups(request_timeout=self._timeout).result(
+                self._timeout
+            )
+        except KafkaException as exc:
+            raise TopicError(f"cannot list consumer groups: {exc}") from exc
+        return sorted(g.group_id for g in listing.valid if g.group_id.startswith(prefix))
+
+    def stable_committed(self, group: str, partitions: list[PartitionKey]) -> list[TopicPartition]:
+        """The committed offsets of `group`, waiting out transactions that are still open."""
+        request = ConsumerGroupTopicPartitions(
+            group, [TopicPartition(topic, partition) for topic, partition in partitions]
+        )
+        futures = self._admin.list_consumer_group_offsets(
+            [request], require_stable=True, request_timeout=self._timeout
+        )
+        try:
+            result = futures[group].result(self._timeout)
+        except KafkaException as exc:
+            raise TopicError(f"cannot read the offsets of group {group!r}: {exc}") from exc
+        return list(result.topic_partitions or [])
+
+    def _list_offsets(
+        self, wanted: list[TopicPartition], spec: OffsetSpec, isolation: IsolationLevel
+    ) -> dict[PartitionKey, int]:
+        futures = self._admin.list_offsets(
+            dict.fromkeys(wanted, spec), isolation_level=isolation, request_timeout=self._timeout
         )
         try:
             return {
-                (tp.topic, tp.partition): int(future.result(timeout).offset)
+                (tp.topic, tp.partition): int(future.result(self._timeout).offset)
                 for tp, future in futures.items()
             }
         except KafkaException as exc:
-            raise TopicError(f"cannot list the offsets of {partitions}: {exc}") from exc
-
-    starts = ask(OffsetSpec.earliest(), IsolationLevel.READ_UNCOMMITTED)  # type: ignore[no-untyped-call]
-    stable = ask(OffsetSpec.latest(), IsolationLevel.READ_COMMITTED)  # type: ignore[no-untyped-call]
-    return {key: (starts[key], stable[key]) for key in starts}
+            names = ", ".join(f"{tp.topic}[{tp.partition}]" for tp in wanted)
+            raise TopicError(f"cannot list the offsets of {names}: {exc}") from exc

@@ -106,6 +106,18 @@ class OffsetStore:
             extra={"pids": [pid for pid, _ in ended], "group": self._group},
         )
 
+    def owners(
+        self, conn: psycopg.Connection, keys: list[PartitionKey]
+    ) -> dict[PartitionKey, tuple[int, str | None]]:
+        """The current owner epoch and owner of those partitions that have a row."""
+        rows = conn.execute(
+            f"SELECT topic, partition, owner_epoch, owner FROM {self._table} "  # noqa: S608
+            "WHERE group_id = %s AND (topic, partition) IN "
+            "(SELECT * FROM unnest(%s::text[], %s::int[]))",
+            (self._group, [k[0] for k in keys], [k[1] for k in keys]),
+        ).fetchall()
+        return {(topic, partition): (epoch, owner) for topic, partition, epoch, owner in rows}
+
     def advance(self, conn: psycopg.Connection, lease: Lease, next_offset: int) -> bool:
         """The fenced offset update, first statement of a batch transaction. False means the
         partition is no longer ours (or someone moved its offset): roll back and let it go."""

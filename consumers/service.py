@@ -30,6 +30,7 @@ log = logging.getLogger("bridge.consumer")
 _RECONNECT_DELAYS = (0.2, 0.5, 1.0, 2.0, 5.0)
 _RECONNECT_ATTEMPTS = 60  # about five minutes at the longest delay, then give up loudly
 _STATISTICS_INTERVAL_MS = 5_000  # how often librdkafka reports the last stable offsets (lag)
+_RECONCILE_INTERVAL_S = 1.0  # how often leases are compared with the offsets table
 _STALLED_AFTER_S = 60.0  # /healthz fails when the poll loop has not turned for this long
 T = TypeVar("T")
 
@@ -60,6 +61,9 @@ class ConsumerService:
         self._applier = Applier(tables=self._tables, group_id=self._config.group_id)
         self._leases: dict[PartitionKey, Lease] = {}
         self._out_of_range: set[PartitionKey] = set()
+        # Assigned to this member by Kafka but paused: fenced by another owner, or out of range.
+        self._held_idle: set[PartitionKey] = set()
+        self._next_reconcile = 0.0
         self._delivered: dict[PartitionKey, int] = {}  # last offset Kafka handed us, + 1
         self._targets: dict[str, Target] = {}
         self._stop = threading.Event()
@@ -134,6 +138,9 @@ class ConsumerService:
         try:
             while not self._stop.is_set():
                 self._last_turn = time.monotonic()
+                if self._last_turn >= self._next_reconcile:
+                    self._next_reconcile = self._last_turn + _RECONCILE_INTERVAL_S
+                    self._reconcile()
                 messages = self._consumer.consume(
                     self._config.batch_max_records, self._config.batch_max_wait_ms / 1000
                 )
@@ -243,31 +250,75 @@ class ConsumerService:
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         keys = [(tp.topic, tp.partition) for tp in partitions]
+        leases, low = self._claim_at_watermarks(consumer, keys)
+        consumer.incremental_assign(
+            [TopicPartition(lease.topic, lease.partition, lease.next_offset) for lease in leases]
+        )
+        self._take(consumer, leases, low)
+        log.info("assigned %s", [(x.topic, x.partition, x.next_offset) for x in leases])
+
+    def _claim_at_watermarks(
+        self, consumer: Consumer, keys: list[PartitionKey]
+    ) -> tuple[list[Lease], dict[PartitionKey, int]]:
         watermarks = {
             key: consumer.get_watermark_offsets(TopicPartition(*key), timeout=10, cached=False)
             for key in keys
         }
         leases = self._with_database(lambda conn: self._claim(conn, keys, watermarks))
-        assignment = []
+        return leases, {key: low for key, (low, _) in watermarks.items()}
+
+    def _take(self, consumer: Consumer, leases: list[Lease], low: dict[PartitionKey, int]) -> None:
+        """Start consuming freshly claimed partitions, unless their stored offset is gone."""
         for lease in leases:
             self._leases[lease.key] = lease
-            assignment.append(TopicPartition(lease.topic, lease.partition, lease.next_offset))
-        consumer.incremental_assign(assignment)
+            self._held_idle.discard(lease.key)
+            self._out_of_range.discard(lease.key)
         # A partition this member paused after being fenced (a zombie that woke up) keeps its
         # pause flag in librdkafka across unassign/assign: a fresh claim must flow again.
-        consumer.resume(assignment)
+        consumer.resume([TopicPartition(lease.topic, lease.partition) for lease in leases])
         for lease in leases:
-            low = watermarks[lease.key][0]
-            if lease.next_offset < low:
+            if lease.next_offset < low[lease.key]:
                 # Never a silent jump: the partition stays paused until an operator resets it.
                 self._out_of_range.add(lease.key)
+                self._held_idle.add(lease.key)
                 consumer.pause([TopicPartition(lease.topic, lease.partition)])
                 log.error(
                     "stored offset %d of %s[%d] is below the log start %d: records were lost "
                     "before they were applied; partition paused (see `bridge offsets reset`)",
-                    lease.next_offset, lease.topic, lease.partition, low,
+                    lease.next_offset, lease.topic, lease.partition, low[lease.key],
                 )  # fmt: skip
-        log.info("assigned %s", [(x.topic, x.partition, x.next_offset) for x in leases])
+
+    def _reconcile(self) -> None:
+        """Follow what the database says about the partitions Kafka gave this member.
+
+        A lease whose owner epoch moved on was taken by someone else; an idle member would only
+        notice at its next batch, so it is checked here. A partition whose row has no owner
+        (an operator's `offsets reset` clears it, as does a clean release by a member that had
+        taken it over) is claimed again and consumed from its stored offset; that includes the
+        partitions this member paused after a fence or because their offset was out of range."""
+        consumer = self._consumer
+        keys = sorted(set(self._leases) | self._held_idle)
+        if consumer is None or not keys:
+            return
+        rows = self._with_database(lambda conn: self._store.owners(conn, keys))
+        released, taken = [], []
+        for key in keys:
+            epoch, owner = rows.get(key, (None, None))
+            lease = self._leases.get(key)
+            if owner is None and (lease is None or epoch != lease.epoch):
+                released.append(key)
+            elif lease is not None and epoch != lease.epoch:
+                taken.append(key)
+        if taken:
+            log.warning("partitions taken by another owner, letting them go: %s", taken)
+            self._let_go(taken)
+        if not released:
+            return
+        leases, low = self._claim_at_watermarks(consumer, released)
+        for lease in leases:
+            consumer.seek(TopicPartition(lease.topic, lease.partition, lease.next_offset))
+        self._take(consumer, leases, low)
+        log.info("claimed again %s", [(x.topic, x.partition, x.next_offset) for x in leases])
 
     def _claim(
         self,
@@ -306,6 +357,7 @@ class ConsumerService:
             self._leases.pop(key, None)
             self._delivered.pop(key, None)
             self._out_of_range.discard(key)
+            self._held_idle.discard(key)
         self.metrics.forget(keys)
 
     def _on_statistics(self, report: str) -> None:
@@ -317,6 +369,7 @@ class ConsumerService:
 
     def _let_go(self, keys: list[PartitionKey]) -> None:
         self._forget(keys)
+        self._held_idle.update(keys)
         if self._consumer is not None:
             self._consumer.pause([TopicPartition(*key) for key in keys])
 

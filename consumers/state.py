@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     Column,
     Connection,
     DateTime,
@@ -31,6 +32,7 @@ _DDL_LOCK_KEY = 0x62726964  # "brid"
 
 OFFSETS_TABLE = "offsets"
 DEAD_LETTERS_TABLE = "dead_letters"
+OFFSET_RESETS_TABLE = "offset_resets"
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,7 @@ class StateTables:
     schema: str
     offsets: Table
     dead_letters: Table
+    offset_resets: Table
 
     def qualified(self, table: Table) -> str:
         return f'"{self.schema}"."{table.name}"'
@@ -73,7 +76,26 @@ def state_tables(schema: str) -> StateTables:
         # A record is dead-lettered at most once: its offset moves past it in the same transaction.
         UniqueConstraint("group_id", "topic", "partition", "offset"),
     )
-    return StateTables(schema=schema, offsets=offsets, dead_letters=dead_letters)
+    offset_resets = Table(
+        OFFSET_RESETS_TABLE,
+        metadata,
+        # The audit trail of `bridge offsets reset --execute`: one row per partition moved.
+        Column("id", BigInteger, primary_key=True, autoincrement=True),
+        Column("group_id", Text, nullable=False),
+        Column("topic", Text, nullable=False),
+        Column("partition", Integer, nullable=False),
+        Column("old_offset", BigInteger),  # NULL: the partition had no stored offset
+        Column("new_offset", BigInteger, nullable=False),
+        Column("old_owner", Text),
+        Column("new_owner_epoch", BigInteger, nullable=False),
+        Column("target", Text, nullable=False),  # what --to said
+        Column("forced", Boolean, nullable=False),
+        Column("requested_by", Text, nullable=False),
+        Column("reset_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    )
+    return StateTables(
+        schema=schema, offsets=offsets, dead_letters=dead_letters, offset_resets=offset_resets
+    )
 
 
 def ensure_state_tables(conn: Connection, tables: StateTables) -> None:

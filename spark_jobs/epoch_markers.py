@@ -22,6 +22,15 @@ from dataclasses import dataclass
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 MARKER_GROUP_INFIX = ".marker.p"
+# The group's coordinator is moving or still loading (a broker just started, a fresh
+# __consumer_offsets partition): librdkafka does not flag these as retriable on an offset
+# fetch, but they pass like a timeout does.
+_COORDINATOR_NOT_READY = {
+    KafkaError._TIMED_OUT,
+    KafkaError.NOT_COORDINATOR,
+    KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+    KafkaError.COORDINATOR_NOT_AVAILABLE,
+}
 
 
 def marker_group(prefix: str, partition: int) -> str:
@@ -91,7 +100,7 @@ class MarkerReader:
                 )
             except KafkaException as exc:
                 error: KafkaError = exc.args[0]
-                pending = error.retriable() or error.code() == KafkaError._TIMED_OUT
+                pending = error.retriable() or error.code() in _COORDINATOR_NOT_READY
                 if pending and time.monotonic() < deadline:
                     time.sleep(0.2)  # some retriable errors return at once: do not spin
                     continue

@@ -11,7 +11,8 @@ from bridge.maven import cached_jars_dir, repo_root, resolve_jars
 from spark_jobs.sink import register
 
 ENV_SPARK_KAFKA_JARS = "BRIDGE_SPARK_KAFKA_JARS"
-DEFAULT_MASTER = "local[2]"
+# Two cores, and up to four attempts per task as on a cluster (plain local[N] never retries).
+DEFAULT_MASTER = "local[2,4]"
 
 
 def spark_kafka_jars() -> list[str]:

@@ -39,6 +39,14 @@ def stack() -> Iterator[Endpoints]:
 
 
 @pytest.fixture
+def names() -> dict[str, str]:
+    """Fresh names for one consumer test: topic, table, group and state schema."""
+    suffix = uuid.uuid4().hex[:10]
+    return {"topic": f"c-{suffix}", "table": f"t_{suffix}", "group": f"g-{suffix}",
+            "schema": f"s_{suffix}"}  # fmt: skip
+
+
+@pytest.fixture
 def topic_name() -> str:
     """A topic name no other test uses, so tests sharing one broker never see each other."""
     return f"t-{uuid.uuid4().hex[:12]}"

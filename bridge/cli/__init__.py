@@ -7,7 +7,7 @@ import sys
 import typer
 from rich.console import Console
 
-from bridge.cli import consume, produce, stack
+from bridge.cli import consume, demo, offsets, produce, stack, txn
 from bridge.errors import BridgeError
 
 app = typer.Typer(
@@ -17,8 +17,11 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(stack.app, name="stack")
+app.add_typer(offsets.app, name="offsets")
+app.add_typer(txn.app, name="txn")
 app.command()(produce.produce)
 app.command()(consume.consume)
+app.command()(demo.demo)
 
 
 def main() -> None:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import sys
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.console import Console
 
 ConfigFile = Annotated[
     Path | None,
@@ -20,3 +23,19 @@ StackDir = Annotated[
         help="A local stack whose stack.env fills in Kafka and PostgreSQL addresses.",
     ),
 ]
+
+
+class Format(StrEnum):
+    TABLE = "table"
+    JSON = "json"
+
+
+OutputFormat = Annotated[
+    Format, typer.Option("--format", help="table (for people) or json (for scripts).")
+]
+
+
+def output_console() -> Console:
+    """Standard output for tables: on a pipe or in a log, as wide as a table needs (rich would
+    wrap at 80 columns), on a terminal as wide as the terminal."""
+    return Console(width=None if sys.stdout.isatty() else 200)

@@ -59,7 +59,7 @@ def produce(
         typer.Option("--bootstrap-servers", help="Default: the settings, then stack.env."),
     ] = None,
     master: Annotated[
-        str | None, typer.Option("--master", help="Spark master; default local[2].")
+        str | None, typer.Option("--master", help="Spark master; default local[2,4].")
     ] = None,
     spark_conf: Annotated[
         list[str] | None,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -19,13 +18,6 @@ from bridge.settings import BridgeSettings, load_settings
 from consumers.service import ConsumerService
 from tests.harness import Endpoints
 from tests.kafka_helpers import transactional_producer
-
-
-@pytest.fixture
-def names() -> dict[str, str]:
-    suffix = uuid.uuid4().hex[:10]
-    return {"topic": f"c-{suffix}", "table": f"t_{suffix}", "group": f"g-{suffix}",
-            "schema": f"s_{suffix}"}  # fmt: skip
 
 
 def settings_for(stack: Endpoints, names: dict[str, str], **route: Any) -> BridgeSettings:

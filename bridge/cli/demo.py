@@ -1,0 +1,34 @@
+"""`bridge demo`: the whole pipeline once on the local stack, verified; non-zero on a mismatch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from bridge.cli.options import StackDir, output_console
+from bridge.names import DEFAULT_STACK_DIR
+
+
+def demo(
+    records: Annotated[
+        int, typer.Option("--records", min=1, help="How many sample orders.")
+    ] = 50_000,
+    keep_stack: Annotated[
+        bool, typer.Option("--keep-stack", help="Leave the stack running afterwards.")
+    ] = False,
+    stack_dir: StackDir = Path(DEFAULT_STACK_DIR),
+) -> None:
+    """Sample orders through Spark, Kafka and the consumer into PostgreSQL; verify that every
+    order id arrived exactly once; print the offsets and a summary."""
+    from bridge.demo import DemoFailed, run_demo
+
+    console = output_console()
+    try:
+        ok = run_demo(console, stack_dir=stack_dir, records=records, keep_stack=keep_stack)
+    except DemoFailed as exc:
+        console.print(f"[bold red]demo failed:[/] {exc}", highlight=False)
+        raise typer.Exit(1) from None
+    if not ok:
+        raise typer.Exit(1)

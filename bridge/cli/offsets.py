@@ -1,0 +1,173 @@
+"""`bridge offsets show|reset`: where each partition of a consumer group stands, and moving it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import psycopg
+import typer
+from rich.table import Table
+
+from bridge.cli.options import ConfigFile, Format, OutputFormat, StackDir, output_console
+from bridge.errors import BridgeError
+from bridge.kafka_admin import KafkaAdmin
+from bridge.names import DEFAULT_STACK_DIR, STACK_ENV_FILE
+from bridge.settings import BridgeSettings, load_settings
+from consumers.positions import Position
+
+app = typer.Typer(help="The consumer's stored positions: inspect them, move them safely.")
+console = output_console()
+
+Group = Annotated[
+    str | None,
+    typer.Option("--group", help="The consumer group; the configuration's consumer.group_id."),
+]
+Schema = Annotated[
+    str | None,
+    typer.Option("--schema", help="The state schema; the configuration's consumer.state_schema."),
+]
+
+
+def _settings(config: Path | None, stack_dir: Path) -> BridgeSettings:
+    return load_settings(config, env_file=stack_dir / STACK_ENV_FILE)
+
+
+def _state_schema(settings: BridgeSettings, schema: str | None) -> str:
+    from bridge.names import DEFAULT_STATE_SCHEMA
+
+    if schema is not None:
+        return schema
+    return settings.consumer.state_schema if settings.consumer else DEFAULT_STATE_SCHEMA
+
+
+def _connect(settings: BridgeSettings) -> psycopg.Connection[Any]:
+    try:
+        return psycopg.connect(settings.postgres.dsn.get_secret_value(), autocommit=True)
+    except psycopg.OperationalError as exc:
+        raise BridgeError(f"cannot reach PostgreSQL: {str(exc).strip()}") from None
+
+
+@app.command()
+def show(
+    group: Group = None,
+    output: OutputFormat = Format.TABLE,
+    schema: Schema = None,
+    config: ConfigFile = None,
+    stack_dir: StackDir = Path(DEFAULT_STACK_DIR),
+) -> None:
+    """Per (group, topic, partition): the stored next offset against the log's range and lag,
+    its owner, and a flag where the stored offset is outside the log."""
+    from consumers.positions import read_positions
+    from consumers.state import state_tables
+
+    settings = _settings(config, stack_dir)
+    if group is None and settings.consumer is not None:
+        group = settings.consumer.group_id
+    admin = KafkaAdmin(settings.kafka.client_config())
+    with _connect(settings) as conn:
+        positions = read_positions(
+            conn, state_tables(_state_schema(settings, schema)), admin, group
+        )
+    if output is Format.JSON:
+        print(json.dumps([p.as_json() for p in positions], indent=2))
+        return
+    table = positions_table(
+        positions, title=f"stored offsets{f' of group {group}' if group else ''}"
+    )
+    console.print(table)
+    if not positions:
+        console.print("no stored offsets" + (f" for group {group!r}" if group else ""))
+
+
+def positions_table(positions: list[Position], *, title: str) -> Table:
+    table = Table(title=title)
+    for name in ("group", "topic", "partition", "next offset", "log start", "last stable", "lag",
+                 "owner (epoch)", "live member", "updated"):  # fmt: skip
+        table.add_column(name, no_wrap=True)
+    for p in positions:
+        table.add_row(
+            p.group,
+            p.topic,
+            str(p.partition),
+            f"[bold red]{p.next_offset} out of range[/]" if p.out_of_range else str(p.next_offset),
+            _or_dash(p.log_start_offset),
+            _or_dash(p.last_stable_offset),
+            _or_dash(p.lag),
+            f"{p.owner or '-'} ({p.owner_epoch})",
+            p.live_owner or "-",
+            p.updated_at.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        )
+    return table
+
+
+def _or_dash(value: int | None) -> str:
+    return "-" if value is None else str(value)
+
+
+@app.command()
+def reset(
+    topic: Annotated[str, typer.Option("--topic", help="The topic whose positions move.")],
+    to: Annotated[
+        str, typer.Option("--to", help="earliest, latest, an offset, or an ISO 8601 date-time.")
+    ],
+    group: Group = None,
+    partition: Annotated[
+        int | None, typer.Option("--partition", help="One partition; all when not given.")
+    ] = None,
+    execute: Annotated[
+        bool, typer.Option("--execute", help="Apply the reset; without it, only show it.")
+    ] = False,
+    force: Annotated[
+        bool, typer.Option("--force", help="Also reset partitions a live member holds.")
+    ] = False,
+    schema: Schema = None,
+    config: ConfigFile = None,
+    stack_dir: StackDir = Path(DEFAULT_STACK_DIR),
+) -> None:
+    """Move a group's stored positions: a dry run unless --execute. Refused while a live member
+    holds a partition, unless --force; the owner epoch is bumped either way, so a member still
+    writing is fenced, and an audit row records each move."""
+    from consumers.offset_reset import execute_reset, parse_reset_target, plan_reset
+    from consumers.service import sqlalchemy_engine
+    from consumers.state import ensure_state_tables, state_tables
+
+    settings = _settings(config, stack_dir)
+    if group is None:
+        if settings.consumer is None:
+            raise BridgeError("--group is required (or a configuration with consumer.group_id)")
+        group = settings.consumer.group_id
+    target = parse_reset_target(to)
+    tables = state_tables(_state_schema(settings, schema))
+    engine = sqlalchemy_engine(settings.postgres.dsn.get_secret_value())
+    try:
+        with engine.connect() as sa_conn:
+            ensure_state_tables(sa_conn, tables)  # a group may be positioned before it first runs
+    finally:
+        engine.dispose()
+    admin = KafkaAdmin(settings.kafka.client_config())
+    with _connect(settings) as conn:
+        steps = plan_reset(
+            conn, tables, admin, group=group, topic=topic, partition=partition, target=target
+        )
+        table = Table(title=f"reset of group {group}, topic {topic}, to {target.text}")
+        for name in ("partition", "old next offset", "new next offset", "owner", "live member"):
+            table.add_column(name)
+        for step in steps:
+            table.add_row(
+                str(step.partition),
+                _or_dash(step.old_offset),
+                str(step.new_offset),
+                step.owner or "-",
+                step.live_owner or "-",
+            )
+        console.print(table)
+        if not execute:
+            console.print("dry run: nothing changed; add --execute to apply")
+            return
+        epochs = execute_reset(conn, tables, group=group, steps=steps, target=target, force=force)
+    console.print(
+        f"reset applied to {len(steps)} partition(s); owner epochs now {epochs}; "
+        f"audit rows in {tables.qualified(tables.offset_resets)}"
+    )

@@ -1,0 +1,277 @@
+"""`bridge demo`: the whole pipeline once, on the local stack, verified row by row.
+
+Sample orders (unique ids) as JSON-lines files -> the Spark producer job (`available-now`) ->
+Kafka transactions -> the consumer service -> PostgreSQL. Then every id is checked to have
+arrived exactly once, and the group's offsets are shown next to Kafka's log.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import psycopg
+import yaml
+from rich.console import Console
+
+from bridge.kafka_admin import KafkaAdmin, create_topic
+from bridge.names import DEFAULT_STATE_SCHEMA, ENV_PREFIX
+from bridge.stack import LocalStack
+
+DEMO_TABLE = "public.demo_orders"
+PARTITIONS = 4
+_CONSUMER_DEADLINE_S = 180.0
+
+
+@dataclass(frozen=True)
+class Verdict:
+    expected: int
+    rows: int
+    distinct: int
+    dead_letters: int
+
+    @property
+    def missing(self) -> int:
+        return self.expected - self.distinct
+
+    @property
+    def duplicated(self) -> int:
+        return self.rows - self.distinct
+
+    @property
+    def exactly_once(self) -> bool:
+        return self.missing == 0 and self.duplicated == 0 and self.dead_letters == 0
+
+
+def write_orders(directory: Path, run: str, count: int, files: int) -> None:
+    """`count` orders with unique ids, spread over `files` JSON-lines files (one epoch each)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(run)  # noqa: S311 - sample data, not secrets
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    per_file = -(-count // files)
+    for index in range(files):
+        ids = range(index * per_file, min(count, (index + 1) * per_file))
+        lines = [json.dumps(_order(i, run, rng, start)) for i in ids]
+        (directory / f"orders-{index:03d}.json").write_text("\n".join(lines) + "\n")
+
+
+def _order(i: int, run: str, rng: random.Random, start: datetime) -> dict[str, object]:
+    return {
+        "order_id": i,
+        "run_id": run,
+        "customer": f"customer-{rng.randrange(500):03d}",
+        "amount": f"{rng.randrange(100, 100_000) / 100:.2f}",
+        "currency": "EUR",
+        "created_at": (start + timedelta(seconds=i)).isoformat(),
+    }
+
+
+def create_demo_table(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        # Qualified on purpose: the stack's role is `bridge`, so an unqualified name would land
+        # in the consumer's state schema `bridge` through the default search_path ("$user").
+        conn.execute(
+            f"CREATE TABLE IF NOT EXISTS {DEMO_TABLE} ("
+            "order_id bigint NOT NULL, run_id text NOT NULL, customer text, "
+            "amount numeric(12,2), currency text, created_at timestamptz, "
+            "applied_at timestamptz NOT NULL DEFAULT now())"
+        )
+        conn.execute(
+            "CREATE INDEX IF NOT EXISTS demo_orders_run ON public.demo_orders (run_id, order_id)"
+        )
+
+
+def verify(dsn: str, run: str, expected: int, group: str) -> Verdict:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            f"SELECT count(*), count(DISTINCT order_id) FROM {DEMO_TABLE} "  # noqa: S608
+            "WHERE run_id = %s AND order_id >= 0 AND order_id < %s",
+            (run, expected),
+        ).fetchone()
+        strays = conn.execute(
+            f"SELECT count(*) FROM {DEMO_TABLE} "  # noqa: S608 - our constant
+            "WHERE run_id = %s AND NOT (order_id >= 0 AND order_id < %s)",
+            (run, expected),
+        ).fetchone()
+        dead = conn.execute(
+            f'SELECT count(*) FROM "{DEFAULT_STATE_SCHEMA}".dead_letters WHERE group_id = %s',  # noqa: S608
+            (group,),
+        ).fetchone()
+    assert row is not None and strays is not None and dead is not None  # noqa: S101
+    return Verdict(
+        expected=expected,
+        rows=int(row[0]) + int(strays[0]),
+        distinct=int(row[1]),
+        dead_letters=int(dead[0]),
+    )
+
+
+def applied_position(dsn: str, group: str) -> int:
+    """The sum of the group's stored next offsets (0 before the consumer made its tables)."""
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            row = conn.execute(
+                "SELECT coalesce(sum(next_offset), 0) "  # noqa: S608 - our constant
+                f'FROM "{DEFAULT_STATE_SCHEMA}".offsets WHERE group_id = %s',
+                (group,),
+            ).fetchone()
+    except psycopg.errors.UndefinedTable:
+        return 0
+    return int(row[0]) if row else 0
+
+
+def caught_up_position(admin: KafkaAdmin, topic: str) -> int:
+    """The sum of next offsets once every committed record is applied: each partition's log ends
+    with the commit marker of its last transaction, one offset past its last record."""
+    ranges = admin.log_ranges([(topic, p) for p in range(PARTITIONS)])
+    return sum(r.last_stable - 1 for r in ranges.values() if r.last_stable > 0)
+
+
+class DemoFailed(Exception):
+    """A step of the demo failed; the message says which and where its log is."""
+
+
+def _run_step(console: Console, what: str, command: list[str], log: Path) -> None:
+    started = time.monotonic()
+    with console.status(f"{what} ...", spinner="dots"), log.open("wb") as out:
+        result = subprocess.run(  # noqa: S603 - our own interpreter and arguments
+            command, stdout=out, stderr=subprocess.STDOUT, env=_own_environment(), check=False
+        )
+    if result.returncode != 0:
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:])
+        raise DemoFailed(f"{what} failed (exit {result.returncode}); log {log}:\n{tail}")
+    console.print(f"[green]✓[/] {what} ({time.monotonic() - started:.0f} s)")
+
+
+def run_demo(console: Console, *, stack_dir: Path, records: int, keep_stack: bool) -> bool:
+    """Returns True when every id arrived exactly once."""
+    begun = time.monotonic()
+    run = f"{datetime.now(UTC):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}"
+    work = stack_dir.resolve() / "demo" / run
+    work.mkdir(parents=True, exist_ok=True)
+    stack = LocalStack(stack_dir)
+    was_running = stack.status().running
+    try:
+        with console.status("starting the local stack (Kafka, PostgreSQL) ...", spinner="dots"):
+            status = stack.up()
+        assert status.bootstrap_servers and status.dsn  # noqa: S101 - up() waits for both
+        console.print(
+            f"[green]✓[/] local stack: Kafka {status.bootstrap_servers}, PostgreSQL {status.dsn}"
+        )
+        return _pipeline(console, stack_dir, work, run, records, status.bootstrap_servers,
+                         status.dsn, begun)  # fmt: skip
+    finally:
+        if keep_stack or was_running:
+            console.print(f"the stack keeps running: `bridge stack down --data-dir {stack_dir}`")
+        else:
+            stack.down()
+
+
+def _pipeline(
+    console: Console,
+    stack_dir: Path,
+    work: Path,
+    run: str,
+    records: int,
+    bootstrap: str,
+    dsn: str,
+    begun: float,
+) -> bool:
+    topic, group = f"demo-orders-{run}", f"demo-{run}"
+    consumer: subprocess.Popen[bytes] | None = None
+    try:
+        write_orders(work / "input", run, records, files=5)
+        console.print(f"[green]✓[/] {records:,} sample orders with unique ids in {work / 'input'}")
+        create_topic(bootstrap, topic, partitions=PARTITIONS)
+        create_demo_table(dsn)
+        _run_step(
+            console,
+            f"Spark producer: files -> Kafka topic {topic} in transactions, one epoch per file",
+            [sys.executable, "-m", "bridge.cli", "produce", "--source", "files",
+             "--input", str(work / "input"), "--max-files-per-trigger", "1",
+             "--topic", topic, "--key-field", "order_id", "--trigger", "available-now",
+             "--checkpoint", str(work / "checkpoint"), "--stack-dir", str(stack_dir)],
+            work / "producer.log",
+        )  # fmt: skip
+        config = work / "consumer.yaml"
+        config.write_text(yaml.safe_dump({
+            "kafka": {"bootstrap_servers": bootstrap},
+            "postgres": {"dsn": dsn},
+            "consumer": {"group_id": group,
+                         "routes": [{"topic": topic, "table": DEMO_TABLE, "mode": "insert"}]},
+        }))  # fmt: skip
+        with (work / "consumer.log").open("wb") as out:
+            consumer = subprocess.Popen(  # noqa: S603
+                [sys.executable, "-m", "consumers", "--config", str(config)],
+                stdout=out, stderr=subprocess.STDOUT, env=_own_environment(),
+            )  # fmt: skip
+        admin = KafkaAdmin({"bootstrap.servers": bootstrap})
+        target = caught_up_position(admin, topic)
+        _wait_for_consumer(console, consumer, dsn, group, target, work / "consumer.log")
+        consumer.send_signal(signal.SIGTERM)
+        consumer.wait(60)
+        consumer = None
+
+        verdict = verify(dsn, run, records, group)
+        from bridge.cli.offsets import positions_table
+        from consumers.positions import read_positions
+        from consumers.state import state_tables
+
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            positions = read_positions(conn, state_tables(DEFAULT_STATE_SCHEMA), admin, group)
+        console.print(positions_table(positions, title=f"offsets of group {group}"))
+        _summary(console, verdict, run, topic, time.monotonic() - begun)
+        return verdict.exactly_once
+    finally:
+        if consumer is not None:
+            consumer.kill()
+            consumer.wait()
+
+
+def _wait_for_consumer(
+    console: Console,
+    consumer: subprocess.Popen[bytes],
+    dsn: str,
+    group: str,
+    target: int,
+    log: Path,
+) -> None:
+    started = time.monotonic()
+    with console.status("consumer: Kafka -> PostgreSQL ...", spinner="dots") as status:
+        while (position := applied_position(dsn, group)) < target:
+            if consumer.poll() is not None:
+                tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:])
+                raise DemoFailed(f"the consumer exited ({consumer.returncode}); log {log}:\n{tail}")
+            if time.monotonic() - started > _CONSUMER_DEADLINE_S:
+                raise DemoFailed(f"the consumer did not catch up in {_CONSUMER_DEADLINE_S:.0f} s")
+            status.update(f"consumer: Kafka -> PostgreSQL, offset {position:,} of {target:,}")
+            time.sleep(0.2)
+    console.print(
+        f"[green]✓[/] consumer caught up: offsets and rows committed together "
+        f"({time.monotonic() - started:.0f} s)"
+    )
+
+
+def _summary(console: Console, verdict: Verdict, run: str, topic: str, seconds: float) -> None:
+    mark = "[bold green]exactly once[/]" if verdict.exactly_once else "[bold red]MISMATCH[/]"
+    console.print(
+        f"\n{mark}: {verdict.expected:,} orders sent, {verdict.rows:,} rows in {DEMO_TABLE} "
+        f"for run {run}, {verdict.distinct:,} distinct ids, {verdict.missing:,} missing, "
+        f"{verdict.duplicated:,} duplicated, {verdict.dead_letters:,} dead letters "
+        f"(topic {topic}, {seconds:.0f} s in all)"
+    )
+
+
+def _own_environment() -> dict[str, str]:
+    """The environment for the demo's processes: BRIDGE_* variables of the caller's shell would
+    override the demo's own stack and configuration, so they are left out."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIX)}

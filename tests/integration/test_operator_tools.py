@@ -1,0 +1,224 @@
+"""`bridge offsets` and `bridge txn` against the real stack, as an operator runs them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from typing import Any
+
+import pytest
+from confluent_kafka import KafkaException
+
+from bridge.kafka_admin import KafkaAdmin, create_topic, offset_range
+from spark_jobs.epoch_markers import MarkerReader, marker_position
+from tests.harness import Endpoints
+from tests.integration.test_consumer import (
+    eventually,
+    produce,
+    running,
+    settings_for,
+    sql,
+)
+from tests.kafka_helpers import read_all, transactional_producer
+
+
+def bridge(stack: Endpoints, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BRIDGE_")}
+    env |= {"BRIDGE_KAFKA__BOOTSTRAP_SERVERS": stack.bootstrap_servers,
+            "BRIDGE_POSTGRES__DSN": stack.dsn, "BRIDGE_STACK_DIR": "/nonexistent"}  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "bridge.cli", *args],
+        capture_output=True, text=True, timeout=120, check=False, env=env,
+    )  # fmt: skip
+
+
+def show(stack: Endpoints, names: dict[str, str]) -> list[dict[str, Any]]:
+    result = bridge(stack, "offsets", "show", "--group", names["group"],
+                    "--schema", names["schema"], "--format", "json")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    positions: list[dict[str, Any]] = json.loads(result.stdout)
+    return positions
+
+
+def stored(stack: Endpoints, names: dict[str, str]) -> list[tuple[Any, ...]]:
+    return sql(
+        stack,
+        f"SELECT partition, next_offset FROM {names['schema']}.offsets "
+        f"WHERE group_id = '{names['group']}' ORDER BY partition",
+    )
+
+
+def setup_applied(stack: Endpoints, names: dict[str, str]) -> None:
+    create_topic(stack.bootstrap_servers, names["topic"], partitions=2)
+    sql(stack, f"CREATE TABLE public.{names['table']} (id int, body text)")  # no key
+    produce(stack, names["topic"], [(i, {"id": i}) for i in range(20)])
+    produce(stack, names["topic"], [(i, {"id": i}) for i in range(20, 40)])
+
+
+def count(stack: Endpoints, names: dict[str, str]) -> int:
+    return int(sql(stack, f"SELECT count(*) FROM public.{names['table']}")[0][0])
+
+
+def test_offsets_show_reports_positions_lag_and_the_live_member(
+    stack: Endpoints, names: dict[str, str]
+) -> None:
+    setup_applied(stack, names)
+    ranges = offset_range(stack.bootstrap_servers, [(names["topic"], p) for p in (0, 1)])
+    with running(settings_for(stack, names)):
+        eventually(lambda: count(stack, names) == 40)
+        live = show(stack, names)
+        table = bridge(stack, "offsets", "show", "--group", names["group"],
+                       "--schema", names["schema"])  # fmt: skip
+    assert table.returncode == 0, table.stderr
+    assert names["topic"] in table.stdout and "next offset" in table.stdout
+
+    assert [(p["topic"], p["partition"]) for p in live] == [
+        (names["topic"], 0),
+        (names["topic"], 1),
+    ]
+    for position in live:
+        log_start, stable = ranges[(names["topic"], position["partition"])]
+        assert position["group"] == names["group"]
+        assert position["log_start_offset"] == log_start == 0
+        assert position["last_stable_offset"] == stable
+        # Caught up: only the last transaction's commit marker lies beyond the stored offset.
+        assert position["next_offset"] == stable - 1
+        assert position["lag"] == 0
+        assert position["out_of_range"] is False
+        assert position["live_owner"], "the running member holds the partition"
+        assert position["owner"] and position["owner_epoch"] >= 1
+
+    produce(stack, names["topic"], [(0, {"id": 99})])  # partition of key 0 now lags by one
+    after = show(stack, names)
+    # Lag counts offsets: the earlier commit marker, the new record and its own commit marker.
+    assert sorted(p["lag"] for p in after) == [0, 3]
+    assert all(p["live_owner"] is None and p["owner"] is None for p in after)
+
+
+def test_offsets_reset_is_a_dry_run_refused_with_a_live_owner_and_forced_on_request(
+    stack: Endpoints, names: dict[str, str]
+) -> None:
+    setup_applied(stack, names)
+    with running(settings_for(stack, names)):
+        eventually(lambda: count(stack, names) == 40)
+        before = stored(stack, names)
+        reset = ("offsets", "reset", "--group", names["group"], "--schema", names["schema"],
+                 "--topic", names["topic"], "--to", "earliest")  # fmt: skip
+
+        dry = bridge(stack, *reset)
+        assert dry.returncode == 0, dry.stderr
+        assert "dry run" in dry.stdout
+        assert stored(stack, names) == before
+
+        refused = bridge(stack, *reset, "--execute")
+        assert refused.returncode == 2
+        assert "live members" in refused.stderr and "--force" in refused.stderr
+        assert stored(stack, names) == before
+
+        forced = bridge(stack, *reset, "--execute", "--force")
+        assert forced.returncode == 0, forced.stderr
+        # The member is fenced, finds the partitions released by the reset, claims them again
+        # and replays from the start: every record twice, as the operator asked.
+        eventually(lambda: count(stack, names) == 80)
+        eventually(lambda: stored(stack, names) == before)
+
+    audit = sql(
+        stack,
+        f"SELECT partition, old_offset, new_offset, forced, target, old_owner IS NOT NULL "
+        f"FROM {names['schema']}.offset_resets WHERE group_id = '{names['group']}' "
+        "ORDER BY partition",
+    )
+    assert audit == [(p, old, 0, True, "earliest", True) for p, old in before]
+    assert sql(stack, f"SELECT count(*), count(DISTINCT id) FROM public.{names['table']}") == [
+        (80, 40)
+    ]
+
+
+def test_offsets_reset_targets_and_refusals_with_the_group_stopped(
+    stack: Endpoints, names: dict[str, str]
+) -> None:
+    setup_applied(stack, names)
+    with running(settings_for(stack, names)):
+        eventually(lambda: count(stack, names) == 40)
+    ranges = offset_range(stack.bootstrap_servers, [(names["topic"], p) for p in (0, 1)])
+    base = ("offsets", "reset", "--group", names["group"], "--schema", names["schema"],
+            "--topic", names["topic"], "--execute")  # fmt: skip
+
+    assert bridge(stack, *base, "--to", "earliest").returncode == 0
+    assert stored(stack, names) == [(0, 0), (1, 0)]
+    assert bridge(stack, *base, "--to", "latest").returncode == 0
+    assert stored(stack, names) == [(p, ranges[(names["topic"], p)][1]) for p in (0, 1)]
+    assert bridge(stack, *base, "--to", "3", "--partition", "1").returncode == 0
+    assert stored(stack, names)[1] == (1, 3)
+    assert bridge(stack, *base, "--to", "2020-01-01T00:00:00Z").returncode == 0
+    assert stored(stack, names) == [(0, 0), (1, 0)]  # every record is newer
+    assert bridge(stack, *base, "--to", "2999-01-01").returncode == 0
+    assert stored(stack, names) == [(p, ranges[(names["topic"], p)][1]) for p in (0, 1)]
+
+    beyond = bridge(stack, *base, "--to", "999999")
+    assert beyond.returncode == 2 and "holds offsets" in beyond.stderr
+    nonsense = bridge(stack, *base, "--to", "yesterday")
+    assert nonsense.returncode == 2 and "--to 'yesterday'" in nonsense.stderr
+    no_partition = bridge(stack, *base, "--to", "0", "--partition", "7")
+    assert no_partition.returncode == 2 and "--partition 7" in no_partition.stderr
+    missing = f"missing-{names['topic']}"
+    no_topic = bridge(stack, "offsets", "reset", "--group", names["group"], "--schema",
+                      names["schema"], "--topic", missing, "--to", "0")  # fmt: skip
+    assert no_topic.returncode == 2 and "missing-" in no_topic.stderr
+    moves = sql(stack, f"SELECT count(*) FROM {names['schema']}.offset_resets")[0][0]
+    assert moves == 2 + 2 + 1 + 2 + 2  # one audit row per partition moved, none for refusals
+
+
+def test_txn_show_reads_committed_epochs_and_abort_fences_a_lingering_transaction(
+    stack: Endpoints, names: dict[str, str]
+) -> None:
+    prefix, markers, data = f"tx-{uuid.uuid4().hex[:8]}", f"m-{names['topic']}", names["topic"]
+    create_topic(stack.bootstrap_servers, markers)
+    create_topic(stack.bootstrap_servers, data)
+    kafka = {"bootstrap.servers": stack.bootstrap_servers}
+    for partition, epoch in ((0, 0), (0, 1), (1, 0)):
+        producer = transactional_producer(
+            stack.bootstrap_servers, f"{prefix}-p{partition}-e{epoch}"
+        )
+        reader = MarkerReader(kafka, prefix=prefix, partition=partition, marker_topic=markers)
+        producer.begin_transaction()
+        producer.produce(data, value=f"{partition}/{epoch}".encode())
+        producer.send_offsets_to_transaction(
+            marker_position(markers, epoch, {"rows": 1}), reader.group_metadata(), 30
+        )
+        producer.commit_transaction(30)
+        reader.close()
+
+    shown = bridge(stack, "txn", "show", "--prefix", prefix, "--marker-topic", markers,
+                   "--format", "json")  # fmt: skip
+    assert shown.returncode == 0, shown.stderr
+    epochs = json.loads(shown.stdout)
+    assert [(e["partition"], e["epoch"], e["details"]["rows"]) for e in epochs] == [
+        (0, 1, 1),
+        (1, 0, 1),
+    ]
+
+    lingering = transactional_producer(stack.bootstrap_servers, f"{prefix}-p1-e1")
+    lingering.begin_transaction()
+    lingering.produce(data, value=b"never")
+    lingering.flush(30)
+    admin = KafkaAdmin({"bootstrap.servers": stack.bootstrap_servers})
+    held = admin.log_ranges([(data, 0)])[(data, 0)]
+    assert held.last_stable < held.high_watermark, "the open transaction holds read_committed"
+
+    aborted = bridge(stack, "txn", "abort", "--prefix", prefix, "--epoch", "1",
+                     "--partitions", "1")  # fmt: skip
+    assert aborted.returncode == 0, aborted.stderr
+    assert f"{prefix}-p1-e1" in aborted.stdout
+    eventually(lambda: admin.log_ranges([(data, 0)])[(data, 0)].last_stable > held.last_stable)
+    assert sorted(read_all(stack.bootstrap_servers, data)) == [
+        b"0/0", b"0/1", b"1/0"
+    ]  # fmt: skip
+    with pytest.raises(KafkaException):
+        lingering.commit_transaction(30)  # fenced: the zombie cannot commit any more
+
+    refused = bridge(stack, "txn", "abort", "--prefix", prefix, "--partitions", "1")
+    assert refused.returncode == 2 and "--epoch is required" in refused.stderr
