@@ -139,6 +139,10 @@ class ConsumerSettings(_Section):
     # /metrics, /healthz, /readyz; off unless a port is set (0: any free port).
     http_port: int | None = Field(default=None, ge=0, le=65_535)
     http_host: str = "0.0.0.0"  # noqa: S104 - a metrics endpoint is scraped from elsewhere
+    # After each database commit, also commit the same offsets to the Kafka group (asynchronously)
+    # so that Kafka's own lag tools see the group. They are never read back: positions come
+    # from the database only.
+    mirror_offsets_to_kafka: bool = False
 
     @field_validator("state_schema")
     @classmethod

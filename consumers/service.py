@@ -103,6 +103,7 @@ class ConsumerService:
         }
         config: dict[str, Any] = self._settings.kafka.client_config(**overrides)
         config["stats_cb"] = self._on_statistics
+        config["on_commit"] = self._on_mirror_commit
         self._consumer = Consumer(config)
         self._consumer.subscribe(
             list(self._targets),
@@ -237,6 +238,14 @@ class ConsumerService:
         # Step 3
         for key, next_offset in advanced.items():
             self._leases[key] = replace(self._leases[key], next_offset=next_offset)
+        if self._config.mirror_offsets_to_kafka and self._consumer is not None:
+            try:
+                self._consumer.commit(
+                    offsets=[TopicPartition(t, p, offset) for (t, p), offset in advanced.items()],
+                    asynchronous=True,
+                )
+            except KafkaException as exc:
+                log.warning("mirroring offsets to the Kafka group failed: %s", exc)
         for topic, (rows, dead) in applied.items():
             self.applied_total += rows
             self.metrics.records_applied(topic).inc(rows)
@@ -359,6 +368,12 @@ class ConsumerService:
             self._out_of_range.discard(key)
             self._held_idle.discard(key)
         self.metrics.forget(keys)
+
+    def _on_mirror_commit(self, error: Any, partitions: list[TopicPartition]) -> None:
+        # The mirror is for outside tools only; a failed or refused commit (a partition that
+        # just moved to another member) changes nothing here.
+        if error is not None:
+            log.warning("mirroring offsets to the Kafka group failed: %s", error)
 
     def _on_statistics(self, report: str) -> None:
         next_offsets = {key: lease.next_offset for key, lease in self._leases.items()}

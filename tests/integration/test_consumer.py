@@ -13,7 +13,7 @@ import psycopg
 import pytest
 
 from bridge.errors import ConfigError
-from bridge.kafka_admin import create_topic
+from bridge.kafka_admin import KafkaAdmin, create_topic
 from bridge.settings import BridgeSettings, load_settings
 from consumers.service import ConsumerService
 from tests.harness import Endpoints
@@ -324,3 +324,36 @@ def test_postgres_restarted_mid_stream_loses_and_doubles_nothing(
 
     rows, distinct = sql(stack, f"SELECT count(*), count(DISTINCT id) FROM {names['table']}")[0]
     assert (rows, distinct) == (total, total)
+
+
+def test_offsets_are_mirrored_to_the_kafka_group_only_when_asked(
+    stack: Endpoints, names: dict[str, str]
+) -> None:
+    create_topic(stack.bootstrap_servers, names["topic"], partitions=2)
+    sql(stack, f"CREATE TABLE public.{names['table']} (id int)")
+    produce(stack, names["topic"], [(i, {"id": i}) for i in range(30)])
+    admin = KafkaAdmin({"bootstrap.servers": stack.bootstrap_servers})
+    keys = [(names["topic"], 0), (names["topic"], 1)]
+
+    def kafka_offsets(group: str) -> list[int]:
+        return [tp.offset for tp in sorted(admin.stable_committed(group, keys),
+                                           key=lambda tp: tp.partition)]  # fmt: skip
+
+    def database_offsets(group: str) -> list[int]:
+        rows = sql(stack, f"SELECT next_offset FROM {names['schema']}.offsets "
+                          f"WHERE group_id = '{group}' ORDER BY partition")  # fmt: skip
+        return [row[0] for row in rows]
+
+    with running(settings_for(stack, names)):
+        eventually(lambda: sql(stack, f"SELECT count(*) FROM {names['table']}")[0][0] == 30)
+    assert all(offset < 0 for offset in kafka_offsets(names["group"]))  # nothing in Kafka
+
+    mirrored = {**names, "group": names["group"] + "-m"}
+    settings = settings_for(stack, mirrored)
+    settings = settings.model_copy(
+        update={"consumer": settings.require_consumer().model_copy(
+            update={"mirror_offsets_to_kafka": True})}
+    )  # fmt: skip
+    with running(settings):
+        eventually(lambda: sql(stack, f"SELECT count(*) FROM {names['table']}")[0][0] == 60)
+        eventually(lambda: kafka_offsets(mirrored["group"]) == database_offsets(mirrored["group"]))

@@ -119,3 +119,13 @@ def _processes_mentioning(path: Path) -> list[int]:
         if state != "Z" and str(path).encode() in cmdline:
             found.append(int(entry.name))
     return found
+
+
+def test_demo_verifies_every_order_exactly_once_and_stops_its_stack(data_dir: Path) -> None:
+    result = bridge("demo", "--records", "3000", "--stack-dir", str(data_dir))
+    output = " ".join(result.stdout.split())  # rich wraps long lines
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "exactly once: 3,000 orders sent, 3,000 rows in public.demo_orders" in output
+    assert "3,000 distinct ids, 0 missing, 0 duplicated, 0 dead letters" in output
+    assert "offsets of group demo-" in output
+    assert not _processes_mentioning(data_dir), "the demo stops the stack it started"
