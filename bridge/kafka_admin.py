@@ -70,7 +70,8 @@ def offset_range(
 PartitionKey = tuple[str, int]
 """(topic, partition)."""
 
-# While a group rebalances, partitions are in flight between members: all of them count as owned.
+# While a group rebalances, partitions are in flight between members: where the broker reports
+# the members' target assignments (the consumer protocol of KIP-848), those count as held too.
 _REBALANCING = {ConsumerGroupState.PREPARING_REBALANCING, ConsumerGroupState.COMPLETING_REBALANCING}
 
 
@@ -159,7 +160,9 @@ class KafkaAdmin:
 
     def owners(self, group: str) -> dict[PartitionKey, str]:
         """The partitions a live member of `group` holds, each with `client_id@host` of its
-        member. While the group rebalances, every subscribed partition counts as held."""
+        member. A partition in flight during a rebalance of the classic protocol may be missing;
+        that is safe for a reset: the member that claims it reads the reset offset, or is fenced
+        by the reset and claims it again."""
         future = self._admin.describe_consumer_groups([group], request_timeout=self._timeout)
         try:
             description = future[group].result(self._timeout)

@@ -324,8 +324,13 @@ class ConsumerService:
         if not released:
             return
         leases, low = self._claim_at_watermarks(consumer, released)
-        for lease in leases:
-            consumer.seek(TopicPartition(lease.topic, lease.partition, lease.next_offset))
+        # Assigned afresh rather than sought: a partition whose fetch failed (offset out of range
+        # with auto.offset.reset=error) refuses a seek, and a new assignment also drops anything
+        # fetched from the old position.
+        consumer.incremental_unassign([TopicPartition(*key) for key in released])
+        consumer.incremental_assign(
+            [TopicPartition(lease.topic, lease.partition, lease.next_offset) for lease in leases]
+        )
         self._take(consumer, leases, low)
         log.info("claimed again %s", [(x.topic, x.partition, x.next_offset) for x in leases])
 

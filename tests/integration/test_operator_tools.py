@@ -6,11 +6,13 @@ import json
 import os
 import subprocess
 import sys
+import time
 import uuid
 from typing import Any
 
 import pytest
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient
 
 from bridge.kafka_admin import KafkaAdmin, create_topic, offset_range
 from spark_jobs.epoch_markers import MarkerReader, marker_position
@@ -222,3 +224,37 @@ def test_txn_show_reads_committed_epochs_and_abort_fences_a_lingering_transactio
 
     refused = bridge(stack, "txn", "abort", "--prefix", prefix, "--partitions", "1")
     assert refused.returncode == 2 and "--epoch is required" in refused.stderr
+
+
+def test_a_stored_offset_below_the_log_start_pauses_until_an_operator_resets_it(
+    stack: Endpoints, names: dict[str, str]
+) -> None:
+    create_topic(stack.bootstrap_servers, names["topic"])
+    sql(stack, f"CREATE TABLE public.{names['table']} (id int)")
+    settings = settings_for(stack, names)
+    produce(stack, names["topic"], [(None, {"id": i}) for i in range(10)])
+    with running(settings):
+        eventually(lambda: count(stack, names) == 10)
+    produce(stack, names["topic"], [(None, {"id": i}) for i in range(10, 20)])  # never applied
+    admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
+    deleted = admin.delete_records([TopicPartition(names["topic"], 0, 15)])  # retention did it
+    for future in deleted.values():
+        future.result(30)
+
+    with running(settings) as service:
+        eventually(lambda: not service.ready and service.applied_total == 0 and
+                   show(stack, names)[0]["out_of_range"])  # fmt: skip
+        produce(stack, names["topic"], [(None, {"id": i}) for i in range(20, 25)])
+        time.sleep(2)
+        assert count(stack, names) == 10, "no silent jump over the lost records"
+
+        reset = bridge(stack, "offsets", "reset", "--group", names["group"], "--schema",
+                       names["schema"], "--topic", names["topic"], "--to", "earliest",
+                       "--execute", "--force")  # fmt: skip
+        assert reset.returncode == 0, reset.stderr
+        # The member claims the partition again at the log start and applies what is left.
+        # Offsets: 0-9 ids 0-9, 10 a commit marker, 11-20 ids 10-19: ids 14-19 survive.
+        eventually(lambda: count(stack, names) == 10 + 6 + 5 and service.ready)
+    assert sql(stack, f"SELECT min(id), max(id) FROM public.{names['table']} WHERE id >= 10") == [
+        (14, 24)
+    ]
