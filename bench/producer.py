@@ -21,7 +21,7 @@ from typing import Any
 from bench.common import Endpoints, percentile, running_stack, write_results
 from bridge.kafka_admin import create_topic
 from spark_jobs.progress import SinkCounters
-from spark_jobs.spark_session import build_session
+from spark_jobs.spark_session import DEFAULT_MASTER, build_session
 
 TOPIC_PARTITIONS = 2
 
@@ -114,7 +114,8 @@ def main() -> None:
 
     ratio = ours["rows_per_second"] / builtin["rows_per_second"]
     overhead = ours["transaction_overhead_ms"]
-    print(f"rows: {args.rows} of ~{args.row_bytes} bytes, {ours['epochs']} epochs, local[2]")
+    shape = f"{args.rows} of ~{args.row_bytes} bytes, {ours['epochs']} epochs, {DEFAULT_MASTER}"
+    print(f"rows: {shape}")
     print(f"Spark's built-in Kafka sink : {builtin['rows_per_second']:>9,} rows/s")
     print(f"bridge-kafka (exactly once) : {ours['rows_per_second']:>9,} rows/s")
     print(f"ratio bridge / built-in     : {ratio:.2f} (goal >= 0.80)")
