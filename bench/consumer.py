@@ -32,7 +32,9 @@ import yaml
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 from bench.common import Endpoints, running_stack, write_results
-from bridge.kafka_admin import create_topic, offset_range
+from bridge.kafka_admin import KafkaAdmin, create_topic
+from bridge.names import DEFAULT_STATE_SCHEMA
+from consumers.positions import applied_position, caught_up_position
 
 PARTITIONS = 4
 COLUMNS = "id bigint NOT NULL, customer text, amount numeric(12,2), currency text, note text, " \
@@ -139,16 +141,7 @@ class Service:
             )  # fmt: skip
 
     def position(self) -> int:
-        """The sum of the stored next offsets of the group (0 until the service made its tables)."""
-        try:
-            rows = sql(
-                self.stack.dsn,
-                "SELECT coalesce(sum(next_offset), 0) FROM bridge.offsets"
-                f" WHERE group_id = '{self.group}'",
-            )
-        except psycopg.errors.UndefinedTable:
-            return 0
-        return int(rows[0][0])
+        return applied_position(self.stack.dsn, self.group, DEFAULT_STATE_SCHEMA)
 
     def wait_for(self, target: int, timeout: float = 600) -> None:
         deadline = time.monotonic() + timeout
@@ -168,13 +161,6 @@ class Service:
         self.process.wait(60)
 
 
-def caught_up_position(stack: Endpoints, topic: str) -> int:
-    """The sum of next offsets once every record is applied: each partition ends with the commit
-    marker of its last transaction, one offset past the last record."""
-    ranges = offset_range(stack.bootstrap_servers, [(topic, p) for p in range(PARTITIONS)])
-    return sum(stable - 1 for _, stable in ranges.values() if stable > 0)
-
-
 def service_run(
     stack: Endpoints, topic: str, records: int, mode: str, scratch: Path
 ) -> dict[str, Any]:
@@ -186,7 +172,11 @@ def service_run(
     try:
         service.wait_for(1)  # offsets claimed: the group is joined
         joined = time.perf_counter()
-        service.wait_for(caught_up_position(stack, topic))
+        service.wait_for(
+            caught_up_position(
+                KafkaAdmin({"bootstrap.servers": stack.bootstrap_servers}), topic, PARTITIONS
+            )
+        )
         seconds = time.perf_counter() - joined
         rss = service.peak_rss_mb()
     finally:
@@ -219,7 +209,11 @@ def latency_run(stack: Endpoints, rate: int, seconds: int, scratch: Path) -> dic
                 sent += 1
             producer.commit_transaction(30)
         offered = sent / (time.perf_counter() - begin)
-        service.wait_for(caught_up_position(stack, topic))
+        service.wait_for(
+            caught_up_position(
+                KafkaAdmin({"bootstrap.servers": stack.bootstrap_servers}), topic, PARTITIONS
+            )
+        )
         rss = service.peak_rss_mb()
     finally:
         service.stop()

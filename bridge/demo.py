@@ -26,6 +26,7 @@ from rich.console import Console
 from bridge.kafka_admin import KafkaAdmin, create_topic
 from bridge.names import DEFAULT_STATE_SCHEMA, ENV_PREFIX
 from bridge.stack import LocalStack
+from consumers.positions import applied_position, caught_up_position
 
 DEMO_TABLE = "public.demo_orders"
 PARTITIONS = 4
@@ -115,27 +116,6 @@ def verify(dsn: str, run: str, expected: int, group: str) -> Verdict:
     )
 
 
-def applied_position(dsn: str, group: str) -> int:
-    """The sum of the group's stored next offsets (0 before the consumer made its tables)."""
-    try:
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            row = conn.execute(
-                "SELECT coalesce(sum(next_offset), 0) "  # noqa: S608 - our constant
-                f'FROM "{DEFAULT_STATE_SCHEMA}".offsets WHERE group_id = %s',
-                (group,),
-            ).fetchone()
-    except psycopg.errors.UndefinedTable:
-        return 0
-    return int(row[0]) if row else 0
-
-
-def caught_up_position(admin: KafkaAdmin, topic: str) -> int:
-    """The sum of next offsets once every committed record is applied: each partition's log ends
-    with the commit marker of its last transaction, one offset past its last record."""
-    ranges = admin.log_ranges([(topic, p) for p in range(PARTITIONS)])
-    return sum(r.last_stable - 1 for r in ranges.values() if r.last_stable > 0)
-
-
 class DemoFailed(Exception):
     """A step of the demo failed; the message says which and where its log is."""
 
@@ -215,7 +195,7 @@ def _pipeline(
                 stdout=out, stderr=subprocess.STDOUT, env=_own_environment(),
             )  # fmt: skip
         admin = KafkaAdmin({"bootstrap.servers": bootstrap})
-        target = caught_up_position(admin, topic)
+        target = caught_up_position(admin, topic, PARTITIONS)
         _wait_for_consumer(console, consumer, dsn, group, target, work / "consumer.log")
         consumer.send_signal(signal.SIGTERM)
         consumer.wait(60)
@@ -247,7 +227,7 @@ def _wait_for_consumer(
 ) -> None:
     started = time.monotonic()
     with console.status("consumer: Kafka -> PostgreSQL ...", spinner="dots") as status:
-        while (position := applied_position(dsn, group)) < target:
+        while (position := applied_position(dsn, group, DEFAULT_STATE_SCHEMA)) < target:
             if consumer.poll() is not None:
                 tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:])
                 raise DemoFailed(f"the consumer exited ({consumer.returncode}); log {log}:\n{tail}")

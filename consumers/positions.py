@@ -17,6 +17,8 @@ from bridge.errors import BridgeError
 from bridge.kafka_admin import KafkaAdmin, LogRange, PartitionKey, TopicError
 from consumers.state import StateTables
 
+_UNKNOWN_MEMBER = "unknown (the group could not be described)"
+
 
 @dataclass(frozen=True, kw_only=True)
 class Position:
@@ -67,11 +69,13 @@ def read_positions(
     keys = sorted({(topic, partition) for _, topic, partition, *_ in rows})
     ranges = _ranges(admin, keys)
     owners: dict[str, dict[PartitionKey, str]] = {}
+    unknown: set[str] = set()  # groups Kafka could not describe: their live members are unknown
     for group_id in sorted({row[0] for row in rows}):
         try:
             owners[group_id] = admin.owners(group_id)
         except TopicError:
             owners[group_id] = {}
+            unknown.add(group_id)
     # Offsets between a stored position and the last stable offset can be transaction markers
     # (each committed transaction ends with one) rather than records: ask Kafka which are real.
     behind = {
@@ -102,7 +106,9 @@ def read_positions(
                 lag=lag,
                 owner=owner,
                 owner_epoch=epoch,
-                live_owner=owners[group_id].get((topic, partition)),
+                live_owner=_UNKNOWN_MEMBER
+                if group_id in unknown
+                else owners[group_id].get((topic, partition)),
                 updated_at=updated_at,
                 out_of_range=bool(log and not log.log_start <= next_offset <= log.high_watermark),
             )
@@ -123,3 +129,25 @@ def _ranges(admin: KafkaAdmin, keys: list[PartitionKey]) -> dict[PartitionKey, L
             except TopicError:
                 continue
         return found
+
+
+def applied_position(dsn: str, group: str, schema: str) -> int:
+    """The sum of a group's stored next offsets (0 before its consumer created the tables)."""
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            row = conn.execute(
+                f'SELECT coalesce(sum(next_offset), 0) FROM "{schema}".offsets '  # noqa: S608
+                "WHERE group_id = %s",
+                (group,),
+            ).fetchone()
+    except psycopg.errors.UndefinedTable:
+        return 0
+    return int(row[0]) if row else 0
+
+
+def caught_up_position(admin: KafkaAdmin, topic: str, partitions: int) -> int:
+    """The sum of next offsets once every committed record of a transactionally written topic is
+    applied: each partition's log ends with the commit marker of its last transaction, one
+    offset past its last record."""
+    ranges = admin.log_ranges([(topic, p) for p in range(partitions)])
+    return sum(r.last_stable - 1 for r in ranges.values() if r.last_stable > 0)

@@ -13,7 +13,7 @@ from rich.table import Table
 from bridge.cli.options import ConfigFile, Format, OutputFormat, StackDir, output_console
 from bridge.errors import BridgeError
 from bridge.kafka_admin import KafkaAdmin
-from bridge.names import DEFAULT_STACK_DIR, STACK_ENV_FILE
+from bridge.names import DEFAULT_STACK_DIR, DEFAULT_STATE_SCHEMA, STACK_ENV_FILE
 from bridge.settings import BridgeSettings, load_settings
 from consumers.positions import Position
 
@@ -35,8 +35,6 @@ def _settings(config: Path | None, stack_dir: Path) -> BridgeSettings:
 
 
 def _state_schema(settings: BridgeSettings, schema: str | None) -> str:
-    from bridge.names import DEFAULT_STATE_SCHEMA
-
     if schema is not None:
         return schema
     return settings.consumer.state_schema if settings.consumer else DEFAULT_STATE_SCHEMA

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 import uuid
 from typing import Any
@@ -16,6 +15,7 @@ from confluent_kafka.admin import AdminClient
 
 from bridge.kafka_admin import KafkaAdmin, create_topic, offset_range
 from spark_jobs.epoch_markers import MarkerReader, marker_position
+from tests.cli import run_bridge
 from tests.harness import Endpoints
 from tests.integration.test_consumer import (
     eventually,
@@ -28,13 +28,11 @@ from tests.kafka_helpers import read_all, transactional_producer
 
 
 def bridge(stack: Endpoints, *args: str) -> subprocess.CompletedProcess[str]:
+    """The command line against the test stack, whatever BRIDGE_* the caller's shell holds."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("BRIDGE_")}
     env |= {"BRIDGE_KAFKA__BOOTSTRAP_SERVERS": stack.bootstrap_servers,
             "BRIDGE_POSTGRES__DSN": stack.dsn, "BRIDGE_STACK_DIR": "/nonexistent"}  # fmt: skip
-    return subprocess.run(
-        [sys.executable, "-m", "bridge.cli", *args],
-        capture_output=True, text=True, timeout=120, check=False, env=env,
-    )  # fmt: skip
+    return run_bridge(*args, env=env, timeout=120)
 
 
 def show(stack: Endpoints, names: dict[str, str]) -> list[dict[str, Any]]:
@@ -245,7 +243,7 @@ def test_a_stored_offset_below_the_log_start_pauses_until_an_operator_resets_it(
         eventually(lambda: not service.ready and service.applied_total == 0 and
                    show(stack, names)[0]["out_of_range"])  # fmt: skip
         produce(stack, names["topic"], [(None, {"id": i}) for i in range(20, 25)])
-        time.sleep(2)
+        time.sleep(2)  # waiting for something not to happen: the member's loop turns meanwhile
         assert count(stack, names) == 10, "no silent jump over the lost records"
 
         reset = bridge(stack, "offsets", "reset", "--group", names["group"], "--schema",

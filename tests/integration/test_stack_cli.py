@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,19 +16,14 @@ from bridge.kafka_admin import create_topic
 from bridge.settings import load_settings
 from bridge.stack import LocalStack
 from bridge.stack.process import alive
+from tests.cli import run_bridge
 from tests.kafka_helpers import read_all, transactional_producer
 
 pytestmark = pytest.mark.slow
 
 
 def bridge(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "bridge.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    return run_bridge(*args)
 
 
 @pytest.fixture
