@@ -116,6 +116,11 @@ def verify(dsn: str, run: str, expected: int, group: str) -> Verdict:
     )
 
 
+def _tail(log: Path, lines: int = 30) -> str:
+    """The end of a step's log, for the failure message."""
+    return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+
+
 class DemoFailed(Exception):
     """A step of the demo failed; the message says which and where its log is."""
 
@@ -127,8 +132,7 @@ def _run_step(console: Console, what: str, command: list[str], log: Path) -> Non
             command, stdout=out, stderr=subprocess.STDOUT, env=_own_environment(), check=False
         )
     if result.returncode != 0:
-        tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:])
-        raise DemoFailed(f"{what} failed (exit {result.returncode}); log {log}:\n{tail}")
+        raise DemoFailed(f"{what} failed (exit {result.returncode}); log {log}:\n{_tail(log)}")
     console.print(f"[green]✓[/] {what} ({time.monotonic() - started:.0f} s)")
 
 
@@ -229,8 +233,9 @@ def _wait_for_consumer(
     with console.status("consumer: Kafka -> PostgreSQL ...", spinner="dots") as status:
         while (position := applied_position(dsn, group, DEFAULT_STATE_SCHEMA)) < target:
             if consumer.poll() is not None:
-                tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:])
-                raise DemoFailed(f"the consumer exited ({consumer.returncode}); log {log}:\n{tail}")
+                raise DemoFailed(
+                    f"the consumer exited ({consumer.returncode}); log {log}:\n{_tail(log)}"
+                )
             if time.monotonic() - started > _CONSUMER_DEADLINE_S:
                 raise DemoFailed(f"the consumer did not catch up in {_CONSUMER_DEADLINE_S:.0f} s")
             status.update(f"consumer: Kafka -> PostgreSQL, offset {position:,} of {target:,}")
