@@ -4,7 +4,8 @@
 
 (a) raw psycopg COPY of the same rows into the same table (the database's limit); the rows are
     decoded from the same JSON with orjson, as the service decodes them,
-(b) raw read_committed consumption of the topic with that decoding (Kafka's limit),
+(b) raw read_committed consumption of the topic with that decoding (Kafka's limit), with the
+    service's fetch tuning,
 (c) the service end to end (`python -m consumers`, its own process) in insert and upsert mode,
     with its peak RSS,
 (d) end-to-end latency under a steady offered load: the record's send time to the row's
@@ -35,6 +36,7 @@ from bench.common import Endpoints, running_stack, write_results
 from bridge.kafka_admin import KafkaAdmin, create_topic
 from bridge.names import DEFAULT_STATE_SCHEMA
 from consumers.positions import applied_position, caught_up_position
+from consumers.service import CONSUMER_FETCH_DEFAULTS
 
 PARTITIONS = 4
 COLUMNS = "id bigint NOT NULL, customer text, amount numeric(12,2), currency text, note text, " \
@@ -101,7 +103,7 @@ def raw_copy(stack: Endpoints, records: int) -> float:
 def raw_consume(stack: Endpoints, topic: str) -> tuple[float, int]:
     consumer = Consumer({"bootstrap.servers": stack.bootstrap_servers, "group.id": "bench-raw",
                          "isolation.level": "read_committed", "enable.partition.eof": True,
-                         "enable.auto.commit": False})  # fmt: skip
+                         "enable.auto.commit": False, **CONSUMER_FETCH_DEFAULTS})  # fmt: skip
     consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
     started = time.perf_counter()
     seen, at_end = 0, set[int]()

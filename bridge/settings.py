@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from pathlib import Path
@@ -70,9 +70,17 @@ class KafkaSettings(_Section):
             raise ValueError("set kafka.bootstrap_servers instead of bootstrap.servers")
         return value
 
-    def client_config(self, **overrides: LibrdkafkaValue) -> dict[str, LibrdkafkaValue]:
-        """The librdkafka configuration for one client: ours, then the user's, then the caller's."""
+    def client_config(
+        self,
+        *,
+        defaults: Mapping[str, LibrdkafkaValue] | None = None,
+        **overrides: LibrdkafkaValue,
+    ) -> dict[str, LibrdkafkaValue]:
+        """The librdkafka configuration for one client, each layer over the one before: the
+        caller's `defaults` (tuning the user may change), the user's `kafka.properties`, then the
+        caller's `overrides` (what correctness rests on)."""
         config: dict[str, LibrdkafkaValue] = {"bootstrap.servers": self.bootstrap_servers}
+        config.update(defaults or {})
         config.update(self.properties)
         config.update(overrides)
         return config

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple, TypeVar, cast
 
 import psycopg
 from psycopg import sql
@@ -24,17 +24,21 @@ _RECORD_FAULT_CLASSES = ("22", "23")
 T = TypeVar("T")
 
 
-class Upsert(NamedTuple):
-    record: Record
-    value: dict[str, Any]  # the decoded JSON object; fields that are not columns are ignored
-
-
 class Delete(NamedTuple):
     record: Record
     key: tuple[Any, ...]
 
 
-Op = Upsert | Delete
+# A record to insert or upsert is its own operation, with its decoded object in `fields` (fields
+# that are not columns are ignored); a tombstone is a Delete. No wrapper per record: this is the
+# per-record path.
+Op = Record | Delete
+
+
+class _Decoded(NamedTuple):
+    ops: list[Op]
+    deletes: bool  # whether any op is a Delete
+    flat: bool  # whether no value can hold a nested object or array (rows need no conversion)
 
 
 @dataclass
@@ -53,35 +57,62 @@ class Applier:
         self, conn: psycopg.Connection, target: Target, records: Sequence[Record]
     ) -> ApplyCounts:
         counts = ApplyCounts()
-        ops: list[Op] = []
-        for record in records:
-            try:
-                ops.append(self._decode(target, record))
-            except RecordError as exc:
-                self._dead_letter(conn, record, str(exc))
-                counts.dead += 1
+        decoded = self._decode(conn, target, records, counts)
         if target.route.mode == "upsert":
-            self._apply_upserts(conn, target, _last_per_key(target, ops), counts)
-        else:
-            self._apply_in_order(conn, target, ops, counts)
+            ops = _last_per_key(target, decoded.ops)
+            self._apply_upserts(conn, target, ops, counts, flat=decoded.flat)
+        elif decoded.deletes:
+            self._apply_in_order(conn, target, decoded.ops, counts)
+        elif decoded.ops:
+            rows = cast(list[Record], decoded.ops)  # no Delete among them
+            counts.applied += self._isolate(
+                conn, rows, lambda run: self._copy(conn, target, run, flat=decoded.flat)
+            )
         return counts
 
     # -- decoding -----------------------------------------------------------------------------
 
-    @staticmethod
-    def _decode(target: Target, record: Record) -> Op:
+    def _decode(
+        self,
+        conn: psycopg.Connection,
+        target: Target,
+        records: Sequence[Record],
+        counts: ApplyCounts,
+    ) -> _Decoded:
+        """Decode every record into an op; a record that cannot be one is dead-lettered here."""
+        ops: list[Op] = []
+        deletes, flat = False, True
         keys = target.route.key_columns
-        if record.value is None:
-            if not keys:
-                raise RecordError("tombstone, but the route has no key_columns to delete by")
-            return Delete(record, decode_key(record.key, keys))
-        value = decode_object(record.value)
-        target.check(value)
-        if target.route.mode == "upsert":
-            absent = [c for c in keys if value.get(c) is None]
-            if absent:
-                raise RecordError(f"value lacks key column(s) {', '.join(absent)}")
-        return Upsert(record, value)
+        upsert = target.route.mode == "upsert"
+        check = target.check
+        for record in records:
+            raw = record.value
+            try:
+                if raw is None:
+                    if not keys:
+                        raise RecordError(
+                            "tombstone, but the route has no key_columns to delete by"
+                        )
+                    ops.append(Delete(record, decode_key(record.key, keys)))
+                    deletes = True
+                    continue
+                value = decode_object(raw)
+                check(value)
+                if upsert:
+                    absent = [c for c in keys if value.get(c) is None]
+                    if absent:
+                        raise RecordError(f"value lacks key column(s) {', '.join(absent)}")
+            except RecordError as exc:
+                self._dead_letter(conn, record, str(exc))
+                counts.dead += 1
+                continue
+            # Nested values need converting to JSON text; without '[' or a second '{' in the
+            # raw bytes there can be none.
+            if flat and (b"[" in raw or raw.count(b"{") != 1):
+                flat = False
+            record.fields = value
+            ops.append(record)
+        return _Decoded(ops, deletes, flat)
 
     # -- writing ------------------------------------------------------------------------------
 
@@ -89,14 +120,14 @@ class Applier:
         self, conn: psycopg.Connection, target: Target, ops: list[Op], counts: ApplyCounts
     ) -> None:
         # Runs of inserts go through COPY; a tombstone in between is applied at its place.
-        run: list[Upsert] = []
+        run: list[Record] = []
         for op in [*ops, None]:
-            if isinstance(op, Upsert):
+            if isinstance(op, Record):
                 run.append(op)
                 continue
             if run:
                 counts.applied += self._isolate(
-                    conn, run, lambda rows: self._copy(conn, target, rows)
+                    conn, run, lambda rows: self._copy(conn, target, rows, flat=False)
                 )
                 run = []
             if isinstance(op, Delete):
@@ -105,13 +136,19 @@ class Applier:
                 )
 
     def _apply_upserts(
-        self, conn: psycopg.Connection, target: Target, ops: list[Op], counts: ApplyCounts
+        self,
+        conn: psycopg.Connection,
+        target: Target,
+        ops: list[Op],
+        counts: ApplyCounts,
+        *,
+        flat: bool,
     ) -> None:
-        upserts = [op for op in ops if isinstance(op, Upsert)]
+        upserts = [op for op in ops if isinstance(op, Record)]
         deletes = [op for op in ops if isinstance(op, Delete)]
         if upserts:
             counts.applied += self._isolate(
-                conn, upserts, lambda rows: self._merge(conn, target, rows)
+                conn, upserts, lambda rows: self._merge(conn, target, rows, flat=flat)
             )
         if deletes:
             counts.deleted += self._isolate(
@@ -132,8 +169,9 @@ class Applier:
                 raise
             if len(ops) == 1:
                 op = ops[0]
-                assert isinstance(op, Upsert | Delete)  # noqa: S101 - ops are always ours
-                self._dead_letter(conn, op.record, f"{exc.sqlstate}: {exc.diag.message_primary}")
+                assert isinstance(op, Record | Delete)  # noqa: S101 - ops are always ours
+                record = op if isinstance(op, Record) else op.record
+                self._dead_letter(conn, record, f"{exc.sqlstate}: {exc.diag.message_primary}")
                 return 0
             middle = len(ops) // 2
             return self._isolate(conn, ops[:middle], write) + self._isolate(
@@ -141,25 +179,39 @@ class Applier:
             )
 
     @staticmethod
-    def _columns(target: Target, rows: list[Upsert]) -> list[str]:
-        return target.present(op.value for op in rows)
+    def _columns(target: Target, rows: list[Record]) -> list[str]:
+        return target.present(_fields(record) for record in rows)
 
-    def _copy(self, conn: psycopg.Connection, target: Target, rows: list[Upsert]) -> None:
-        self._copy_into(conn, sql.SQL(target.qualified), self._columns(target, rows), rows)
+    def _copy(
+        self, conn: psycopg.Connection, target: Target, rows: list[Record], *, flat: bool
+    ) -> None:
+        columns = self._columns(target, rows)
+        self._copy_into(conn, sql.SQL(target.qualified), columns, rows, flat=flat)
 
     @staticmethod
     def _copy_into(
-        conn: psycopg.Connection, table: sql.Composable, columns: list[str], rows: list[Upsert]
+        conn: psycopg.Connection,
+        table: sql.Composable,
+        columns: list[str],
+        rows: list[Record],
+        *,
+        flat: bool,
     ) -> None:
         statement = sql.SQL("COPY {} ({}) FROM STDIN").format(
             table, sql.SQL(", ").join(map(sql.Identifier, columns))
         )
         with conn.cursor().copy(statement) as copy:
             write_row = copy.write_row
-            for op in rows:
-                write_row(cells(op.value, columns))
+            if flat:  # the common case, at C speed per row; _decode set every record's fields
+                for record in rows:
+                    write_row(list(map(record.fields.get, columns)))  # type: ignore[union-attr]
+            else:
+                for record in rows:
+                    write_row(cells(_fields(record), columns))
 
-    def _merge(self, conn: psycopg.Connection, target: Target, rows: list[Upsert]) -> None:
+    def _merge(
+        self, conn: psycopg.Connection, target: Target, rows: list[Record], *, flat: bool
+    ) -> None:
         columns = self._columns(target, rows)
         stage = sql.Identifier(f"bridge_stage_{target.name}")
         conn.execute(
@@ -168,7 +220,7 @@ class Applier:
             ).format(stage, sql.SQL(target.qualified))
         )
         conn.execute(sql.SQL("TRUNCATE {}").format(stage))
-        self._copy_into(conn, stage, columns, rows)
+        self._copy_into(conn, stage, columns, rows, flat=flat)
         names = sql.SQL(", ").join(map(sql.Identifier, columns))
         keys = sql.SQL(", ").join(map(sql.Identifier, target.route.key_columns))
         updates = [c for c in columns if c not in target.route.key_columns]
@@ -219,7 +271,13 @@ def _last_per_key(target: Target, ops: list[Op]) -> list[Op]:
     keys = target.route.key_columns
     last: dict[tuple[Any, ...], Op] = {}
     for op in ops:
-        key = op.key if isinstance(op, Delete) else tuple(cells(op.value, keys))
+        key = op.key if isinstance(op, Delete) else tuple(cells(_fields(op), keys))
         last.pop(key, None)  # re-insert so the dict keeps the order of the winners
         last[key] = op
     return list(last.values())
+
+
+def _fields(record: Record) -> dict[str, Any]:
+    fields = record.fields
+    assert fields is not None  # noqa: S101 - set by _decode for every record op
+    return fields

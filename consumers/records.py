@@ -18,18 +18,35 @@ _NESTED = (dict, list)
 # Exact numbers. orjson decodes every number that is not a 64-bit integer through a double, so
 # an integer beyond 64 bits, a number with more significant digits than a double holds, or an
 # exponent below a double's range would lose digits silently. A value that may hold such a
-# number (a digit run of 16 or more, or an underflowed exponent) is decoded again by the
-# standard library, with integers exact and fractions as Decimal, which PostgreSQL reads exactly.
-# Anything that only looks like one (a long digit string) merely takes that slower path.
-_DIGIT_CLASS = bytes.maketrans(b"0123456789.", b"0" * 11)
+# number is decoded again by the standard library, with integers exact and fractions as
+# Decimal, which PostgreSQL reads exactly. The test runs on the raw bytes at C speed, with digits
+# and '.' mapped to '0' and exponent letters to 'e': a run of 16 such characters may be a long
+# number, and "0e" may be an exponent. Only then are the decoded values looked at, and only
+# floats and nested values can hide a lost digit (64-bit integers are exact). Text that merely
+# looks like a number costs that second look, never a wrong value.
+_NUMBER_SHAPE = bytes.maketrans(b"0123456789.eE", b"00000000000ee")
 _LONG_RUN = b"0" * 16
+_EXPONENT = b"0e"
 _SMALLEST_NORMAL_DOUBLE = 2.2250738585072014e-308
 
 
 class Record:
-    """One Kafka record, detached from the client so the applier can be tested without it."""
+    """One Kafka record, detached from the client so the applier can be tested without it.
 
-    __slots__ = ("_headers", "key", "offset", "partition", "timestamp_ms", "topic", "value")
+    From a consumed message only what every record needs is copied out; the timestamp and the
+    headers are read from the message when asked for (a latency sample, a dead letter)."""
+
+    __slots__ = (
+        "_headers",
+        "_message",
+        "_timestamp_ms",
+        "fields",
+        "key",
+        "offset",
+        "partition",
+        "topic",
+        "value",
+    )
 
     def __init__(
         self,
@@ -47,26 +64,37 @@ class Record:
         self.offset = offset
         self.key = key
         self.value = value
-        self.timestamp_ms = timestamp_ms
+        self.fields: dict[str, Any] | None = None  # the decoded JSON object, set by the applier
         self._headers = headers
+        self._timestamp_ms = timestamp_ms
+        self._message: Message | None = None
 
     @classmethod
     def from_message(cls, message: Message) -> Record:
         # The consumer has no deserializers: key and value are bytes or None as Kafka holds them.
-        timestamp_type, timestamp = message.timestamp()
         record = cls.__new__(cls)
         record.topic = message.topic()  # type: ignore[assignment]
         record.partition = message.partition()  # type: ignore[assignment]
         record.offset = message.offset()  # type: ignore[assignment]
         record.key = message.key()
         record.value = message.value()
-        record.timestamp_ms = timestamp if timestamp_type != _TIMESTAMP_NOT_AVAILABLE else None
-        record._headers = message.headers()  # type: ignore[assignment]
+        record.fields = None
+        record._message = message
         return record
 
     @property
-    def headers(self) -> list[tuple[str, bytes | None]]:
-        return self._headers or []
+    def timestamp_ms(self) -> int | None:
+        if self._message is None:
+            return self._timestamp_ms
+        kind, timestamp = self._message.timestamp()
+        return timestamp if kind != _TIMESTAMP_NOT_AVAILABLE else None
+
+    @property
+    def headers(self) -> list[tuple[str, str | bytes | None]]:
+        headers = self._message.headers() if self._message is not None else self._headers
+        if isinstance(headers, dict):
+            return list(headers.items())
+        return list(headers or [])
 
     def headers_json(self) -> str:
         return json.dumps(
@@ -97,22 +125,23 @@ def decode_object(raw: bytes) -> dict[str, Any]:
             raise RecordError(f"value is not JSON: {exc}") from None
     if type(value) is not dict:
         raise RecordError(f"value is JSON {type(value).__name__}, not an object")
-    kinds = set(map(type, value.values()))
-    if (float in kinds or dict in kinds or list in kinds) and _may_lose_digits(raw, value):
+    shape = raw.translate(_NUMBER_SHAPE)
+    long_run = _LONG_RUN in shape
+    if (long_run or _EXPONENT in shape) and _may_lose_digits(value, long_run=long_run):
         value = _exact_loads(raw)
     return value  # type: ignore[no-any-return]
 
 
-def _may_lose_digits(raw: bytes, value: dict[str, Any]) -> bool:
-    if _LONG_RUN in raw.translate(_DIGIT_CLASS):
-        return True
-    if b"e" not in raw and b"E" not in raw:
-        return False
-    return any(
-        type(v) is not float or abs(v) < _SMALLEST_NORMAL_DOUBLE
-        for v in value.values()
-        if type(v) in _NESTED or type(v) is float
-    )
+def _may_lose_digits(value: dict[str, Any], *, long_run: bool) -> bool:
+    """Whether a float or a nested value may have lost digits: with a long digit run anywhere,
+    any of them may; with only an exponent, a float that underflowed or a nested value may."""
+    for item in value.values():
+        kind = type(item)
+        if kind is dict or kind is list:
+            return True
+        if kind is float and (long_run or abs(item) < _SMALLEST_NORMAL_DOUBLE):
+            return True
+    return False
 
 
 def _exact_loads(raw: bytes) -> Any:

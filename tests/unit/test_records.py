@@ -23,6 +23,9 @@ from consumers.targets import Target, cells
         (b'{"a": 1e-400}', "a", Decimal("1e-400")),
         (b'{"a": 19.99, "b": "EUR"}', "a", 19.99),  # within a double's 15 digits: the fast path
         (b'{"a": -42}', "a", -42),
+        (b'{"a": 2.5e-320}', "a", Decimal("2.5e-320")),  # a subnormal double keeps 2 digits
+        (b'{"a": 1.5e300, "b": "x1e"}', "a", 1.5e300),  # in range: exact as a double
+        (b'{"a": 1234567890123456789, "b": 0.5}', "a", 1234567890123456789),
     ],
 )
 def test_numbers_are_decoded_without_losing_digits(raw: bytes, field: str, exact: Any) -> None:
@@ -35,6 +38,8 @@ def test_nested_values_keep_their_digits_as_json_text() -> None:
     value = decode_object(b'{"n": {"big": 123456789012345678901234567890.5, "l": [1, "x"]}}')
     assert to_cell(value["n"]) == '{"big":123456789012345678901234567890.5,"l":[1,"x"]}'
     assert to_cell(decode_object(b'{"n": [1, 2.5]}')["n"]) == "[1,2.5]"
+    # An exponent alone sends a nested value to the exact decoder: it may hide an underflow.
+    assert to_cell(decode_object(b'{"n": [0.1, {"b": 1e-400}]}')["n"]) == '[0.1,{"b":1E-400}]'
 
 
 @pytest.mark.parametrize(

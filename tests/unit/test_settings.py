@@ -54,11 +54,18 @@ def test_good_configuration_loads(tmp_path: Path) -> None:
     consumer = settings.require_consumer()
     assert [r.topic for r in consumer.routes] == ["orders", "customers"]
     assert consumer.routes[1].key_columns == ("id",)
-    assert settings.kafka.client_config(**{"acks": "all"}) == {
+    assert settings.kafka.client_config(acks="all") == {
         "bootstrap.servers": "127.0.0.1:9092",
         "linger.ms": 5,
         "acks": "all",
     }
+    # Defaults sit under the user's properties, which sit under what the caller insists on.
+    layered = settings.kafka.client_config(
+        defaults={"linger.ms": 50, "fetch.queue.backoff.ms": 10}, acks="all"
+    )
+    assert layered["linger.ms"] == 5
+    assert layered["fetch.queue.backoff.ms"] == 10
+    assert layered["acks"] == "all"
 
 
 def test_dsn_is_secret_in_reprs(tmp_path: Path) -> None:
