@@ -39,6 +39,7 @@ class _Decoded(NamedTuple):
     ops: list[Op]
     deletes: bool  # whether any op is a Delete
     flat: bool  # whether no value can hold a nested object or array (rows need no conversion)
+    fields: set[str]  # every field name of every decoded value
 
 
 @dataclass
@@ -65,8 +66,14 @@ class Applier:
             self._apply_in_order(conn, target, decoded.ops, counts)
         elif decoded.ops:
             rows = cast(list[Record], decoded.ops)  # no Delete among them
+            # The whole batch's columns are known from decoding; a split recomputes its own.
+            columns = target.present_among(decoded.fields)
             counts.applied += self._isolate(
-                conn, rows, lambda run: self._copy(conn, target, run, flat=decoded.flat)
+                conn,
+                rows,
+                lambda run: self._copy(
+                    conn, target, run, flat=decoded.flat, columns=columns if run is rows else None
+                ),
             )
         return counts
 
@@ -82,6 +89,7 @@ class Applier:
         """Decode every record into an op; a record that cannot be one is dead-lettered here."""
         ops: list[Op] = []
         deletes, flat = False, True
+        fields: set[str] = set()
         keys = target.route.key_columns
         upsert = target.route.mode == "upsert"
         check = target.check
@@ -110,9 +118,10 @@ class Applier:
             # raw bytes there can be none.
             if flat and (b"[" in raw or raw.count(b"{") != 1):
                 flat = False
+            fields.update(value)
             record.fields = value
             ops.append(record)
-        return _Decoded(ops, deletes, flat)
+        return _Decoded(ops, deletes, flat, fields)
 
     # -- writing ------------------------------------------------------------------------------
 
@@ -183,9 +192,15 @@ class Applier:
         return target.present(_fields(record) for record in rows)
 
     def _copy(
-        self, conn: psycopg.Connection, target: Target, rows: list[Record], *, flat: bool
+        self,
+        conn: psycopg.Connection,
+        target: Target,
+        rows: list[Record],
+        *,
+        flat: bool,
+        columns: list[str] | None = None,
     ) -> None:
-        columns = self._columns(target, rows)
+        columns = columns if columns is not None else self._columns(target, rows)
         self._copy_into(conn, sql.SQL(target.qualified), columns, rows, flat=flat)
 
     @staticmethod

@@ -155,12 +155,11 @@ class ConsumerService:
                 messages = self._consumer.consume(
                     self._config.batch_max_records, self._config.batch_max_wait_ms / 1000
                 )
-                records = []
-                for message in messages:
-                    if message.error() is None:
-                        records.append(Record.from_message(message))
-                    else:
-                        self._kafka_error(message.error())
+                records = [Record.from_message(m) for m in messages if m.error() is None]
+                if len(records) != len(messages):
+                    for message in messages:
+                        if message.error() is not None:
+                            self._kafka_error(message.error())
                 if records:
                     self._apply(records)
         finally:

@@ -41,7 +41,11 @@ class Target:
         keys: set[str] = set()
         for value in values:
             keys.update(value)
-        return [c for c in self.columns if c in keys]
+        return self.present_among(keys)
+
+    def present_among(self, fields: set[str]) -> list[str]:
+        """The table's columns named in `fields`, in table order."""
+        return [c for c in self.columns if c in fields]
 
 
 def cells(value: dict[str, Any], columns: Sequence[str]) -> list[Any]:
