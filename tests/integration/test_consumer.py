@@ -40,7 +40,12 @@ def sql(stack: Endpoints, statement: str) -> list[tuple[Any, ...]]:
 
 
 def produce(
-    stack: Endpoints, topic: str, records: list[tuple[Any, Any]], *, abort: bool = False
+    stack: Endpoints,
+    topic: str,
+    records: list[tuple[Any, Any]],
+    *,
+    abort: bool = False,
+    headers: list[tuple[str, str | bytes | None]] | None = None,
 ) -> None:
     producer = transactional_producer(stack.bootstrap_servers)
     producer.begin_transaction()
@@ -51,6 +56,7 @@ def produce(
             value=None
             if value is None
             else (value if isinstance(value, bytes) else json.dumps(value).encode()),
+            headers=headers,
         )
     if abort:
         producer.flush(30)
@@ -147,7 +153,7 @@ def test_poison_records_go_to_dead_letters_and_the_rest_flows(
         (None, [1, 2]),  # offset 6: JSON, not an object
         (None, {"id": 5, "qty": 5}),
     ]
-    produce(stack, names["topic"], records)
+    produce(stack, names["topic"], records, headers=[("trace", b"t-1")])
     with running(settings_for(stack, names)):
         eventually(
             lambda: sql(stack, f"SELECT count(*) FROM {names['schema']}.dead_letters")[0][0] >= 6
@@ -156,10 +162,10 @@ def test_poison_records_go_to_dead_letters_and_the_rest_flows(
     assert sql(stack, f"SELECT id, qty FROM {names['table']} ORDER BY id") == [(1, 1), (5, 5)]
     dead = sql(
         stack,
-        f'SELECT topic, partition, "offset", value, error FROM {names["schema"]}.dead_letters '
-        'ORDER BY "offset"',
+        f'SELECT topic, partition, "offset", value, error, headers FROM {names["schema"]}.'
+        'dead_letters ORDER BY "offset"',
     )
-    assert [(t, p, o) for t, p, o, _, _ in dead] == [
+    assert [(t, p, o) for t, p, o, *_ in dead] == [
         (names["topic"], 0, o) for o in (1, 2, 3, 4, 5, 6)
     ]
     assert bytes(dead[0][3]) == b"not json"
@@ -170,6 +176,8 @@ def test_poison_records_go_to_dead_letters_and_the_rest_flows(
     assert errors[3].startswith("22P02")  # invalid_text_representation
     assert errors[4].startswith("23505")  # unique_violation
     assert "not an object" in errors[5]
+    # Headers come along whether the record failed decoding or PostgreSQL refused it.
+    assert all(row[5] == [["trace", "t-1"]] for row in dead)
 
 
 def test_upsert_last_record_wins_and_tombstone_deletes(
