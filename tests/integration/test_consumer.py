@@ -307,12 +307,13 @@ def test_two_instances_with_forced_rebalances_apply_each_record_once(
     assert first.applied_total + second.applied_total == total
 
 
-def test_postgres_restarted_mid_stream_loses_and_doubles_nothing(
-    stack: Endpoints, names: dict[str, str]
-) -> None:
-    if stack.postgres is None:
-        pytest.skip("needs the local stack's PostgreSQL process to restart it")
-    total, chunk = 20_000, 1_000
+def stream_through_fault(
+    stack: Endpoints, names: dict[str, str], fault: Callable[[], None], *, total: int
+) -> tuple[int, int, int]:
+    """Produce `total` records in transactions of 1,000 while the service applies them; halfway,
+    once some are applied, run `fault`. Returns (rows, distinct ids, what the service counted)
+    after everything has landed and a late duplicate has had a second to show."""
+    chunk = 1_000
     create_topic(stack.bootstrap_servers, names["topic"], partitions=3)
     sql(stack, f"CREATE TABLE public.{names['table']} (id int NOT NULL, body text)")
 
@@ -321,39 +322,7 @@ def test_postgres_restarted_mid_stream_loses_and_doubles_nothing(
             produce(stack, names["topic"], [(None, {"id": i}) for i in range(start, start + chunk)])
             if start == total // 2:
                 eventually(lambda: service.applied_total > 0)
-                stack.postgres.stop()  # fast shutdown: every open transaction rolls back
-                time.sleep(2)
-                stack.postgres.start()
-        eventually(
-            lambda: sql(stack, f"SELECT count(*) FROM {names['table']}")[0][0] >= total,
-            timeout=120,
-        )
-        time.sleep(1)  # a late duplicate would show in this window
-
-    rows, distinct = sql(stack, f"SELECT count(*), count(DISTINCT id) FROM {names['table']}")[0]
-    assert (rows, distinct) == (total, total)
-
-
-def test_broker_killed_mid_stream_loses_and_doubles_nothing(
-    stack: Endpoints, names: dict[str, str]
-) -> None:
-    """SIGKILL the broker while the service applies a stream, restart it: the service rides the
-    outage out (librdkafka reconnects; the group is rejoined) and every record lands once."""
-    if stack.kafka is None:
-        pytest.skip("needs the local stack's Kafka process to kill it")
-    total, chunk = 20_000, 1_000
-    create_topic(stack.bootstrap_servers, names["topic"], partitions=3)
-    sql(stack, f"CREATE TABLE public.{names['table']} (id int NOT NULL)")
-
-    with running(settings_for(stack, names)) as service:
-        for start in range(0, total, chunk):
-            produce(stack, names["topic"], [(None, {"id": i}) for i in range(start, start + chunk)])
-            if start == total // 2:
-                eventually(lambda: service.applied_total > 0)
-                stack.kafka.kill()
-                time.sleep(2)
-                stack.kafka.start()
-                stack.kafka.wait_ready(timeout=120)
+                fault()
         eventually(
             lambda: sql(stack, f"SELECT count(*) FROM {names['table']}")[0][0] >= total,
             timeout=180,
@@ -361,8 +330,43 @@ def test_broker_killed_mid_stream_loses_and_doubles_nothing(
         time.sleep(1)  # a late duplicate would show in this window
 
     rows, distinct = sql(stack, f"SELECT count(*), count(DISTINCT id) FROM {names['table']}")[0]
-    assert (rows, distinct) == (total, total)
-    assert service.applied_total == total
+    return rows, distinct, service.applied_total
+
+
+def test_postgres_restarted_mid_stream_loses_and_doubles_nothing(
+    stack: Endpoints, names: dict[str, str]
+) -> None:
+    postgres = stack.postgres
+    if postgres is None:
+        pytest.skip("needs the local stack's PostgreSQL process to restart it")
+
+    def restart() -> None:
+        postgres.stop()  # fast shutdown: every open transaction rolls back
+        time.sleep(2)
+        postgres.start()
+
+    rows, distinct, _ = stream_through_fault(stack, names, restart, total=20_000)
+    assert (rows, distinct) == (20_000, 20_000)
+
+
+def test_broker_killed_mid_stream_loses_and_doubles_nothing(
+    stack: Endpoints, names: dict[str, str]
+) -> None:
+    """SIGKILL the broker while the service applies a stream, restart it: the service rides the
+    outage out (librdkafka reconnects; the group is rejoined) and every record lands once."""
+    kafka = stack.kafka
+    if kafka is None:
+        pytest.skip("needs the local stack's Kafka process to kill it")
+
+    def kill_and_restart() -> None:
+        kafka.kill()
+        time.sleep(2)
+        kafka.start()
+        kafka.wait_ready(timeout=120)
+
+    rows, distinct, applied = stream_through_fault(stack, names, kill_and_restart, total=20_000)
+    assert (rows, distinct) == (20_000, 20_000)
+    assert applied == 20_000
 
 
 def test_offsets_are_mirrored_to_the_kafka_group_only_when_asked(
