@@ -3,7 +3,7 @@
     .venv/bin/python -m bench.consumer [--records 1000000] [--rate 10000] [--seconds 20]
 
 (a) raw psycopg COPY of the same rows into the same table (the database's limit); the rows are
-    decoded from the same JSON with orjson, as the service decodes them,
+    decoded from the same JSON by the service's own row decoder,
 (b) raw read_committed consumption of the topic with that decoding (Kafka's limit), with the
     service's fetch tuning,
 (c) the service end to end (`python -m consumers`, its own process) in insert and upsert mode,
@@ -27,7 +27,6 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import orjson
 import psycopg
 import yaml
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
@@ -36,6 +35,7 @@ from bench.common import Endpoints, running_stack, write_results
 from bridge.kafka_admin import KafkaAdmin, create_topic
 from bridge.names import DEFAULT_STATE_SCHEMA
 from consumers.positions import applied_position, caught_up_position
+from consumers.rows import RowDecoder
 from consumers.service import CONSUMER_FETCH_DEFAULTS
 
 PARTITIONS = 4
@@ -84,6 +84,7 @@ def raw_copy(stack: Endpoints, records: int) -> float:
     sql(stack.dsn, f"INSERT INTO {table}_offsets VALUES (0, 0)")
     payloads = [json.dumps(record(i, 0)).encode() for i in range(records)]
     names = ["id", "customer", "amount", "currency", "note", "sent_ms"]
+    decoder = RowDecoder(names)
     started = time.perf_counter()
     with psycopg.connect(stack.dsn) as conn:
         for start in range(0, records, 5_000):
@@ -95,8 +96,7 @@ def raw_copy(stack: Endpoints, records: int) -> float:
                     f"COPY {table} ({', '.join(names)}) FROM STDIN".encode()
                 ) as copy:
                     for payload in payloads[start : start + 5_000]:
-                        row = orjson.loads(payload)
-                        copy.write_row([row[n] for n in names])
+                        copy.write_row(decoder.decode(payload))
     return time.perf_counter() - started
 
 
@@ -105,6 +105,7 @@ def raw_consume(stack: Endpoints, topic: str) -> tuple[float, int]:
                          "isolation.level": "read_committed", "enable.partition.eof": True,
                          "enable.auto.commit": False, **CONSUMER_FETCH_DEFAULTS})  # fmt: skip
     consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
+    decoder = RowDecoder(["id", "customer", "amount", "currency", "note", "sent_ms"])
     started = time.perf_counter()
     seen, at_end = 0, set[int]()
     while len(at_end) < PARTITIONS:
@@ -113,7 +114,7 @@ def raw_consume(stack: Endpoints, topic: str) -> tuple[float, int]:
             if error is not None and error.code() == KafkaError._PARTITION_EOF:
                 at_end.add(message.partition() or 0)
             elif error is None:
-                orjson.loads(message.value() or b"null")  # the service decodes every value too
+                decoder.decode(message.value() or b"{}")  # the service decodes every value too
                 seen += 1
     seconds = time.perf_counter() - started
     consumer.close()

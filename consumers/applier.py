@@ -8,6 +8,7 @@ offending rows are isolated; everything else is applied.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, TypeVar, cast
@@ -15,9 +16,10 @@ from typing import Any, NamedTuple, TypeVar, cast
 import psycopg
 from psycopg import sql
 
-from consumers.records import Record, RecordError, decode_key, decode_object
+from consumers.records import Record, RecordError
+from consumers.rows import Row, decode_key, projector, row_cursor, runs
 from consumers.state import StateTables
-from consumers.targets import Target, cells
+from consumers.targets import Target
 
 _RECORD_FAULT_CLASSES = ("22", "23")
 
@@ -29,17 +31,14 @@ class Delete(NamedTuple):
     key: tuple[Any, ...]
 
 
-# A record to insert or upsert is its own operation, with its decoded object in `fields` (fields
-# that are not columns are ignored); a tombstone is a Delete. No wrapper per record: this is the
-# per-record path.
+# A record to insert or upsert is its own operation, with its decoded `row`; a tombstone is a
+# Delete. No wrapper per record: this is the per-record path.
 Op = Record | Delete
 
 
 class _Decoded(NamedTuple):
     ops: list[Op]
     deletes: bool  # whether any op is a Delete
-    flat: bool  # whether no value can hold a nested object or array (rows need no conversion)
-    fields: set[str]  # every field name of every decoded value
 
 
 @dataclass
@@ -60,21 +59,12 @@ class Applier:
         counts = ApplyCounts()
         decoded = self._decode(conn, target, records, counts)
         if target.route.mode == "upsert":
-            ops = _last_per_key(target, decoded.ops)
-            self._apply_upserts(conn, target, ops, counts, flat=decoded.flat)
+            self._apply_upserts(conn, target, _last_per_key(target, decoded.ops), counts)
         elif decoded.deletes:
             self._apply_in_order(conn, target, decoded.ops, counts)
         elif decoded.ops:
             rows = cast(list[Record], decoded.ops)  # no Delete among them
-            # The whole batch's columns are known from decoding; a split recomputes its own.
-            columns = target.present_among(decoded.fields)
-            counts.applied += self._isolate(
-                conn,
-                rows,
-                lambda run: self._copy(
-                    conn, target, run, flat=decoded.flat, columns=columns if run is rows else None
-                ),
-            )
+            counts.applied += self._isolate(conn, rows, lambda run: self._copy(conn, target, run))
         return counts
 
     # -- decoding -----------------------------------------------------------------------------
@@ -88,11 +78,9 @@ class Applier:
     ) -> _Decoded:
         """Decode every record into an op; a record that cannot be one is dead-lettered here."""
         ops: list[Op] = []
-        deletes, flat = False, True
-        fields: set[str] = set()
+        deletes = False
         keys = target.route.key_columns
-        upsert = target.route.mode == "upsert"
-        check = target.check
+        to_row = target.row
         for record in records:
             raw = record.value
             try:
@@ -104,24 +92,13 @@ class Applier:
                     ops.append(Delete(record, decode_key(record.key, keys)))
                     deletes = True
                     continue
-                value = decode_object(raw)
-                check(value)
-                if upsert:
-                    absent = [c for c in keys if value.get(c) is None]
-                    if absent:
-                        raise RecordError(f"value lacks key column(s) {', '.join(absent)}")
+                record.row = to_row(raw)
             except RecordError as exc:
                 self._dead_letter(conn, record, str(exc))
                 counts.dead += 1
                 continue
-            # Nested values need converting to JSON text; without '[' or a second '{' in the
-            # raw bytes there can be none.
-            if flat and (b"[" in raw or raw.count(b"{") != 1):
-                flat = False
-            fields.update(value)
-            record.fields = value
             ops.append(record)
-        return _Decoded(ops, deletes, flat, fields)
+        return _Decoded(ops, deletes)
 
     # -- writing ------------------------------------------------------------------------------
 
@@ -136,7 +113,7 @@ class Applier:
                 continue
             if run:
                 counts.applied += self._isolate(
-                    conn, run, lambda rows: self._copy(conn, target, rows, flat=False)
+                    conn, run, lambda rows: self._copy(conn, target, rows)
                 )
                 run = []
             if isinstance(op, Delete):
@@ -150,14 +127,12 @@ class Applier:
         target: Target,
         ops: list[Op],
         counts: ApplyCounts,
-        *,
-        flat: bool,
     ) -> None:
         upserts = [op for op in ops if isinstance(op, Record)]
         deletes = [op for op in ops if isinstance(op, Delete)]
         if upserts:
             counts.applied += self._isolate(
-                conn, upserts, lambda rows: self._merge(conn, target, rows, flat=flat)
+                conn, upserts, lambda rows: self._merge(conn, target, rows)
             )
         if deletes:
             counts.deleted += self._isolate(
@@ -188,71 +163,41 @@ class Applier:
             )
 
     @staticmethod
-    def _columns(target: Target, rows: list[Record]) -> list[str]:
-        return target.present(_fields(record) for record in rows)
-
-    def _copy(
-        self,
-        conn: psycopg.Connection,
-        target: Target,
-        rows: list[Record],
-        *,
-        flat: bool,
-        columns: list[str] | None = None,
-    ) -> None:
-        columns = columns if columns is not None else self._columns(target, rows)
-        self._copy_into(conn, sql.SQL(target.qualified), columns, rows, flat=flat)
+    def _copy(conn: psycopg.Connection, target: Target, records: list[Record]) -> None:
+        _copy_runs(conn, sql.SQL(target.qualified), target, records)
 
     @staticmethod
-    def _copy_into(
-        conn: psycopg.Connection,
-        table: sql.Composable,
-        columns: list[str],
-        rows: list[Record],
-        *,
-        flat: bool,
-    ) -> None:
-        statement = sql.SQL("COPY {} ({}) FROM STDIN").format(
-            table, sql.SQL(", ").join(map(sql.Identifier, columns))
-        )
-        with conn.cursor().copy(statement) as copy:
-            write_row = copy.write_row
-            if flat:  # the common case, at C speed per row; _decode set every record's fields
-                for record in rows:
-                    write_row(list(map(record.fields.get, columns)))  # type: ignore[union-attr]
-            else:
-                for record in rows:
-                    write_row(cells(_fields(record), columns))
-
-    def _merge(
-        self, conn: psycopg.Connection, target: Target, rows: list[Record], *, flat: bool
-    ) -> None:
-        columns = self._columns(target, rows)
+    def _merge(conn: psycopg.Connection, target: Target, records: list[Record]) -> None:
+        """Upsert through a staging table: each run of rows names the columns it carries, so a
+        column a record lacks takes its default in a new row and stays as it is in an old one."""
         stage = sql.Identifier(f"bridge_stage_{target.name}")
         conn.execute(
             sql.SQL(
                 "CREATE TEMP TABLE IF NOT EXISTS {} (LIKE {} INCLUDING DEFAULTS) ON COMMIT DROP"
             ).format(stage, sql.SQL(target.qualified))
         )
-        conn.execute(sql.SQL("TRUNCATE {}").format(stage))
-        self._copy_into(conn, stage, columns, rows, flat=flat)
-        names = sql.SQL(", ").join(map(sql.Identifier, columns))
         keys = sql.SQL(", ").join(map(sql.Identifier, target.route.key_columns))
-        updates = [c for c in columns if c not in target.route.key_columns]
-        action = (
-            sql.SQL("DO UPDATE SET ")
-            + sql.SQL(", ").join(
-                sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(c)) for c in updates
+
+        def merge_stage(columns: list[str]) -> None:
+            names = sql.SQL(", ").join(map(sql.Identifier, columns))
+            updates = [c for c in columns if c not in target.route.key_columns]
+            action = (
+                sql.SQL("DO UPDATE SET ")
+                + sql.SQL(", ").join(
+                    sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(c)) for c in updates
+                )
+                if updates
+                else sql.SQL("DO NOTHING")
             )
-            if updates
-            else sql.SQL("DO NOTHING")
-        )
-        conn.execute(
-            sql.SQL("INSERT INTO {} ({}) SELECT {} FROM {} ON CONFLICT ({}) ").format(
-                sql.SQL(target.qualified), names, names, stage, keys
+            conn.execute(
+                sql.SQL("INSERT INTO {} ({}) SELECT {} FROM {} ON CONFLICT ({}) ").format(
+                    sql.SQL(target.qualified), names, names, stage, keys
+                )
+                + action
             )
-            + action
-        )
+            conn.execute(sql.SQL("TRUNCATE {}").format(stage))  # empty for the next run
+
+        _copy_runs(conn, stage, target, records, then=merge_stage)
 
     @staticmethod
     def _delete(conn: psycopg.Connection, target: Target, deletes: list[Delete]) -> None:
@@ -281,18 +226,35 @@ class Applier:
         )
 
 
+def _copy_runs(
+    conn: psycopg.Connection,
+    table: sql.Composable,
+    target: Target,
+    records: list[Record],
+    then: Callable[[list[str]], None] | None = None,
+) -> None:
+    """COPY the records' rows into `table`, each run of rows with the columns it carries;
+    `then` runs after each COPY with those columns."""
+    rows = cast(list[Row], [record.row for record in records])  # _decode set every one
+    width = len(target.columns)
+    for positions, run in runs(rows, target.tracked, width):
+        project = projector(positions, width)
+        columns = target.names(positions)
+        statement = sql.SQL("COPY {} ({}) FROM STDIN").format(
+            table, sql.SQL(", ").join(map(sql.Identifier, columns))
+        )
+        with row_cursor(conn).copy(statement) as copy:
+            # Rows go to psycopg's C formatting as they are, without a Python loop per row.
+            deque(map(copy.write_row, run if project is None else map(project, run)), maxlen=0)
+        if then is not None:
+            then(columns)
+
+
 def _last_per_key(target: Target, ops: list[Op]) -> list[Op]:
     """Upsert mode: the last record of a key in the batch wins, whether row or tombstone."""
-    keys = target.route.key_columns
     last: dict[tuple[Any, ...], Op] = {}
     for op in ops:
-        key = op.key if isinstance(op, Delete) else tuple(cells(_fields(op), keys))
+        key = op.key if isinstance(op, Delete) else target.key(cast(Row, op.row))
         last.pop(key, None)  # re-insert so the dict keeps the order of the winners
         last[key] = op
     return list(last.values())
-
-
-def _fields(record: Record) -> dict[str, Any]:
-    fields = record.fields
-    assert fields is not None  # noqa: S101 - set by _decode for every record op
-    return fields

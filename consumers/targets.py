@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import Engine, MetaData, Table, inspect
@@ -11,9 +11,8 @@ from sqlalchemy.exc import NoSuchTableError
 
 from bridge.errors import ConfigError
 from bridge.settings import RouteSettings
-from consumers.records import RecordError, to_cell
-
-_NESTED = frozenset((dict, list))
+from consumers.records import RecordError
+from consumers.rows import UNSET, Row, RowDecoder, as_cell
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -23,34 +22,54 @@ class Target:
     name: str
     columns: tuple[str, ...]
     required: frozenset[str]  # NOT NULL without a default: a record must carry them
+    defaulted: frozenset[str] = frozenset()  # with a default or an identity
+    decoder: RowDecoder = field(init=False, repr=False, compare=False)
+    # Where absent must stay apart from null: a column with a default takes it when absent; in
+    # upsert mode an absent column is also left as it is in an existing row.
+    tracked: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    # Positions a row must hold a value at: the required columns, and in upsert mode the keys.
+    _must_carry: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    _key_positions: tuple[int, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        position = {name: i for i, name in enumerate(self.columns)}
+        keys = tuple(position[c] for c in self.route.key_columns)
+        required = tuple(position[c] for c in self.columns if c in self.required)
+        upsert = self.route.mode == "upsert"
+        tracked = self.columns if upsert else [c for c in self.columns if c in self.defaulted]
+        object.__setattr__(self, "decoder", RowDecoder(self.columns, tracked=tracked))
+        object.__setattr__(self, "tracked", tuple(position[c] for c in tracked))
+        object.__setattr__(self, "_must_carry", tuple(dict.fromkeys(required + keys * upsert)))
+        object.__setattr__(self, "_key_positions", keys)
 
     @property
     def qualified(self) -> str:
         return f'"{self.schema}"."{self.name}"'
 
-    def check(self, value: dict[str, Any]) -> None:
-        """Refuse a record that lacks a column the table cannot fill itself."""
-        for column in self.required:
-            if value.get(column) is None:
-                missing = sorted(c for c in self.required if value.get(c) is None)
-                raise RecordError(f"missing required column(s) {', '.join(missing)}")
+    def row(self, raw: bytes) -> Row:
+        """A record value as a row of this table, or a RecordError naming what is wrong."""
+        row = self.decoder.decode(raw)
+        for i in self._must_carry:
+            if row[i] is None or row[i] is UNSET:
+                raise RecordError(self._missing(row))
+        return row
 
-    def present(self, values: Iterable[dict[str, Any]]) -> list[str]:
-        """The table's columns that at least one of `values` carries, in table order. A column
-        no record carries is left out of the statement, so the table's default fills it."""
-        keys: set[str] = set()
-        for value in values:
-            keys.update(value)
-        return self.present_among(keys)
+    def _missing(self, row: Row) -> str:
+        def lacking(names: Iterable[str]) -> list[str]:
+            values = [(c, row[self.columns.index(c)]) for c in names]
+            return sorted(c for c, value in values if value is None or value is UNSET)
 
-    def present_among(self, fields: set[str]) -> list[str]:
-        """The table's columns named in `fields`, in table order."""
-        return [c for c in self.columns if c in fields]
+        required = lacking(self.required)
+        if required:
+            return f"missing required column(s) {', '.join(required)}"
+        return f"value lacks key column(s) {', '.join(lacking(self.route.key_columns))}"
 
+    def key(self, row: Row) -> tuple[Any, ...]:
+        """The row's key columns, comparable with a tombstone's decoded key."""
+        return tuple(as_cell(row[i]) for i in self._key_positions)
 
-def cells(value: dict[str, Any], columns: Sequence[str]) -> list[Any]:
-    """One record's row for COPY: its fields in `columns` order, NULL where it has none."""
-    return [to_cell(v) if (v := value.get(c)).__class__ in _NESTED else v for c in columns]
+    def names(self, positions: Iterable[int]) -> list[str]:
+        return [self.columns[i] for i in positions]
 
 
 def reflect_target(engine: Engine, route: RouteSettings, index: int) -> Target:
@@ -62,7 +81,7 @@ def reflect_target(engine: Engine, route: RouteSettings, index: int) -> Target:
         table = Table(name, MetaData(), schema=schema, autoload_with=engine)
     except NoSuchTableError:
         raise ConfigError([(f"{path}.table", f"table {route.table!r} does not exist")]) from None
-    columns = tuple(c.name for c in table.columns)
+    columns = tuple(str(c.name) for c in table.columns)  # SQLAlchemy quotes them: plain str
     unknown = [c for c in route.key_columns if c not in columns]
     if unknown:
         raise ConfigError(
@@ -73,12 +92,18 @@ def reflect_target(engine: Engine, route: RouteSettings, index: int) -> Target:
             [(f"{path}.key_columns", f"{route.table} has no primary key or unique constraint "
               f"on ({', '.join(route.key_columns)}), which upsert needs")]
         )  # fmt: skip
-    required = frozenset(
-        c.name
-        for c in table.columns
-        if not c.nullable and c.server_default is None and not _is_identity(c)
+    defaulted = frozenset(
+        c.name for c in table.columns if c.server_default is not None or _is_identity(c)
     )
-    return Target(route=route, schema=schema, name=name, columns=columns, required=required)
+    required = frozenset(c.name for c in table.columns if not c.nullable) - defaulted
+    return Target(
+        route=route,
+        schema=schema,
+        name=name,
+        columns=columns,
+        required=required,
+        defaulted=defaulted,
+    )
 
 
 def _is_identity(column: Any) -> bool:

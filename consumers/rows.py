@@ -1,0 +1,142 @@
+"""JSON record values to table rows, exactly, at C speed.
+
+This is the consumer's per-record path. Each target table gets a msgspec Struct with one field
+per column: decoding a value fills that Struct in C, takes the last of duplicate keys, ignores
+keys that are not columns, and leaves `UNSET` where the record does not carry a column, and,
+for the columns where it matters, leaves `UNSET` where the record does not carry a column, so
+"absent" (the table's default fills it, an upsert leaves it as it is) stays apart from JSON null
+(NULL). Elsewhere absent and null are both NULL, and cost nothing to tell apart. Numbers are exact
+by construction: integers of any size are Python ints, and every number with a fraction or an
+exponent becomes a Decimal from its own digits, which PostgreSQL reads exactly into numeric,
+or refuses (a record fault) where a double or an integer column cannot hold it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Sequence
+from decimal import Decimal
+from itertools import groupby
+from operator import itemgetter
+from typing import Any, NamedTuple
+
+import msgspec
+import psycopg
+from psycopg.adapt import Dumper
+
+from consumers.records import RecordError
+
+UNSET = msgspec.UNSET
+Row = tuple[Any, ...]  # one value per table column, in table order; UNSET where not carried
+
+_any_json = msgspec.json.Decoder(float_hook=Decimal)
+_json = msgspec.json.Encoder(decimal_format="number")
+_astuple = msgspec.structs.astuple
+_NESTED = (dict, list)
+
+
+class RowDecoder:
+    """Decodes a record value into a `Row` of the given columns: UNSET where a `tracked` column
+    is absent, None where any other column is absent or null."""
+
+    def __init__(self, columns: Sequence[str], *, tracked: Collection[str] = ()) -> None:
+        # Struct fields must be identifiers and column names need not be: the fields are
+        # positional names renamed to the columns, which are the JSON keys.
+        fields = [(f"c{i}", Any, UNSET if c in tracked else None) for i, c in enumerate(columns)]
+        struct = msgspec.defstruct(
+            "Row", fields, rename={f"c{i}": str(name) for i, name in enumerate(columns)}
+        )
+        self._decode = msgspec.json.Decoder(struct, float_hook=Decimal).decode
+
+    def decode(self, raw: bytes) -> Row:
+        try:
+            return _astuple(self._decode(raw))
+        except msgspec.ValidationError as exc:  # valid JSON, but not an object
+            raise RecordError(f"value is not a JSON object: {exc}") from None
+        except msgspec.DecodeError as exc:
+            raise RecordError(f"value is not JSON: {exc}") from None
+
+
+class Run(NamedTuple):
+    """Consecutive rows that carry the same columns: one statement writes them."""
+
+    positions: list[int]  # the columns the statement names, in table order
+    rows: list[Row]
+
+
+def runs(rows: list[Row], tracked: Sequence[int], width: int) -> list[Run]:
+    """The rows, in order, in runs that carry the same tracked columns. A tracked column no row
+    carries is left out of the statement, so that the table's default fills it (or an upsert
+    leaves it as it is); batches whose rows all carry the same columns are one run."""
+    count = len(rows)
+    named = [i for i in range(width) if i not in tracked]
+    mixed = []
+    for i in tracked:  # one C pass over the batch per tracked column
+        absent = list(map(itemgetter(i), rows)).count(UNSET)
+        if absent == 0:
+            named.append(i)
+        elif absent < count:
+            mixed.append(i)
+    if not mixed:
+        return [Run(sorted(named), rows)]
+    return [
+        Run(sorted(named + [i for i, unset in zip(mixed, shape, strict=True) if not unset]), [*run])
+        for shape, run in groupby(rows, key=lambda row: tuple(row[i] is UNSET for i in mixed))
+    ]
+
+
+def projector(positions: Sequence[int], width: int) -> Callable[[Row], Row] | None:
+    """A function keeping `positions` of a row, or None when that is every column."""
+    if len(positions) == width:
+        return None
+    if len(positions) == 1:
+        only = positions[0]
+        return lambda row: (row[only],)
+    return itemgetter(*positions)
+
+
+def as_cell(value: Any) -> Any:
+    """A value as a statement parameter: nested objects and arrays as their JSON text."""
+    return _json.encode(value).decode() if isinstance(value, _NESTED) else value
+
+
+def decode_key(raw: bytes | None, key_columns: tuple[str, ...]) -> tuple[Any, ...]:
+    """The key columns of a record's key: a JSON object with them, or for one key column a
+    bare JSON scalar or plain text."""
+    if raw is None:
+        raise RecordError("tombstone without a key")
+    try:
+        parsed: Any = _any_json.decode(raw)
+    except msgspec.DecodeError:
+        parsed = raw.decode("utf-8", "replace")
+    if isinstance(parsed, dict):
+        missing = [c for c in key_columns if c not in parsed]
+        if missing:
+            raise RecordError(f"key lacks key column(s) {', '.join(missing)}")
+        return tuple(as_cell(parsed[c]) for c in key_columns)
+    if len(key_columns) == 1 and not isinstance(parsed, list):
+        return (as_cell(parsed),)
+    raise RecordError(f"key must be a JSON object with {', '.join(key_columns)}")
+
+
+class _NullDumper(Dumper):
+    """A column the row does not carry, in a statement that names it: NULL."""
+
+    def dump(self, obj: Any) -> None:
+        return None
+
+
+class _JsonTextDumper(Dumper):
+    """Nested objects and arrays as JSON text, which json, jsonb and text columns take."""
+
+    def dump(self, obj: Any) -> bytes:
+        return _json.encode(obj)
+
+
+def row_cursor(conn: psycopg.Connection[Any]) -> psycopg.Cursor[Any]:
+    """A cursor whose COPY writes rows as they are: UNSET as NULL, nested values as JSON text.
+    The dumpers are the cursor's own; the connection keeps psycopg's (lists as arrays)."""
+    cursor = conn.cursor()
+    cursor.adapters.register_dumper(type(UNSET), _NullDumper)
+    cursor.adapters.register_dumper(dict, _JsonTextDumper)
+    cursor.adapters.register_dumper(list, _JsonTextDumper)
+    return cursor

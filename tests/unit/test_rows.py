@@ -1,0 +1,139 @@
+"""The consumer's per-record decoding: fast, and never loses a digit or a poison record."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+
+import pytest
+
+from bridge.settings import RouteSettings
+from consumers.records import RecordError
+from consumers.rows import UNSET, RowDecoder, Run, as_cell, decode_key, projector, runs
+from consumers.targets import Target
+
+
+@pytest.mark.parametrize(
+    ("raw", "exact"),
+    [
+        (b'{"a": 123456789012345678901234567890}', 123456789012345678901234567890),
+        (b'{"a": 18446744073709551616}', 18446744073709551616),  # 2**64
+        (b'{"a": 12345678901234.567}', Decimal("12345678901234.567")),
+        (b'{"a": 0.12345678901234567890}', Decimal("0.12345678901234567890")),
+        (b'{"a": 1e400, "note": "overflows a double"}', Decimal("1e400")),
+        (b'{"a": 1e-400}', Decimal("1e-400")),
+        (b'{"a": 19.99, "b": "EUR"}', Decimal("19.99")),
+        (b'{"a": -42}', -42),
+        (b'{"a": 2.5e-320}', Decimal("2.5e-320")),  # a subnormal double would keep 2 digits
+        (b'{"a": 1.50}', Decimal("1.50")),  # the written scale is kept, as numeric keeps it
+    ],
+)
+def test_numbers_are_decoded_without_losing_digits(raw: bytes, exact: Any) -> None:
+    (value,) = RowDecoder(["a"]).decode(raw)
+    assert value == exact
+    assert type(value) is type(exact)
+    assert str(value) == str(exact)
+
+
+def test_nested_values_keep_their_digits_as_json_text() -> None:
+    (value,) = RowDecoder(["n"]).decode(
+        b'{"n": {"big": 123456789012345678901234567890.5, "l": [1, "x", null, true]}}'
+    )
+    assert as_cell(value) == '{"big":123456789012345678901234567890.5,"l":[1,"x",null,true]}'
+    (value,) = RowDecoder(["n"]).decode(b'{"n": [0.1, {"b": 1e-400}]}')
+    assert as_cell(value) == '[0.1,{"b":1E-400}]'
+
+
+def test_rows_follow_the_columns_whatever_the_keys() -> None:
+    decoder = RowDecoder(["id", "order id", "class", "c0"], tracked={"class", "c0"})
+    # Keys in any order, a key that is no column, an escaped key, a duplicate (the last wins).
+    row = decoder.decode(b'{"class": 1, "extra": 2, "order\\u0020id": "x", "id": 7, "id": 8}')
+    assert row == (8, "x", 1, UNSET)
+    # Where it is tracked, absent stays apart from null: a default may fill the one, never the
+    # other. Elsewhere both are NULL.
+    assert decoder.decode(b'{"id": null, "class": null}') == (None, None, None, UNSET)
+
+
+@pytest.mark.parametrize(
+    ("raw", "error"),
+    [
+        (b"not json", "value is not JSON: JSON is malformed"),
+        (b"\xff\xfe", "value is not JSON"),
+        (b'{"a": NaN}', "value is not JSON"),
+        (b'{"a": 1} trailing', "value is not JSON"),
+        (b"[1, 2]", "value is not a JSON object: Expected `object`, got `array`"),
+        (b'"text"', "value is not a JSON object: Expected `object`, got `str`"),
+        (b"12345678901234567890", "value is not a JSON object: Expected `object`, got `int`"),
+    ],
+)
+def test_values_that_are_not_json_objects_are_refused_by_name(raw: bytes, error: str) -> None:
+    with pytest.raises(RecordError, match=f"^{error}"):
+        RowDecoder(["a"]).decode(raw)
+
+
+def test_keys_decode_from_objects_scalars_and_text() -> None:
+    assert decode_key(b'{"id": 7, "region": "eu"}', ("region", "id")) == ("eu", 7)
+    assert decode_key(b"12345678901234567890123", ("id",)) == (12345678901234567890123,)
+    assert decode_key(b"2.50", ("id",)) == (Decimal("2.50"),)
+    assert decode_key(b"order-7", ("id",)) == ("order-7",)
+    with pytest.raises(RecordError, match="key lacks key column"):
+        decode_key(b'{"id": 7}', ("region", "id"))
+    with pytest.raises(RecordError, match="tombstone without a key"):
+        decode_key(None, ("id",))
+
+
+def _target(**route: Any) -> Target:
+    return Target(
+        route=RouteSettings(topic="orders", table="public.orders", **route),
+        schema="public",
+        name="orders",
+        columns=("id", "amount", "meta", "note"),
+        required=frozenset({"id", "amount"}),
+        defaulted=frozenset({"note"}),
+    )
+
+
+def test_a_record_without_a_required_column_is_refused_with_every_missing_name() -> None:
+    target = _target()
+    assert target.row(b'{"id": 1, "amount": 2}') == (1, 2, None, UNSET)
+    with pytest.raises(RecordError, match="missing required column"):
+        target.row(b'{"id": 1, "amount": null}')
+    with pytest.raises(RecordError, match=r"column\(s\) amount, id$"):
+        target.row(b'{"note": "x"}')
+
+
+def test_an_upsert_record_must_carry_its_key() -> None:
+    target = _target(mode="upsert", key_columns=["note"])
+    assert target.key(target.row(b'{"id": 1, "amount": 2, "note": "n"}')) == ("n",)
+    with pytest.raises(RecordError, match=r"value lacks key column\(s\) note$"):
+        target.row(b'{"id": 1, "amount": 2, "note": null}')
+
+
+def test_a_batch_is_written_in_runs_that_carry_the_same_defaulted_columns() -> None:
+    target = _target()
+    assert target.tracked == (3,)  # only "note" has a default
+    a, b, c = (target.row(b'{"id": 1, "amount": 2, "note": "a", "unknown": 5}'),
+               target.row(b'{"id": 2, "amount": 3, "meta": {"k": [1]}}'),
+               target.row(b'{"id": 3, "amount": 4, "note": null}'))  # fmt: skip
+    # Untracked columns are always named (absent is NULL there); a tracked one when carried.
+    assert runs([a, c], target.tracked, 4) == [Run([0, 1, 2, 3], [a, c])]
+    assert runs([b, b], target.tracked, 4) == [Run([0, 1, 2], [b, b])]
+    # A mixed batch keeps its order, in runs: b's note takes the default, c's is NULL.
+    assert runs([a, b, b, c], target.tracked, 4) == [
+        Run([0, 1, 2, 3], [a]),
+        Run([0, 1, 2], [b, b]),
+        Run([0, 1, 2, 3], [c]),
+    ]
+    # In upsert mode every column is tracked: a column a record lacks is left as it is.
+    upsert = _target(mode="upsert", key_columns=["id"])
+    d = upsert.row(b'{"id": 4, "amount": 1, "note": "x"}')
+    assert runs([d], upsert.tracked, 4) == [Run([0, 1, 3], [d])]
+
+
+def test_a_row_is_projected_only_when_the_statement_names_fewer_columns() -> None:
+    row = (1, 2, {"k": [1]}, "a")
+    assert projector([0, 1, 2, 3], 4) is None
+    project = projector([0, 1, 3], 4)
+    assert project is not None and project(row) == (1, 2, "a")
+    only = projector([2], 4)
+    assert only is not None and only(row) == ({"k": [1]},)
