@@ -22,6 +22,10 @@ from consumers.state import StateTables
 from consumers.targets import Target
 
 _RECORD_FAULT_CLASSES = ("22", "23")
+# Two records of one key that PostgreSQL tells apart and the batch did not ("1" and 1 for an
+# integer key): ON CONFLICT DO UPDATE refuses to touch a row twice. Halves applied in order
+# separate them, and the later record wins, as it should.
+_CARDINALITY_VIOLATION = "21000"
 
 T = TypeVar("T")
 
@@ -149,7 +153,8 @@ class Applier:
                 write(ops)
             return len(ops)
         except psycopg.Error as exc:
-            if not (exc.sqlstate or "").startswith(_RECORD_FAULT_CLASSES):
+            state = exc.sqlstate or ""
+            if not state.startswith(_RECORD_FAULT_CLASSES) and state != _CARDINALITY_VIOLATION:
                 raise
             if len(ops) == 1:
                 op = ops[0]

@@ -232,6 +232,9 @@ def test_upsert_last_record_wins_and_tombstone_deletes(
             ({"id": 2}, None),
             ({"id": 3}, None),
             ({"id": 3}, {"id": 3, "v": "back"}),
+            # One key for PostgreSQL, two for JSON: still the last record wins.
+            ({"id": 4}, {"id": 4, "v": "number"}),
+            ({"id": "4"}, {"id": "4", "v": "text"}),
         ],
     )
     with running(settings_for(stack, names, mode="upsert", key_columns=["id"])):
@@ -241,6 +244,7 @@ def test_upsert_last_record_wins_and_tombstone_deletes(
     assert sql(stack, f"SELECT id, v FROM {names['table']} ORDER BY id") == [
         (1, "last"),
         (3, "back"),
+        (4, "text"),
     ]
 
 
