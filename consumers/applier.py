@@ -153,14 +153,13 @@ class Applier:
                 write(ops)
             return len(ops)
         except psycopg.Error as exc:
-            state = exc.sqlstate or ""
-            if not state.startswith(_RECORD_FAULT_CLASSES) and state != _CARDINALITY_VIOLATION:
+            if not _refused_by_a_record(exc):
                 raise
             if len(ops) == 1:
                 op = ops[0]
                 assert isinstance(op, Record | Delete)  # noqa: S101 - ops are always ours
                 record = op if isinstance(op, Record) else op.record
-                self._dead_letter(conn, record, f"{exc.sqlstate}: {exc.diag.message_primary}")
+                self._dead_letter(conn, record, _describe(exc))
                 return 0
             middle = len(ops) // 2
             return self._isolate(conn, ops[:middle], write) + self._isolate(
@@ -253,6 +252,21 @@ def _copy_runs(
             deque(map(copy.write_row, run if project is None else map(project, run)), maxlen=0)
         if then is not None:
             then(columns)
+
+
+def _refused_by_a_record(exc: psycopg.Error) -> bool:
+    state = exc.sqlstate
+    if state is None:
+        # psycopg refused a value before sending it: text holding a NUL character, which
+        # valid JSON may carry ("\u0000") and PostgreSQL text cannot.
+        return isinstance(exc, psycopg.DataError)
+    return state.startswith(_RECORD_FAULT_CLASSES) or state == _CARDINALITY_VIOLATION
+
+
+def _describe(exc: psycopg.Error) -> str:
+    if exc.sqlstate is None:
+        return f"refused before sending: {exc}"
+    return f"{exc.sqlstate}: {exc.diag.message_primary}"
 
 
 def _last_per_key(target: Target, ops: list[Op]) -> list[Op]:

@@ -152,11 +152,12 @@ def test_poison_records_go_to_dead_letters_and_the_rest_flows(
         (None, {"id": 1, "qty": 9}),  # offset 5: unique violation in insert mode
         (None, [1, 2]),  # offset 6: JSON, not an object
         (None, {"id": 5, "qty": 5}),
+        (None, {"id": 6, "qty": 1, "note": "a\u0000b"}),  # offset 8: NUL, which text cannot hold
     ]
     produce(stack, names["topic"], records, headers=[("trace", b"t-1")])
     with running(settings_for(stack, names)):
         eventually(
-            lambda: sql(stack, f"SELECT count(*) FROM {names['schema']}.dead_letters")[0][0] >= 6
+            lambda: sql(stack, f"SELECT count(*) FROM {names['schema']}.dead_letters")[0][0] >= 7
         )
         time.sleep(0.5)
     assert sql(stack, f"SELECT id, qty FROM {names['table']} ORDER BY id") == [(1, 1), (5, 5)]
@@ -166,7 +167,7 @@ def test_poison_records_go_to_dead_letters_and_the_rest_flows(
         'dead_letters ORDER BY "offset"',
     )
     assert [(t, p, o) for t, p, o, *_ in dead] == [
-        (names["topic"], 0, o) for o in (1, 2, 3, 4, 5, 6)
+        (names["topic"], 0, o) for o in (1, 2, 3, 4, 5, 6, 8)
     ]
     assert bytes(dead[0][3]) == b"not json"
     errors = [row[4] for row in dead]
@@ -176,6 +177,7 @@ def test_poison_records_go_to_dead_letters_and_the_rest_flows(
     assert errors[3].startswith("22P02")  # invalid_text_representation
     assert errors[4].startswith("23505")  # unique_violation
     assert "not a JSON object" in errors[5]
+    assert "cannot contain NUL" in errors[6]
     # Headers come along whether the record failed decoding or PostgreSQL refused it.
     assert all(row[5] == [["trace", "t-1"]] for row in dead)
 
