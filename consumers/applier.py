@@ -22,6 +22,11 @@ from consumers.state import StateTables
 from consumers.targets import Target
 
 _RECORD_FAULT_CLASSES = ("22", "23")
+# A value too big for an index of the table ("index row requires 20016 bytes"). psycopg
+# counts class 54 as an OperationalError, which the service answers by reconnecting and
+# retrying: without this the record would be retried forever. Its siblings (too many columns,
+# too complex) come from statements, not records.
+_PROGRAM_LIMIT_EXCEEDED = "54000"
 # Two records of one key that PostgreSQL tells apart and the batch did not ("1" and 1 for an
 # integer key): ON CONFLICT DO UPDATE refuses to touch a row twice. Halves applied in order
 # separate them, and the later record wins, as it should.
@@ -260,7 +265,10 @@ def _refused_by_a_record(exc: psycopg.Error) -> bool:
         # psycopg refused a value before sending it: text holding a NUL character, which
         # valid JSON may carry ("\u0000") and PostgreSQL text cannot.
         return isinstance(exc, psycopg.DataError)
-    return state.startswith(_RECORD_FAULT_CLASSES) or state == _CARDINALITY_VIOLATION
+    return state.startswith(_RECORD_FAULT_CLASSES) or state in (
+        _PROGRAM_LIMIT_EXCEEDED,
+        _CARDINALITY_VIOLATION,
+    )
 
 
 def _describe(exc: psycopg.Error) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -143,6 +144,7 @@ def test_poison_records_go_to_dead_letters_and_the_rest_flows(
     create_topic(stack.bootstrap_servers, names["topic"])
     sql(stack, f"CREATE TABLE public.{names['table']} "
                "(id int PRIMARY KEY, qty int NOT NULL CHECK (qty > 0), note text)")  # fmt: skip
+    sql(stack, f"CREATE INDEX ON public.{names['table']} (note)")
     records: list[tuple[Any, Any]] = [
         (None, {"id": 1, "qty": 1}),
         (None, b"not json"),  # offset 1
@@ -153,21 +155,27 @@ def test_poison_records_go_to_dead_letters_and_the_rest_flows(
         (None, [1, 2]),  # offset 6: JSON, not an object
         (None, {"id": 5, "qty": 5}),
         (None, {"id": 6, "qty": 1, "note": "a\u0000b"}),  # offset 8: NUL, which text cannot hold
+        (None, {"id": 7, "qty": 1, "note": secrets.token_hex(10_000)}),  # 9: too big to index
+        (None, {"id": 8, "qty": 8}),
     ]
     produce(stack, names["topic"], records, headers=[("trace", b"t-1")])
     with running(settings_for(stack, names)):
         eventually(
-            lambda: sql(stack, f"SELECT count(*) FROM {names['schema']}.dead_letters")[0][0] >= 7
+            lambda: sql(stack, f"SELECT count(*) FROM {names['schema']}.dead_letters")[0][0] >= 8
         )
         time.sleep(0.5)
-    assert sql(stack, f"SELECT id, qty FROM {names['table']} ORDER BY id") == [(1, 1), (5, 5)]
+    assert sql(stack, f"SELECT id, qty FROM {names['table']} ORDER BY id") == [
+        (1, 1),
+        (5, 5),
+        (8, 8),
+    ]
     dead = sql(
         stack,
         f'SELECT topic, partition, "offset", value, error, headers FROM {names["schema"]}.'
         'dead_letters ORDER BY "offset"',
     )
     assert [(t, p, o) for t, p, o, *_ in dead] == [
-        (names["topic"], 0, o) for o in (1, 2, 3, 4, 5, 6, 8)
+        (names["topic"], 0, o) for o in (1, 2, 3, 4, 5, 6, 8, 9)
     ]
     assert bytes(dead[0][3]) == b"not json"
     errors = [row[4] for row in dead]
@@ -178,6 +186,7 @@ def test_poison_records_go_to_dead_letters_and_the_rest_flows(
     assert errors[4].startswith("23505")  # unique_violation
     assert "not a JSON object" in errors[5]
     assert "cannot contain NUL" in errors[6]
+    assert errors[7].startswith("54000")  # program_limit_exceeded: index row size
     # Headers come along whether the record failed decoding or PostgreSQL refused it.
     assert all(row[5] == [["trace", "t-1"]] for row in dead)
 
