@@ -1,14 +1,14 @@
 """JSON record values to table rows, exactly, at C speed.
 
 This is the consumer's per-record path. Each target table gets a msgspec Struct with one field
-per column: decoding a value fills that Struct in C, takes the last of duplicate keys, ignores
-keys that are not columns, and leaves `UNSET` where the record does not carry a column, and,
-for the columns where it matters, leaves `UNSET` where the record does not carry a column, so
-"absent" (the table's default fills it, an upsert leaves it as it is) stays apart from JSON null
-(NULL). Elsewhere absent and null are both NULL, and cost nothing to tell apart. Numbers are exact
-by construction: integers of any size are Python ints, and every number with a fraction or an
-exponent becomes a Decimal from its own digits, which PostgreSQL reads exactly into numeric,
-or refuses (a record fault) where a double or an integer column cannot hold it.
+per column: decoding a value fills that Struct in C, takes the last of duplicate keys and ignores
+keys that are not columns. Where it matters, a column the record does not carry is left `UNSET`,
+so that "absent" (the table's default fills it, an upsert leaves it as it is) stays apart from
+JSON null (NULL); elsewhere absent and null are both NULL, and cost nothing to tell apart.
+
+Numbers are exact by construction: integers of any size are Python ints, and every number with
+a fraction or an exponent becomes a Decimal from its own digits, which PostgreSQL reads exactly
+into numeric, or refuses (a record fault) where a double or an integer column cannot hold it.
 """
 
 from __future__ import annotations
