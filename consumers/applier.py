@@ -1,8 +1,9 @@
 """Applies one route's records to its table inside the caller's transaction.
 
-Bad records never stop the flow: a record that cannot be decoded, or that PostgreSQL refuses
-(SQLSTATE class 22 data exception, 23 integrity violation), is written to the dead-letter table
-in the same transaction. A refused batch is split in halves, each under a savepoint, until the
+Bad records never stop the flow: a record that cannot be decoded, that PostgreSQL refuses
+(SQLSTATE class 22 data exception, 23 integrity violation, 54000 a value too big for an index)
+or that psycopg will not send (text holding NUL), is written to the dead-letter table in the
+same transaction. A refused batch is split in halves, each under a savepoint, until the
 offending rows are isolated; everything else is applied.
 """
 
