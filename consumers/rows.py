@@ -43,7 +43,7 @@ class RowDecoder:
         # positional names renamed to the columns, which are the JSON keys.
         fields = [(f"c{i}", Any, UNSET if c in tracked else None) for i, c in enumerate(columns)]
         struct = msgspec.defstruct(
-            "Row", fields, rename={f"c{i}": str(name) for i, name in enumerate(columns)}
+            "Row", fields, rename={f"c{i}": name for i, name in enumerate(columns)}
         )
         self._decode = msgspec.json.Decoder(struct, float_hook=Decimal).decode
 

@@ -81,7 +81,8 @@ def reflect_target(engine: Engine, route: RouteSettings, index: int) -> Target:
         table = Table(name, MetaData(), schema=schema, autoload_with=engine)
     except NoSuchTableError:
         raise ConfigError([(f"{path}.table", f"table {route.table!r} does not exist")]) from None
-    columns = tuple(str(c.name) for c in table.columns)  # SQLAlchemy quotes them: plain str
+    # SQLAlchemy's names are a str subclass (quoted_name); the decoder's keys must be plain str.
+    columns = tuple(str(c.name) for c in table.columns)
     unknown = [c for c in route.key_columns if c not in columns]
     if unknown:
         raise ConfigError(
@@ -93,9 +94,9 @@ def reflect_target(engine: Engine, route: RouteSettings, index: int) -> Target:
               f"on ({', '.join(route.key_columns)}), which upsert needs")]
         )  # fmt: skip
     defaulted = frozenset(
-        c.name for c in table.columns if c.server_default is not None or _is_identity(c)
+        str(c.name) for c in table.columns if c.server_default is not None or _is_identity(c)
     )
-    required = frozenset(c.name for c in table.columns if not c.nullable) - defaulted
+    required = frozenset(str(c.name) for c in table.columns if not c.nullable) - defaulted
     return Target(
         route=route,
         schema=schema,
