@@ -1,10 +1,11 @@
 """Applies one route's records to its table inside the caller's transaction.
 
 Bad records never stop the flow: a record that cannot be decoded, that PostgreSQL refuses
-(SQLSTATE class 22 data exception, 23 integrity violation, 54000 a value too big for an index)
-or that psycopg will not send (text holding NUL), is written to the dead-letter table in the
-same transaction. A refused batch is split in halves, each under a savepoint, until the
-offending rows are isolated; everything else is applied.
+(SQLSTATE class 22 data exception, 23 integrity violation, 54000 a value too big for an index,
+428C9 a value for a column the table generates) or that psycopg will not send (text holding
+NUL), is written to the dead-letter table in the same transaction. A refused batch is split in
+halves, each under a savepoint, until the offending rows are isolated; everything else is
+applied.
 """
 
 from __future__ import annotations
@@ -32,6 +33,10 @@ _PROGRAM_LIMIT_EXCEEDED = "54000"
 # integer key): ON CONFLICT DO UPDATE refuses to touch a row twice. Halves applied in order
 # separate them, and the later record wins, as it should.
 _CARDINALITY_VIOLATION = "21000"
+# A value for a column the table generates: only a statement naming that column can get it, and
+# only a record carrying the column gets it named (an upsert cannot set a GENERATED ALWAYS
+# identity column that is not a key).
+_GENERATED_ALWAYS = "428C9"
 
 T = TypeVar("T")
 
@@ -199,10 +204,13 @@ class Applier:
                 if updates
                 else sql.SQL("DO NOTHING")
             )
+            # COPY writes a value a record carries for a GENERATED ALWAYS identity column;
+            # the upsert does the same rather than refuse it (428C9).
             conn.execute(
-                sql.SQL("INSERT INTO {} ({}) SELECT {} FROM {} ON CONFLICT ({}) ").format(
-                    sql.SQL(target.qualified), names, names, stage, keys
-                )
+                sql.SQL(
+                    "INSERT INTO {} ({}) OVERRIDING SYSTEM VALUE "
+                    "SELECT {} FROM {} ON CONFLICT ({}) "
+                ).format(sql.SQL(target.qualified), names, names, stage, keys)
                 + action
             )
             conn.execute(sql.SQL("TRUNCATE {}").format(stage))  # empty for the next run
@@ -269,6 +277,7 @@ def _refused_by_a_record(exc: psycopg.Error) -> bool:
     return state.startswith(_RECORD_FAULT_CLASSES) or state in (
         _PROGRAM_LIMIT_EXCEEDED,
         _CARDINALITY_VIOLATION,
+        _GENERATED_ALWAYS,
     )
 
 
