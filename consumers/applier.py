@@ -13,12 +13,14 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any, NamedTuple, TypeVar, cast
 
 import psycopg
+from confluent_kafka import Message
 from psycopg import sql
 
-from consumers.records import Record, RecordError
+from consumers.records import Record, RecordError, headers_json
 from consumers.rows import Row, decode_key, projector, row_cursor, runs
 from consumers.state import StateTables
 from consumers.targets import Target
@@ -38,17 +40,18 @@ _CARDINALITY_VIOLATION = "21000"
 # identity column that is not a key).
 _GENERATED_ALWAYS = "428C9"
 
-T = TypeVar("T")
-
 
 class Delete(NamedTuple):
     record: Record
     key: tuple[Any, ...]
 
 
-# A record to insert or upsert is its own operation, with its decoded `row`; a tombstone is a
-# Delete. No wrapper per record: this is the per-record path.
-Op = Record | Delete
+# A record to insert or upsert is a plain (record, row) pair, which `zip` makes without a Python
+# step per record; a tombstone is a Delete. Either way the record comes first.
+Put = tuple[Record, Row]
+Op = Put | Delete
+OpT = TypeVar("OpT", Put, Delete)
+_row_of: Callable[[Put], Row] = itemgetter(1)
 
 
 class _Decoded(NamedTuple):
@@ -78,8 +81,9 @@ class Applier:
         elif decoded.deletes:
             self._apply_in_order(conn, target, decoded.ops, counts)
         elif decoded.ops:
-            rows = cast(list[Record], decoded.ops)  # no Delete among them
-            counts.applied += self._isolate(conn, rows, lambda run: self._copy(conn, target, run))
+            counts.applied += self._isolate(
+                conn, decoded.ops, lambda run: self._copy(conn, target, run)
+            )
         return counts
 
     # -- decoding -----------------------------------------------------------------------------
@@ -92,27 +96,30 @@ class Applier:
         counts: ApplyCounts,
     ) -> _Decoded:
         """Decode every record into an op; a record that cannot be one is dead-lettered here."""
+        values = list(map(Message.value, records))
+        if None not in values:  # no tombstone: the whole batch decodes in C loops
+            rows = target.rows(cast(list[bytes], values))
+            if rows is not None:
+                return _Decoded(list(zip(records, rows, strict=True)), deletes=False)
+        # Record by record, to tell which records are tombstones or are not rows, and why.
         ops: list[Op] = []
         deletes = False
         keys = target.route.key_columns
         to_row = target.row
-        for record in records:
-            raw = record.value
+        for record, raw in zip(records, values, strict=True):
             try:
                 if raw is None:
                     if not keys:
                         raise RecordError(
                             "tombstone, but the route has no key_columns to delete by"
                         )
-                    ops.append(Delete(record, decode_key(record.key, keys)))
+                    ops.append(Delete(record, decode_key(record.key(), keys)))
                     deletes = True
                     continue
-                record.row = to_row(raw)
+                ops.append((record, to_row(raw)))
             except RecordError as exc:
                 self._dead_letter(conn, record, str(exc))
                 counts.dead += 1
-                continue
-            ops.append(record)
         return _Decoded(ops, deletes)
 
     # -- writing ------------------------------------------------------------------------------
@@ -121,9 +128,9 @@ class Applier:
         self, conn: psycopg.Connection, target: Target, ops: list[Op], counts: ApplyCounts
     ) -> None:
         # Runs of inserts go through COPY; a tombstone in between is applied at its place.
-        run: list[Record] = []
+        run: list[Put] = []
         for op in [*ops, None]:
-            if isinstance(op, Record):
+            if op is not None and not isinstance(op, Delete):
                 run.append(op)
                 continue
             if run:
@@ -143,7 +150,7 @@ class Applier:
         ops: list[Op],
         counts: ApplyCounts,
     ) -> None:
-        upserts = [op for op in ops if isinstance(op, Record)]
+        upserts = [op for op in ops if not isinstance(op, Delete)]
         deletes = [op for op in ops if isinstance(op, Delete)]
         if upserts:
             counts.applied += self._isolate(
@@ -155,7 +162,7 @@ class Applier:
             )
 
     def _isolate(
-        self, conn: psycopg.Connection, ops: list[T], write: Callable[[list[T]], None]
+        self, conn: psycopg.Connection, ops: list[OpT], write: Callable[[list[OpT]], None]
     ) -> int:
         """Write `ops` under a savepoint; when PostgreSQL refuses a record, split and retry, and
         dead-letter each single op it still refuses. Returns how many ops were written."""
@@ -167,10 +174,7 @@ class Applier:
             if not _refused_by_a_record(exc):
                 raise
             if len(ops) == 1:
-                op = ops[0]
-                assert isinstance(op, Record | Delete)  # noqa: S101 - ops are always ours
-                record = op if isinstance(op, Record) else op.record
-                self._dead_letter(conn, record, _describe(exc))
+                self._dead_letter(conn, ops[0][0], _describe(exc))
                 return 0
             middle = len(ops) // 2
             return self._isolate(conn, ops[:middle], write) + self._isolate(
@@ -178,11 +182,11 @@ class Applier:
             )
 
     @staticmethod
-    def _copy(conn: psycopg.Connection, target: Target, records: list[Record]) -> None:
-        _copy_runs(conn, sql.SQL(target.qualified), target, records)
+    def _copy(conn: psycopg.Connection, target: Target, puts: list[Put]) -> None:
+        _copy_runs(conn, sql.SQL(target.qualified), target, puts)
 
     @staticmethod
-    def _merge(conn: psycopg.Connection, target: Target, records: list[Record]) -> None:
+    def _merge(conn: psycopg.Connection, target: Target, puts: list[Put]) -> None:
         """Upsert through a staging table: each run of rows names the columns it carries, so a
         column a record lacks takes its default in a new row and stays as it is in an old one."""
         stage = sql.Identifier(f"bridge_stage_{target.name}")
@@ -215,7 +219,7 @@ class Applier:
             )
             conn.execute(sql.SQL("TRUNCATE {}").format(stage))  # empty for the next run
 
-        _copy_runs(conn, stage, target, records, then=merge_stage)
+        _copy_runs(conn, stage, target, puts, then=merge_stage)
 
     @staticmethod
     def _delete(conn: psycopg.Connection, target: Target, deletes: list[Delete]) -> None:
@@ -233,12 +237,12 @@ class Applier:
             "VALUES (%s, %s, %s, %s, %s, %s, %s::jsonb, %s)",
             (
                 self._group,
-                record.topic,
-                record.partition,
-                record.offset,
-                record.key,
-                record.value,
-                record.headers_json(),
+                record.topic(),
+                record.partition(),
+                record.offset(),
+                record.key(),
+                record.value(),
+                headers_json(record),
                 error,
             ),
         )
@@ -248,12 +252,12 @@ def _copy_runs(
     conn: psycopg.Connection,
     table: sql.Composable,
     target: Target,
-    records: list[Record],
+    puts: list[Put],
     then: Callable[[list[str]], None] | None = None,
 ) -> None:
-    """COPY the records' rows into `table`, each run of rows with the columns it carries;
-    `then` runs after each COPY with those columns."""
-    rows = cast(list[Row], [record.row for record in records])  # _decode set every one
+    """COPY the rows into `table`, each run of rows with the columns it carries; `then` runs
+    after each COPY with those columns."""
+    rows = list(map(_row_of, puts))
     width = len(target.columns)
     for positions, run in runs(rows, target.tracked, width):
         project = projector(positions, width)
@@ -291,7 +295,7 @@ def _last_per_key(target: Target, ops: list[Op]) -> list[Op]:
     """Upsert mode: the last record of a key in the batch wins, whether row or tombstone."""
     last: dict[tuple[Any, ...], Op] = {}
     for op in ops:
-        key = op.key if isinstance(op, Delete) else target.key(cast(Row, op.row))
+        key = op.key if isinstance(op, Delete) else target.key(op[1])
         last.pop(key, None)  # re-insert so the dict keeps the order of the winners
         last[key] = op
     return list(last.values())

@@ -18,7 +18,7 @@ from typing import Any
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import generate_latest
 
-from consumers.records import Record
+from consumers.records import Record, timestamp_ms
 
 # How many records of a batch feed the latency histogram: enough for p99, cheap per batch.
 _LATENCY_SAMPLES_PER_BATCH = 100
@@ -75,8 +75,9 @@ class ConsumerMetrics:
         now_ms = time.time() * 1000
         stride = max(1, len(records) // _LATENCY_SAMPLES_PER_BATCH)
         for record in records[::stride]:
-            if record.timestamp_ms is not None:
-                self.latency_seconds.observe(max(0.0, now_ms - record.timestamp_ms) / 1000)
+            sent_ms = timestamp_ms(record)
+            if sent_ms is not None:
+                self.latency_seconds.observe(max(0.0, now_ms - sent_ms) / 1000)
 
     def statistics(
         self, report: str, next_offsets: dict[tuple[str, int], int], caught_up: set[tuple[str, int]]

@@ -12,23 +12,21 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import replace
 from itertools import chain, groupby
-from operator import attrgetter
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import psycopg
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 from sqlalchemy import Engine, create_engine
 
 from bridge.settings import BridgeSettings, ConsumerSettings, LibrdkafkaValue
 from consumers.applier import Applier
 from consumers.metrics import ConsumerMetrics, HealthServer
 from consumers.offsets import Lease, OffsetStore, PartitionKey, application_name
-from consumers.records import Record
+from consumers.records import Record, offset_of
 from consumers.state import ensure_state_tables, state_tables
 from consumers.targets import Target, reflect_target
 
 log = logging.getLogger("bridge.consumer")
-_partition_of: Callable[[Record], PartitionKey] = attrgetter("topic", "partition")
 
 _RECONNECT_DELAYS = (0.2, 0.5, 1.0, 2.0, 5.0)
 _RECONNECT_ATTEMPTS = 60  # about five minutes at the longest delay, then give up loudly
@@ -155,13 +153,13 @@ class ConsumerService:
                 messages = self._consumer.consume(
                     self._config.batch_max_records, self._config.batch_max_wait_ms / 1000
                 )
-                records = [Record.from_message(m) for m in messages if m.error() is None]
-                if len(records) != len(messages):
+                if any(map(Message.error, messages)):  # one C loop; errors are rare
                     for message in messages:
                         if message.error() is not None:
                             self._kafka_error(message.error())
-                if records:
-                    self._apply(records)
+                    messages = [m for m in messages if m.error() is None]
+                if messages:
+                    self._apply(messages)
         finally:
             self.close()
 
@@ -200,16 +198,19 @@ class ConsumerService:
 
     def _apply(self, records: list[Record]) -> None:
         by_partition: dict[PartitionKey, list[Record]] = defaultdict(list)
-        # A partition's records come in runs, in offset order: the bookkeeping is per run.
-        for key, grouped in groupby(records, key=_partition_of):
-            run = list(grouped)
-            self._delivered[key] = run[-1].offset + 1
-            lease = self._leases.get(key)
-            if lease is None:
-                continue  # a partition we let go of: its records are not ours
-            if run[0].offset < lease.next_offset:  # below what is already committed
-                run = [record for record in run if record.offset >= lease.next_offset]
-            by_partition[key].extend(run)
+        # A partition's records come in runs, in offset order: the bookkeeping is per run, and
+        # the runs are found by C loops over the records.
+        for topic, of_topic in groupby(records, Message.topic):
+            for partition, grouped in groupby(of_topic, Message.partition):
+                key = cast(PartitionKey, (topic, partition))  # consumed: neither is None
+                run = list(grouped)
+                self._delivered[key] = offset_of(run[-1]) + 1
+                lease = self._leases.get(key)
+                if lease is None:
+                    continue  # a partition we let go of: its records are not ours
+                if offset_of(run[0]) < lease.next_offset:  # below what is already committed
+                    run = [record for record in run if offset_of(record) >= lease.next_offset]
+                by_partition[key].extend(run)
         if not by_partition:
             return
         while by_partition:
@@ -240,7 +241,7 @@ class ConsumerService:
         with conn.transaction():
             # Step 1
             for key, records in by_partition.items():
-                next_offset = records[-1].offset + 1
+                next_offset = offset_of(records[-1]) + 1
                 if not self._store.advance(conn, self._leases[key], next_offset):
                     raise PartitionFenced(key)
                 advanced[key] = next_offset

@@ -125,6 +125,25 @@ def test_a_record_that_sets_a_generated_column_is_refused_by_name() -> None:
             target.row(b'{"id": 1, "amount": 2, "twice": ' + value + b"}")
 
 
+def test_a_batch_decodes_whole_or_not_at_all_and_then_record_by_record() -> None:
+    target = _target()
+    good = [b'{"id": 1, "amount": 2}', b'{"id": 2, "amount": 3.50, "note": null}']
+    assert target.rows(good) == [target.row(value) for value in good]
+    # Any record that is not a row sends the batch to `row`, which tells which and why.
+    for bad in (b"not json", b"[1]", b'{"id": 3}', b'{"id": 3, "amount": null}'):
+        assert target.rows([*good, bad]) is None
+    generated = Target(
+        route=RouteSettings(topic="orders", table="public.orders"),
+        schema="public",
+        name="orders",
+        columns=("id", "twice"),
+        required=frozenset(),
+        generated=frozenset({"twice"}),
+    )
+    assert generated.rows([b'{"id": 1}']) == [(1, UNSET)]
+    assert generated.rows([b'{"id": 1}', b'{"id": 2, "twice": null}']) is None
+
+
 def test_a_batch_is_written_in_runs_that_carry_the_same_defaulted_columns() -> None:
     target = _target()
     assert target.tracked == (3,)  # only "note" has a default
