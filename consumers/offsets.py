@@ -118,23 +118,31 @@ class OffsetStore:
         ).fetchall()
         return {(topic, partition): (epoch, owner) for topic, partition, epoch, owner in rows}
 
-    def advance(self, conn: psycopg.Connection, lease: Lease, next_offset: int) -> bool:
-        """The fenced offset update, first statement of a batch transaction. False means the
-        partition is no longer ours (or someone moved its offset): roll back and let it go."""
-        cursor = conn.execute(
-            f"UPDATE {self._table} SET next_offset = %s, updated_at = now() "  # noqa: S608
-            "WHERE group_id = %s AND topic = %s AND partition = %s "
-            "AND owner_epoch = %s AND next_offset = %s",
+    def advance(
+        self, conn: psycopg.Connection, advances: list[tuple[Lease, int]]
+    ) -> list[PartitionKey]:
+        """The fenced offset updates of a batch, in one statement, first of its transaction: each
+        lease's partition moves to its new next offset if the lease still holds (same owner
+        epoch, same expected offset). Returns the partitions it did not hold for: roll back and
+        let those go; they are no longer ours, or someone moved their offset."""
+        rows = conn.execute(
+            f"UPDATE {self._table} AS o SET next_offset = x.n, updated_at = now() "  # noqa: S608
+            "FROM unnest(%s::text[], %s::int[], %s::bigint[], %s::bigint[], %s::bigint[]) "
+            "AS x(t, p, e, expected, n) "
+            "WHERE o.group_id = %s AND o.topic = x.t AND o.partition = x.p "
+            "AND o.owner_epoch = x.e AND o.next_offset = x.expected "
+            "RETURNING o.topic, o.partition",
             (
-                next_offset,
+                [lease.topic for lease, _ in advances],
+                [lease.partition for lease, _ in advances],
+                [lease.epoch for lease, _ in advances],
+                [lease.next_offset for lease, _ in advances],
+                [next_offset for _, next_offset in advances],
                 self._group,
-                lease.topic,
-                lease.partition,
-                lease.epoch,
-                lease.next_offset,
             ),
-        )
-        return cursor.rowcount == 1
+        ).fetchall()
+        moved = {(topic, partition) for topic, partition in rows}
+        return [lease.key for lease, _ in advances if lease.key not in moved]
 
     def release(self, conn: psycopg.Connection, leases: list[Lease]) -> None:
         """Mark partitions as unowned after a clean revoke; a newer owner's row is left alone."""

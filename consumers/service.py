@@ -42,11 +42,11 @@ T = TypeVar("T")
 
 
 class PartitionFenced(Exception):
-    """The fenced offset update matched no row: another owner holds the partition now."""
+    """The fenced offset update matched no row: another owner holds the partitions now."""
 
-    def __init__(self, key: PartitionKey) -> None:
-        self.key = key
-        super().__init__(f"{key[0]}[{key[1]}] is no longer ours")
+    def __init__(self, keys: list[PartitionKey]) -> None:
+        self.keys = keys
+        super().__init__(", ".join(f"{t}[{p}]" for t, p in keys) + " no longer ours")
 
 
 def sqlalchemy_engine(dsn: str) -> Engine:
@@ -218,9 +218,10 @@ class ConsumerService:
                 self._commit_batch(by_partition)
                 return
             except PartitionFenced as fenced:
-                log.warning("partition fenced, letting it go", extra={"partition": fenced.key})
-                by_partition.pop(fenced.key, None)
-                self._let_go([fenced.key])
+                log.warning("partitions fenced, letting them go", extra={"partitions": fenced.keys})
+                for key in fenced.keys:
+                    by_partition.pop(key, None)
+                self._let_go(fenced.keys)
             except psycopg.OperationalError as exc:
                 log.error("database connection lost: %s", exc)
                 self._reconnect()
@@ -241,10 +242,12 @@ class ConsumerService:
         with conn.transaction():
             # Step 1
             for key, records in by_partition.items():
-                next_offset = offset_of(records[-1]) + 1
-                if not self._store.advance(conn, self._leases[key], next_offset):
-                    raise PartitionFenced(key)
-                advanced[key] = next_offset
+                advanced[key] = offset_of(records[-1]) + 1
+            fenced = self._store.advance(
+                conn, [(self._leases[key], offset) for key, offset in advanced.items()]
+            )
+            if fenced:
+                raise PartitionFenced(fenced)
             # Step 2
             by_topic: dict[str, list[Record]] = defaultdict(list)
             for key, records in by_partition.items():

@@ -1,0 +1,43 @@
+"""The offsets table's fence, against real PostgreSQL."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import psycopg
+
+from consumers.offsets import OffsetStore
+from consumers.service import sqlalchemy_engine
+from consumers.state import ensure_state_tables, state_tables
+from tests.harness import Endpoints
+
+
+def test_one_statement_advances_every_held_partition_and_names_the_ones_not_held(
+    stack: Endpoints, names: dict[str, str]
+) -> None:
+    tables = state_tables(names["schema"])
+    engine = sqlalchemy_engine(stack.dsn)
+    with engine.connect() as setup:
+        ensure_state_tables(setup, tables)
+    engine.dispose()
+    mine = OffsetStore(tables=tables, group_id=names["group"], owner="a")
+    theirs = OffsetStore(tables=tables, group_id=names["group"], owner="b")
+    t = names["topic"]
+    with psycopg.connect(stack.dsn, autocommit=True) as conn:
+        claimed = mine.claim(conn, {(t, p): 10 for p in range(4)}, lock_wait_ms=1000)
+        leases = {lease.partition: lease for lease in claimed}
+        theirs.claim(conn, {(t, 1): 0}, lock_wait_ms=1000)  # takes partition 1: a new epoch
+        stale = replace(leases[3], next_offset=9)
+        with conn.transaction(force_rollback=True):
+            fenced = mine.advance(
+                conn, [(leases[0], 15), (leases[1], 15), (leases[2], 12), (stale, 12)]
+            )
+            assert fenced == [(t, 1), (t, 3)]  # taken over; an offset it did not expect
+            assert mine.stored(conn, [(t, p) for p in range(4)]) == {
+                (t, 0): 15,
+                (t, 1): 10,
+                (t, 2): 12,
+                (t, 3): 10,
+            }
+        assert mine.advance(conn, [(leases[0], 11)]) == []
+        assert mine.stored(conn, [(t, 0)]) == {(t, 0): 11}
