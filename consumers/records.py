@@ -29,18 +29,21 @@ def timestamp_ms(record: Record) -> int | None:
 
 
 def headers_json(record: Record) -> str:
-    """The record's headers as a JSON array of [name, text] pairs, for the dead-letter table."""
+    """The record's headers as a JSON array of [name, text] pairs, for the dead-letter table.
+    Bytes that are not UTF-8, and NUL, which jsonb refuses even escaped, are written as visible
+    escapes (`\\xff`, `\\x00`): a header never keeps a poison record out of the dead letters."""
     headers = record.headers() or []
     return json.dumps(
         [
-            [str(k), None if v is None else _as_bytes(v).decode("utf-8", "backslashreplace")]
+            [_visible(str(k)), None if v is None else _visible(v)]
             for k, v in (headers.items() if isinstance(headers, dict) else headers)
         ]
     )
 
 
-def _as_bytes(value: str | bytes) -> bytes:
-    return value.encode() if isinstance(value, str) else value
+def _visible(value: str | bytes) -> str:
+    text = value.decode("utf-8", "backslashreplace") if isinstance(value, bytes) else value
+    return text.replace("\x00", "\\x00")
 
 
 class RecordError(ValueError):

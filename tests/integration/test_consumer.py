@@ -158,7 +158,8 @@ def test_poison_records_go_to_dead_letters_and_the_rest_flows(
         (None, {"id": 7, "qty": 1, "note": secrets.token_hex(10_000)}),  # 9: too big to index
         (None, {"id": 8, "qty": 8}),
     ]
-    produce(stack, names["topic"], records, headers=[("trace", b"t-1")])
+    # NUL and bytes that are not UTF-8 in a header, which jsonb cannot hold as they are.
+    produce(stack, names["topic"], records, headers=[("trace", b"t-1"), ("bin", b"\x00\xff")])
     with running(settings_for(stack, names)):
         # Every record is through once the last one is: it may land a batch after the poison.
         eventually(
@@ -189,7 +190,7 @@ def test_poison_records_go_to_dead_letters_and_the_rest_flows(
     assert "cannot contain NUL" in errors[6]
     assert errors[7].startswith("54000")  # program_limit_exceeded: index row size
     # Headers come along whether the record failed decoding or PostgreSQL refused it.
-    assert all(row[5] == [["trace", "t-1"]] for row in dead)
+    assert all(row[5] == [["trace", "t-1"], ["bin", "\\x00\\xff"]] for row in dead)
 
 
 def test_values_land_exactly_as_json_and_absent_columns_take_their_defaults(
