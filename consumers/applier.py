@@ -51,7 +51,15 @@ class Delete(NamedTuple):
 Put = tuple[Record, Row]
 Op = Put | Delete
 OpT = TypeVar("OpT", Put, Delete)
+AnyOp = TypeVar("AnyOp", bound=Op)
 _row_of: Callable[[Put], Row] = itemgetter(1)
+
+
+class Step(NamedTuple):
+    """One statement of a batch's writes; a COPY FROM STDIN carries its rows, in its columns."""
+
+    statement: sql.Composed
+    rows: list[Row] | None = None
 
 
 class _Decoded(NamedTuple):
@@ -85,6 +93,21 @@ class Applier:
                 conn, decoded.ops, lambda run: self._copy(conn, target, run)
             )
         return counts
+
+    @staticmethod
+    def plan(target: Target, records: Sequence[Record]) -> list[Step] | None:
+        """The statements that write `records`, when every one of them is a row (no tombstone,
+        nothing to dead-letter), or None: `apply` then goes statement by statement."""
+        values = list(map(Message.value, records))
+        if None in values:
+            return None
+        rows = target.rows(cast(list[bytes], values))
+        if rows is None:
+            return None
+        puts: list[Put] = list(zip(records, rows, strict=True))
+        if target.route.mode == "upsert":
+            return _merge_steps(target, _last_per_key(target, puts))
+        return _copy_steps(sql.SQL(target.qualified), target, puts)
 
     # -- decoding -----------------------------------------------------------------------------
 
@@ -183,43 +206,11 @@ class Applier:
 
     @staticmethod
     def _copy(conn: psycopg.Connection, target: Target, puts: list[Put]) -> None:
-        _copy_runs(conn, sql.SQL(target.qualified), target, puts)
+        run_steps(conn, _copy_steps(sql.SQL(target.qualified), target, puts))
 
     @staticmethod
     def _merge(conn: psycopg.Connection, target: Target, puts: list[Put]) -> None:
-        """Upsert through a staging table: each run of rows names the columns it carries, so a
-        column a record lacks takes its default in a new row and stays as it is in an old one."""
-        stage = sql.Identifier(f"bridge_stage_{target.name}")
-        conn.execute(
-            sql.SQL(
-                "CREATE TEMP TABLE IF NOT EXISTS {} (LIKE {} INCLUDING DEFAULTS) ON COMMIT DROP"
-            ).format(stage, sql.SQL(target.qualified))
-        )
-        keys = sql.SQL(", ").join(map(sql.Identifier, target.route.key_columns))
-
-        def merge_stage(columns: list[str]) -> None:
-            names = sql.SQL(", ").join(map(sql.Identifier, columns))
-            updates = [c for c in columns if c not in target.route.key_columns]
-            action = (
-                sql.SQL("DO UPDATE SET ")
-                + sql.SQL(", ").join(
-                    sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(c)) for c in updates
-                )
-                if updates
-                else sql.SQL("DO NOTHING")
-            )
-            # COPY writes a value a record carries for a GENERATED ALWAYS identity column;
-            # the upsert does the same rather than refuse it (428C9).
-            conn.execute(
-                sql.SQL(
-                    "INSERT INTO {} ({}) OVERRIDING SYSTEM VALUE "
-                    "SELECT {} FROM {} ON CONFLICT ({}) "
-                ).format(sql.SQL(target.qualified), names, names, stage, keys)
-                + action
-            )
-            conn.execute(sql.SQL("TRUNCATE {}").format(stage))  # empty for the next run
-
-        _copy_runs(conn, stage, target, puts, then=merge_stage)
+        run_steps(conn, _merge_steps(target, puts))
 
     @staticmethod
     def _delete(conn: psycopg.Connection, target: Target, deletes: list[Delete]) -> None:
@@ -248,28 +239,79 @@ class Applier:
         )
 
 
-def _copy_runs(
-    conn: psycopg.Connection,
-    table: sql.Composable,
-    target: Target,
-    puts: list[Put],
-    then: Callable[[list[str]], None] | None = None,
-) -> None:
-    """COPY the rows into `table`, each run of rows with the columns it carries; `then` runs
-    after each COPY with those columns."""
+def run_steps(conn: psycopg.Connection, steps: list[Step]) -> None:
+    """Execute the steps one by one, each awaited."""
+    for step in steps:
+        if step.rows is None:
+            conn.execute(step.statement)
+            continue
+        with row_cursor(conn).copy(step.statement) as copy:
+            # Rows go to psycopg's C formatting as they are, without a Python loop per row.
+            deque(map(copy.write_row, step.rows), maxlen=0)
+
+
+def _column_runs(target: Target, puts: list[Put]) -> list[tuple[list[str], list[Row]]]:
+    """The rows in runs that carry the same columns: each run's column names, and its rows
+    holding just those columns."""
     rows = list(map(_row_of, puts))
     width = len(target.columns)
+    column_runs = []
     for positions, run in runs(rows, target.tracked, width):
         project = projector(positions, width)
-        columns = target.names(positions)
-        statement = sql.SQL("COPY {} ({}) FROM STDIN").format(
-            table, sql.SQL(", ").join(map(sql.Identifier, columns))
+        column_runs.append(
+            (target.names(positions), run if project is None else list(map(project, run)))
         )
-        with row_cursor(conn).copy(statement) as copy:
-            # Rows go to psycopg's C formatting as they are, without a Python loop per row.
-            deque(map(copy.write_row, run if project is None else map(project, run)), maxlen=0)
-        if then is not None:
-            then(columns)
+    return column_runs
+
+
+def _copy(table: sql.Composable, columns: list[str], rows: list[Row]) -> Step:
+    names = sql.SQL(", ").join(map(sql.Identifier, columns))
+    return Step(sql.SQL("COPY {} ({}) FROM STDIN").format(table, names), rows)
+
+
+def _copy_steps(table: sql.Composable, target: Target, puts: list[Put]) -> list[Step]:
+    """A COPY into `table` per run of rows, each naming the columns its rows carry."""
+    return [_copy(table, columns, rows) for columns, rows in _column_runs(target, puts)]
+
+
+def _merge_steps(target: Target, puts: list[Put]) -> list[Step]:
+    """Upsert through a staging table: each run of rows names the columns it carries, so a
+    column a record lacks takes its default in a new row and stays as it is in an old one."""
+    stage = sql.Identifier(f"bridge_stage_{target.name}")
+    table = sql.SQL(target.qualified)
+    keys = sql.SQL(", ").join(map(sql.Identifier, target.route.key_columns))
+    steps = [
+        Step(
+            sql.SQL(
+                "CREATE TEMP TABLE IF NOT EXISTS {} (LIKE {} INCLUDING DEFAULTS) ON COMMIT DROP"
+            ).format(stage, table)
+        )
+    ]
+    for columns, rows in _column_runs(target, puts):
+        names = sql.SQL(", ").join(map(sql.Identifier, columns))
+        updates = [c for c in columns if c not in target.route.key_columns]
+        action = (
+            sql.SQL("DO UPDATE SET ")
+            + sql.SQL(", ").join(
+                sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(c)) for c in updates
+            )
+            if updates
+            else sql.SQL("DO NOTHING")
+        )
+        steps += [
+            _copy(stage, columns, rows),
+            # COPY writes a value a record carries for a GENERATED ALWAYS identity column;
+            # the upsert does the same rather than refuse it (428C9).
+            Step(
+                sql.SQL(
+                    "INSERT INTO {} ({}) OVERRIDING SYSTEM VALUE "
+                    "SELECT {} FROM {} ON CONFLICT ({}) "
+                ).format(table, names, names, stage, keys)
+                + action
+            ),
+            Step(sql.SQL("TRUNCATE {}").format(stage)),  # empty for the next run
+        ]
+    return steps
 
 
 def _refused_by_a_record(exc: psycopg.Error) -> bool:
@@ -291,9 +333,9 @@ def _describe(exc: psycopg.Error) -> str:
     return f"{exc.sqlstate}: {exc.diag.message_primary}"
 
 
-def _last_per_key(target: Target, ops: list[Op]) -> list[Op]:
+def _last_per_key(target: Target, ops: list[AnyOp]) -> list[AnyOp]:
     """Upsert mode: the last record of a key in the batch wins, whether row or tombstone."""
-    last: dict[tuple[Any, ...], Op] = {}
+    last: dict[tuple[Any, ...], AnyOp] = {}
     for op in ops:
         key = op.key if isinstance(op, Delete) else target.key(op[1])
         last.pop(key, None)  # re-insert so the dict keeps the order of the winners

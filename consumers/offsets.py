@@ -7,8 +7,9 @@ import logging
 from dataclasses import dataclass
 
 import psycopg
+from psycopg import sql
 
-from consumers.state import StateTables
+from consumers.state import ADVANCE_OFFSETS_FUNCTION, StateTables
 
 log = logging.getLogger("bridge.consumer")
 
@@ -35,6 +36,7 @@ class OffsetStore:
         self._group = group_id
         self._owner = owner
         self._table = tables.qualified(tables.offsets)
+        self._advance = f'"{tables.schema}".{ADVANCE_OFFSETS_FUNCTION}'
 
     def stored(self, conn: psycopg.Connection, keys: list[PartitionKey]) -> dict[PartitionKey, int]:
         """The stored next offsets of those partitions that have a row."""
@@ -125,24 +127,26 @@ class OffsetStore:
         lease's partition moves to its new next offset if the lease still holds (same owner
         epoch, same expected offset). Returns the partitions it did not hold for: roll back and
         let those go; they are no longer ours, or someone moved their offset."""
-        rows = conn.execute(
-            f"UPDATE {self._table} AS o SET next_offset = x.n, updated_at = now() "  # noqa: S608
-            "FROM unnest(%s::text[], %s::int[], %s::bigint[], %s::bigint[], %s::bigint[]) "
-            "AS x(t, p, e, expected, n) "
-            "WHERE o.group_id = %s AND o.topic = x.t AND o.partition = x.p "
-            "AND o.owner_epoch = x.e AND o.next_offset = x.expected "
-            "RETURNING o.topic, o.partition",
-            (
-                [lease.topic for lease, _ in advances],
-                [lease.partition for lease, _ in advances],
-                [lease.epoch for lease, _ in advances],
-                [lease.next_offset for lease, _ in advances],
-                [next_offset for _, next_offset in advances],
-                self._group,
-            ),
-        ).fetchall()
-        moved = {(topic, partition) for topic, partition in rows}
-        return [lease.key for lease, _ in advances if lease.key not in moved]
+        rows = conn.execute(self.advance_statement(advances, strict=False)).fetchall()
+        fenced = {(topic, partition) for topic, partition in rows}
+        return [lease.key for lease, _ in advances if lease.key in fenced]
+
+    def advance_statement(self, advances: list[tuple[Lease, int]], *, strict: bool) -> sql.Composed:
+        """The statement of `advance`, values inlined so that it can go in a multi-statement
+        message. `strict`: raise (and so abort the transaction) rather than return fenced keys."""
+        return sql.SQL(
+            "SELECT * FROM {}({}, {}::text[], {}::int[], {}::bigint[], {}::bigint[], "
+            "{}::bigint[], {})"
+        ).format(
+            sql.SQL(self._advance),
+            sql.Literal(self._group),
+            sql.Literal([lease.topic for lease, _ in advances]),
+            sql.Literal([lease.partition for lease, _ in advances]),
+            sql.Literal([lease.epoch for lease, _ in advances]),
+            sql.Literal([lease.next_offset for lease, _ in advances]),
+            sql.Literal([next_offset for _, next_offset in advances]),
+            sql.Literal(strict),
+        )
 
     def release(self, conn: psycopg.Connection, leases: list[Lease]) -> None:
         """Mark partitions as unowned after a clean revoke; a newer owner's row is left alone."""

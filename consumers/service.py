@@ -10,7 +10,7 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from itertools import chain, groupby
 from typing import Any, TypeVar, cast
 
@@ -19,7 +19,8 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 from sqlalchemy import Engine, create_engine
 
 from bridge.settings import BridgeSettings, ConsumerSettings, LibrdkafkaValue
-from consumers.applier import Applier
+from consumers.applier import Applier, Step
+from consumers.flight import Flight
 from consumers.metrics import ConsumerMetrics, HealthServer
 from consumers.offsets import Lease, OffsetStore, PartitionKey, application_name
 from consumers.records import Record, offset_of
@@ -49,6 +50,17 @@ class PartitionFenced(Exception):
         super().__init__(", ".join(f"{t}[{p}]" for t, p in keys) + " no longer ours")
 
 
+@dataclass(frozen=True)
+class _Sent:
+    """A batch whose transaction is on its way (see `consumers.flight`)."""
+
+    flight: Flight
+    by_partition: dict[PartitionKey, list[Record]]
+    advanced: dict[PartitionKey, int]
+    applied: dict[str, tuple[int, int]]  # per topic: rows written, dead letters
+    started: float
+
+
 def sqlalchemy_engine(dsn: str) -> Engine:
     """An engine over psycopg for DDL and reflection; takes URL and key=value DSNs alike."""
     return create_engine("postgresql+psycopg://", creator=lambda: psycopg.connect(dsn))
@@ -74,6 +86,9 @@ class ConsumerService:
         self._targets: dict[str, Target] = {}
         self._stop = threading.Event()
         self._conn: psycopg.Connection[Any] | None = None
+        self._sent: _Sent | None = None
+        self._behind = False  # the last poll filled a batch: more records are waiting
+        self._rewinds = 0  # how many times the positions went back to the stored offsets
         self._consumer: Consumer | None = None
         self.applied_total = 0
         self.metrics = ConsumerMetrics(self._config.group_id)
@@ -150,9 +165,12 @@ class ConsumerService:
                 if self._last_turn >= self._next_reconcile:
                     self._next_reconcile = self._last_turn + _RECONCILE_INTERVAL_S
                     self._reconcile()
+                if not self._behind:
+                    self._settle()  # caught up: nothing to overlap the commit with
                 messages = self._consumer.consume(
                     self._config.batch_max_records, self._config.batch_max_wait_ms / 1000
                 )
+                self._behind = len(messages) >= self._config.batch_max_records
                 if any(map(Message.error, messages)):  # one C loop; errors are rare
                     for message in messages:
                         if message.error() is not None:
@@ -160,6 +178,8 @@ class ConsumerService:
                     messages = [m for m in messages if m.error() is None]
                 if messages:
                     self._apply(messages)
+                else:
+                    self._settle()
         finally:
             self.close()
 
@@ -170,15 +190,18 @@ class ConsumerService:
         log.warning("kafka error: %s", error.str() if error is not None else None)
 
     def close(self) -> None:
-        if self._http is not None:
-            self._http.stop()
-            self._http = None
-        if self._consumer is not None:
-            self._consumer.close()  # leaves the group: our partitions are revoked and released
-            self._consumer = None
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        try:
+            self._settle()  # the batch in flight commits or is rolled back before we leave
+        finally:
+            if self._http is not None:
+                self._http.stop()
+                self._http = None
+            if self._consumer is not None:
+                self._consumer.close()  # leaves the group: partitions are revoked and released
+                self._consumer = None
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
 
     @property
     def ready(self) -> bool:
@@ -197,6 +220,19 @@ class ConsumerService:
     # -- one batch ----------------------------------------------------------------------------
 
     def _apply(self, records: list[Record]) -> None:
+        rewinds = self._rewinds
+        by_partition = self._ours(records)
+        # Decoded while the batch before is still in flight: its commit costs no waiting.
+        plans = self._plans(by_partition)
+        if not self._settle():
+            if self._rewinds != rewinds:
+                return  # fetching again from the stored offsets: these records come back
+            by_partition = self._ours(records)  # leases moved: look again
+            plans = self._plans(by_partition)
+        self._write(by_partition, plans)
+
+    def _ours(self, records: list[Record]) -> dict[PartitionKey, list[Record]]:
+        """The records of partitions this member holds, not yet applied, by partition."""
         by_partition: dict[PartitionKey, list[Record]] = defaultdict(list)
         # A partition's records come in runs, in offset order: the bookkeeping is per run, and
         # the runs are found by C loops over the records.
@@ -211,11 +247,40 @@ class ConsumerService:
                 if offset_of(run[0]) < lease.next_offset:  # below what is already committed
                     run = [record for record in run if offset_of(record) >= lease.next_offset]
                 by_partition[key].extend(run)
-        if not by_partition:
-            return
+        return by_partition
+
+    def _plans(
+        self, by_partition: dict[PartitionKey, list[Record]]
+    ) -> dict[str, list[Step]] | None:
+        """Each topic's statements, when every record is a row; else None."""
+        plans = {}
+        for topic, records in self._by_topic(by_partition).items():
+            plan = self._applier.plan(self._targets[topic], records)
+            if plan is None:
+                return None
+            plans[topic] = plan
+        return plans
+
+    @staticmethod
+    def _by_topic(by_partition: dict[PartitionKey, list[Record]]) -> dict[str, list[Record]]:
+        by_topic: dict[str, list[Record]] = defaultdict(list)
+        for key, records in by_partition.items():
+            by_topic[key[0]].extend(records)
+        return by_topic
+
+    def _write(
+        self,
+        by_partition: dict[PartitionKey, list[Record]],
+        plans: dict[str, list[Step]] | None,
+    ) -> None:
+        """Send the batch as one message when it is all rows; else, or when that is refused,
+        write it statement by statement, which tells which partition or record was refused."""
         while by_partition:
             try:
-                self._commit_batch(by_partition)
+                if plans is not None:
+                    self._send(by_partition, plans)
+                else:
+                    self._commit_batch(by_partition)
                 return
             except PartitionFenced as fenced:
                 log.warning("partitions fenced, letting them go", extra={"partitions": fenced.keys})
@@ -228,8 +293,54 @@ class ConsumerService:
                 self._seek_to_leases()
                 return
 
+    def _send(
+        self, by_partition: dict[PartitionKey, list[Record]], plans: dict[str, list[Step]]
+    ) -> None:
+        """The batch's transaction as one message (see `consumers.flight`); `_settle` reads
+        its outcome."""
+        conn = self._connection()
+        advanced = {key: offset_of(records[-1]) + 1 for key, records in by_partition.items()}
+        advance = self._store.advance_statement(
+            [(self._leases[key], offset) for key, offset in advanced.items()], strict=True
+        )
+        steps = list(chain.from_iterable(plans.values()))
+        applied = {
+            topic: (sum(len(step.rows) for step in plan if step.rows is not None), 0)
+            for topic, plan in plans.items()
+        }
+        started = time.perf_counter()
+        # The server ends a statement after db_session_timeout_ms; silence for longer than
+        # twice that is a dead connection.
+        timeout_s = 2 * self._config.db_session_timeout_ms / 1000
+        flight = Flight(conn, steps, advance=advance, timeout_s=timeout_s)
+        self._sent = _Sent(flight, by_partition, advanced, applied, started)
+
+    def _settle(self) -> bool:
+        """Wait for the batch in flight, if any. True when the leases are as its sending
+        expected: it committed, or there was none. False when it was written again statement
+        by statement, or when its connection was lost (the positions then went back to the
+        stored offsets)."""
+        sent, self._sent = self._sent, None
+        if sent is None:
+            return True
+        try:
+            refusal = sent.flight.finish()
+            if refusal is None:
+                self._committed(sent.by_partition, sent.advanced, sent.applied, sent.started)
+                return True
+            log.info("batch refused as a whole, writing it statement by statement: %s", refusal)
+            assert self._conn is not None  # noqa: S101 - the flight went over it
+            self._conn.execute("ROLLBACK")
+        except psycopg.OperationalError as exc:
+            log.error("database connection lost: %s", exc)
+            self._reconnect()
+            self._seek_to_leases()
+            return False
+        self._write(sent.by_partition, None)
+        return False
+
     def _commit_batch(self, by_partition: dict[PartitionKey, list[Record]]) -> None:
-        """One database transaction for the whole batch.
+        """One database transaction for the whole batch, statement by statement.
 
         Step 1: per partition, the fenced offset advance (owner epoch and expected offset).
         Step 2: per route, the rows, and the dead letters of records that cannot be rows.
@@ -249,13 +360,20 @@ class ConsumerService:
             if fenced:
                 raise PartitionFenced(fenced)
             # Step 2
-            by_topic: dict[str, list[Record]] = defaultdict(list)
-            for key, records in by_partition.items():
-                by_topic[key[0]].extend(records)
-            for topic, records in by_topic.items():
+            for topic, records in self._by_topic(by_partition).items():
                 counts = self._applier.apply(conn, self._targets[topic], records)
                 applied[topic] = (counts.applied + counts.deleted, counts.dead)
         # Step 3
+        self._committed(by_partition, advanced, applied, started)
+
+    def _committed(
+        self,
+        by_partition: dict[PartitionKey, list[Record]],
+        advanced: dict[PartitionKey, int],
+        applied: dict[str, tuple[int, int]],
+        started: float,
+    ) -> None:
+        """After a batch's commit: the leases move, the mirror and the metrics follow."""
         for key, next_offset in advanced.items():
             self._leases[key] = replace(self._leases[key], next_offset=next_offset)
         if self._config.mirror_offsets_to_kafka and self._consumer is not None:
@@ -277,6 +395,7 @@ class ConsumerService:
     # -- rebalance callbacks (run inside consume) -----------------------------------------------
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._settle()
         keys = [(tp.topic, tp.partition) for tp in partitions]
         leases, low = self._claim_at_watermarks(consumer, keys)
         consumer.incremental_assign(
@@ -324,6 +443,7 @@ class ConsumerService:
         (an operator's `offsets reset` clears it, as does a clean release by a member that had
         taken it over) is claimed again and consumed from its stored offset; that includes the
         partitions this member paused after a fence or because their offset was out of range."""
+        self._settle()
         consumer = self._consumer
         keys = sorted(set(self._leases) | self._held_idle)
         if consumer is None or not keys:
@@ -368,6 +488,7 @@ class ConsumerService:
         return self._store.claim(conn, starts, lock_wait_ms=self._config.db_session_timeout_ms // 2)
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._settle()  # the batch in flight holds records of these partitions
         keys = [(tp.topic, tp.partition) for tp in partitions]
         leases = [self._leases[k] for k in keys if k in self._leases]
         self._forget(keys)
@@ -382,6 +503,7 @@ class ConsumerService:
         consumer.incremental_unassign(partitions)
 
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._settle()
         self._forget([(tp.topic, tp.partition) for tp in partitions])
         consumer.incremental_unassign(partitions)
 
@@ -429,6 +551,8 @@ class ConsumerService:
         )
 
     def _connection(self) -> psycopg.Connection[Any]:
+        """The connection, with no batch in flight on it."""
+        self._settle()
         if self._conn is None or self._conn.closed:
             self._reconnect()
         assert self._conn is not None  # noqa: S101
@@ -464,6 +588,7 @@ class ConsumerService:
 
     def _seek_to_leases(self) -> None:
         """After a rollback, fetch again from what the database says is committed."""
+        self._rewinds += 1
         if self._consumer is None:
             return
         for lease in self._leases.values():

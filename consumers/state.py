@@ -1,7 +1,9 @@
 """The consumer's own tables in PostgreSQL: offsets with an owner lease, and dead letters.
 
 SQLAlchemy Core describes them; `ensure_state_tables` creates them idempotently, under an
-advisory lock so that two instances starting together do not race on CREATE TABLE.
+advisory lock so that two instances starting together do not race on CREATE TABLE. Beside them
+lives one function, the fenced offset advance, so that a batch sent as a single message can have
+PostgreSQL itself refuse it when a lease no longer holds (see `consumers.flight`).
 """
 
 from __future__ import annotations
@@ -98,9 +100,43 @@ def state_tables(schema: str) -> StateTables:
     )
 
 
+ADVANCE_OFFSETS_FUNCTION = "advance_offsets"
+
+
+def _advance_offsets_ddl(tables: StateTables) -> str:
+    """Moves each partition to its new next offset where the lease still holds (same owner
+    epoch, same expected offset) and returns the partitions it did not move. With `p_strict`
+    it raises instead, aborting the transaction that holds it, and with it the batch's rows."""
+    return f"""
+CREATE OR REPLACE FUNCTION "{tables.schema}".{ADVANCE_OFFSETS_FUNCTION}(
+    p_group text, p_topics text[], p_partitions integer[], p_epochs bigint[],
+    p_expected bigint[], p_next bigint[], p_strict boolean)
+RETURNS TABLE (fenced_topic text, fenced_partition integer)
+LANGUAGE plpgsql AS $advance$
+BEGIN
+    RETURN QUERY
+    WITH moved AS (
+        UPDATE {tables.qualified(tables.offsets)} AS o
+        SET next_offset = x.n, updated_at = now()
+        FROM unnest(p_topics, p_partitions, p_epochs, p_expected, p_next)
+            AS x(t, p, e, expected, n)
+        WHERE o.group_id = p_group AND o.topic = x.t AND o.partition = x.p
+          AND o.owner_epoch = x.e AND o.next_offset = x.expected
+        RETURNING o.topic, o.partition)
+    SELECT x.t, x.p FROM unnest(p_topics, p_partitions) AS x(t, p)
+    EXCEPT SELECT m.topic, m.partition FROM moved AS m;
+    IF FOUND AND p_strict THEN
+        RAISE EXCEPTION 'an offset lease of group % is no longer held', p_group
+            USING HINT = 'another member took the partition over, or its offset was reset';
+    END IF;
+END
+$advance$"""  # noqa: S608 - our own schema and table names
+
+
 def ensure_state_tables(conn: Connection, tables: StateTables) -> None:
-    """Create the schema and both tables when missing; commits."""
+    """Create the schema, the tables and the advance function when missing; commits."""
     with conn.begin():
         conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _DDL_LOCK_KEY})
         conn.execute(CreateSchema(tables.schema, if_not_exists=True))
         tables.offsets.metadata.create_all(conn, checkfirst=True)
+        conn.execute(text(_advance_offsets_ddl(tables)))

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from consumers.state import StateTables, ensure_state_tables, state_tables
 from tests.harness import Endpoints, endpoints
 
 _HERE = Path(__file__).parent
@@ -44,6 +45,19 @@ def names() -> dict[str, str]:
     suffix = uuid.uuid4().hex[:10]
     return {"topic": f"c-{suffix}", "table": f"t_{suffix}", "group": f"g-{suffix}",
             "schema": f"s_{suffix}"}  # fmt: skip
+
+
+@pytest.fixture
+def state(stack: Endpoints, names: dict[str, str]) -> StateTables:
+    """The consumer's state tables and function, created in a schema of this test's own."""
+    from consumers.service import sqlalchemy_engine
+
+    tables = state_tables(names["schema"])
+    engine = sqlalchemy_engine(stack.dsn)
+    with engine.connect() as conn:
+        ensure_state_tables(conn, tables)
+    engine.dispose()
+    return tables
 
 
 @pytest.fixture

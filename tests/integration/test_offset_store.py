@@ -7,21 +7,15 @@ from dataclasses import replace
 import psycopg
 
 from consumers.offsets import OffsetStore
-from consumers.service import sqlalchemy_engine
-from consumers.state import ensure_state_tables, state_tables
+from consumers.state import StateTables
 from tests.harness import Endpoints
 
 
 def test_one_statement_advances_every_held_partition_and_names_the_ones_not_held(
-    stack: Endpoints, names: dict[str, str]
+    stack: Endpoints, names: dict[str, str], state: StateTables
 ) -> None:
-    tables = state_tables(names["schema"])
-    engine = sqlalchemy_engine(stack.dsn)
-    with engine.connect() as setup:
-        ensure_state_tables(setup, tables)
-    engine.dispose()
-    mine = OffsetStore(tables=tables, group_id=names["group"], owner="a")
-    theirs = OffsetStore(tables=tables, group_id=names["group"], owner="b")
+    mine = OffsetStore(tables=state, group_id=names["group"], owner="a")
+    theirs = OffsetStore(tables=state, group_id=names["group"], owner="b")
     t = names["topic"]
     with psycopg.connect(stack.dsn, autocommit=True) as conn:
         claimed = mine.claim(conn, {(t, p): 10 for p in range(4)}, lock_wait_ms=1000)

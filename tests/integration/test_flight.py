@@ -1,0 +1,94 @@
+"""A batch's transaction sent as one message, against real PostgreSQL: it commits whole, or
+PostgreSQL refuses it whole and nothing of it is written."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from consumers.applier import Step
+from consumers.flight import Flight
+from consumers.offsets import Lease, OffsetStore
+from consumers.state import StateTables
+from tests.harness import Endpoints
+
+
+@pytest.fixture
+def setup(
+    stack: Endpoints, names: dict[str, str], state: StateTables
+) -> Iterator[tuple[psycopg.Connection, OffsetStore, Lease]]:
+    store = OffsetStore(tables=state, group_id=names["group"], owner="a")
+    with psycopg.connect(stack.dsn, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("CREATE TABLE {} (id bigint NOT NULL, note text)").format(
+                sql.Identifier(names["table"])
+            )
+        )
+        (lease,) = store.claim(conn, {(names["topic"], 0): 10}, lock_wait_ms=1000)
+        yield conn, store, lease
+
+
+def copy(table: str, rows: list[tuple[object, ...]]) -> Step:
+    return Step(sql.SQL("COPY {} (id, note) FROM STDIN").format(sql.Identifier(table)), list(rows))
+
+
+def fly(
+    conn: psycopg.Connection, store: OffsetStore, lease: Lease, steps: list[Step]
+) -> str | None:
+    advance = store.advance_statement([(lease, 13)], strict=True)
+    return Flight(conn, steps, advance=advance, timeout_s=30).finish()
+
+
+def written(
+    conn: psycopg.Connection, store: OffsetStore, lease: Lease, table: str
+) -> tuple[int, int]:
+    (count,) = conn.execute(
+        sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(table))
+    ).fetchone() or (0,)
+    return count, store.stored(conn, [lease.key])[lease.key]
+
+
+def test_a_batch_commits_its_rows_and_its_offset_together(
+    setup: tuple[psycopg.Connection, OffsetStore, Lease], names: dict[str, str]
+) -> None:
+    conn, store, lease = setup
+    table = names["table"]
+    steps = [copy(table, [(10, "a"), (11, "tab\there")]), copy(table, [(12, None)])]
+    assert fly(conn, store, lease, steps) is None
+    assert conn.pgconn.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    assert written(conn, store, lease, table) == (3, 13)
+    assert conn.execute(
+        sql.SQL("SELECT note FROM {} WHERE id = 11").format(sql.Identifier(table))
+    ).fetchone() == ("tab\there",)
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["lease taken over", "row refused by the table", "text psycopg will not send"],
+)
+def test_a_refused_batch_writes_nothing_and_says_why(
+    setup: tuple[psycopg.Connection, OffsetStore, Lease],
+    names: dict[str, str],
+    state: StateTables,
+    case: str,
+) -> None:
+    conn, store, lease = setup
+    table = names["table"]
+    good = copy(table, [(10, "a"), (11, "b")])
+    if case == "lease taken over":
+        OffsetStore(tables=state, group_id=names["group"], owner="b").claim(
+            conn, {lease.key: 0}, lock_wait_ms=1000
+        )
+        steps, expected = [good], "no longer held"
+    elif case == "row refused by the table":
+        steps, expected = [good, copy(table, [(12, "c"), (None, "d")])], "not-null"
+    else:
+        steps, expected = [good, copy(table, [(12, "nul\x00")])], "refused before sending"
+    refusal = fly(conn, store, lease, steps)
+    assert refusal is not None and expected in refusal
+    assert conn.pgconn.transaction_status == psycopg.pq.TransactionStatus.INERROR
+    conn.execute("ROLLBACK")
+    assert written(conn, store, lease, table) == (0, 10)
