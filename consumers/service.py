@@ -167,6 +167,7 @@ class ConsumerService:
                     self._reconcile()
                 if not self._behind:
                     self._settle()  # caught up: nothing to overlap the commit with
+                rewinds = self._rewinds
                 messages = self._consumer.consume(
                     self._config.batch_max_records, self._config.batch_max_wait_ms / 1000
                 )
@@ -177,7 +178,7 @@ class ConsumerService:
                             self._kafka_error(message.error())
                     messages = [m for m in messages if m.error() is None]
                 if messages:
-                    self._apply(messages)
+                    self._apply(messages, rewinds)
                 else:
                     self._settle()
         finally:
@@ -219,14 +220,19 @@ class ConsumerService:
 
     # -- one batch ----------------------------------------------------------------------------
 
-    def _apply(self, records: list[Record]) -> None:
-        rewinds = self._rewinds
+    def _apply(self, records: list[Record], rewinds: int) -> None:
+        """Write a polled batch. `rewinds`: the count before the poll that returned it."""
         by_partition = self._ours(records)
         # Decoded while the batch before is still in flight: its commit costs no waiting.
         plans = self._plans(by_partition)
-        if not self._settle():
-            if self._rewinds != rewinds:
-                return  # fetching again from the stored offsets: these records come back
+        settled = self._settle()
+        if self._rewinds != rewinds:
+            # The positions went back to the stored offsets, here or in a rebalance callback
+            # inside the poll: some of these records may come from before that. Drop them all,
+            # and go back once more, so that none fetched since is skipped either.
+            self._seek_to_leases()
+            return
+        if not settled:
             by_partition = self._ours(records)  # leases moved: look again
             plans = self._plans(by_partition)
         self._write(by_partition, plans)
