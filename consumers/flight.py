@@ -21,7 +21,6 @@ until `finish` returns.
 from __future__ import annotations
 
 import select
-import time
 from collections import deque
 from typing import Any
 
@@ -55,8 +54,8 @@ class Flight:
         self._wire = _Wire(conn.pgconn, timeout_s)
         self._refusal: str | None = None
         self._done = False
-        statements = [b"BEGIN", _bytes(advance, conn)]
-        statements += [_bytes(step.statement, conn) for step in steps]
+        statements = [b"BEGIN", advance.as_bytes(conn)]
+        statements += [step.statement.as_bytes(conn) for step in steps]
         self._wire.send(b";\n".join([*statements, b"COMMIT"]))
         for rows in (step.rows for step in steps if step.rows is not None):
             if not self._until_copy_starts():
@@ -89,7 +88,7 @@ class Flight:
         except psycopg.OperationalError:
             raise
         except psycopg.Error as exc:  # a value psycopg will not send (text holding NUL)
-            self._wire.end_copy(f"refused before sending: {exc}")
+            copy.finish(exc)  # the COPY fails, and with it the rest of the message
             return
         copy.finish(None)
 
@@ -109,7 +108,7 @@ class _CopyWriter(Writer):
         self._wire.put(data)
 
     def finish(self, exc: BaseException | None = None) -> None:
-        self._wire.end_copy(None if exc is None else str(exc))
+        self._wire.end_copy(None if exc is None else f"refused before sending: {exc}")
 
 
 class _Wire:
@@ -154,14 +153,9 @@ class _Wire:
     def _wait(self, events: int) -> int:
         poller = select.poll()
         poller.register(self._pgconn.socket, events)
-        started = time.monotonic()
         ready = poller.poll(self._timeout_ms)
         if not ready:
             raise psycopg.OperationalError(
-                f"no answer from PostgreSQL in {time.monotonic() - started:.0f}s"
+                f"no answer from PostgreSQL in {self._timeout_ms / 1000:.0f}s"
             )
         return ready[0][1]
-
-
-def _bytes(statement: sql.Composable, conn: psycopg.Connection[Any]) -> bytes:
-    return bytes(statement.as_bytes(conn))

@@ -61,6 +61,11 @@ class _Sent:
     started: float
 
 
+def _next_offsets(by_partition: dict[PartitionKey, list[Record]]) -> dict[PartitionKey, int]:
+    """Where each partition goes once the batch commits: after its last record."""
+    return {key: offset_of(records[-1]) + 1 for key, records in by_partition.items()}
+
+
 def sqlalchemy_engine(dsn: str) -> Engine:
     """An engine over psycopg for DDL and reflection; takes URL and key=value DSNs alike."""
     return create_engine("postgresql+psycopg://", creator=lambda: psycopg.connect(dsn))
@@ -294,9 +299,7 @@ class ConsumerService:
                     by_partition.pop(key, None)
                 self._let_go(fenced.keys)
             except psycopg.OperationalError as exc:
-                log.error("database connection lost: %s", exc)
-                self._reconnect()
-                self._seek_to_leases()
+                self._connection_lost(exc)
                 return
 
     def _send(
@@ -305,7 +308,7 @@ class ConsumerService:
         """The batch's transaction as one message (see `consumers.flight`); `_settle` reads
         its outcome."""
         conn = self._connection()
-        advanced = {key: offset_of(records[-1]) + 1 for key, records in by_partition.items()}
+        advanced = _next_offsets(by_partition)
         advance = self._store.advance_statement(
             [(self._leases[key], offset) for key, offset in advanced.items()], strict=True
         )
@@ -338,9 +341,7 @@ class ConsumerService:
             assert self._conn is not None  # noqa: S101 - the flight went over it
             self._conn.execute("ROLLBACK")
         except psycopg.OperationalError as exc:
-            log.error("database connection lost: %s", exc)
-            self._reconnect()
-            self._seek_to_leases()
+            self._connection_lost(exc)
             return False
         self._write(sent.by_partition, None)
         return False
@@ -354,12 +355,10 @@ class ConsumerService:
         """
         conn = self._connection()
         started = time.perf_counter()
-        advanced: dict[PartitionKey, int] = {}
+        advanced = _next_offsets(by_partition)
         applied: dict[str, tuple[int, int]] = {}
         with conn.transaction():
             # Step 1
-            for key, records in by_partition.items():
-                advanced[key] = offset_of(records[-1]) + 1
             fenced = self._store.advance(
                 conn, [(self._leases[key], offset) for key, offset in advanced.items()]
             )
@@ -591,6 +590,12 @@ class ConsumerService:
             log.error("database connection lost: %s", exc)
             self._reconnect()
             return work(self._connection())
+
+    def _connection_lost(self, exc: psycopg.OperationalError) -> None:
+        """The open batch rolled back with the connection: reconnect, fetch it again."""
+        log.error("database connection lost: %s", exc)
+        self._reconnect()
+        self._seek_to_leases()
 
     def _seek_to_leases(self) -> None:
         """After a rollback, fetch again from what the database says is committed."""
