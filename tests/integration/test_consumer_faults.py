@@ -95,8 +95,10 @@ def test_sigkill_at_random_moments_loses_and_doubles_nothing(
         deadline = time.monotonic() + 30
         before = count(stack.dsn, table)[0]
         while count(stack.dsn, table)[0] == before and time.monotonic() < deadline:
-            time.sleep(0.05)
-        time.sleep(rng.uniform(0.0, 0.2))
+            time.sleep(0.01)
+        # A batch of 500 takes a few milliseconds: a short jitter still lands anywhere in its
+        # cycle, and leaves most of the stream for the next lives.
+        time.sleep(rng.uniform(0.0, 0.05))
         consumer.send_signal(signal.SIGKILL)
         consumer.wait(30)
         progress.append(count(stack.dsn, table)[0])
@@ -104,11 +106,15 @@ def test_sigkill_at_random_moments_loses_and_doubles_nothing(
         if progress[-1] >= RECORDS:
             break
 
+    lives = log.read_text().count('"consumer started"')
     consumer = start_consumer(config, log)
     deadline = time.monotonic() + 180
     while count(stack.dsn, table)[0] < RECORDS and time.monotonic() < deadline:
         assert consumer.poll() is None, log.read_text()[-3000:]
         time.sleep(0.2)
+    # Its SIGTERM handler is in place once it has started (the stream may be done already).
+    while log.read_text().count('"consumer started"') == lives and time.monotonic() < deadline:
+        time.sleep(0.05)
     time.sleep(1)  # a duplicate applied late would show now
     consumer.send_signal(signal.SIGTERM)
     assert consumer.wait(60) == 0, log.read_text()[-3000:]
