@@ -24,6 +24,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy --strict $(PACKAGES)
+	$(BIN)/lint-imports
 
 unit: $(STAMP)
 	$(BIN)/pytest tests/unit

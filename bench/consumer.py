@@ -38,7 +38,8 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from bench.common import Endpoints, running_stack, write_results
 from bridge.kafka_admin import KafkaAdmin, create_topic
 from bridge.names import DEFAULT_STATE_SCHEMA
-from consumers.positions import applied_position, caught_up_position
+from consumers.offsets import applied_position
+from consumers.positions import caught_up_position
 from consumers.rows import RowDecoder
 from consumers.service import CONSUMER_FETCH_DEFAULTS
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from bench.common import Endpoints, percentile, running_stack, write_results
 from bridge.kafka_admin import create_topic
+from bridge.maven import spark_kafka_jars
 from spark_jobs.progress import SinkCounters
 from spark_jobs.spark_session import DEFAULT_MASTER, build_session
 
@@ -99,7 +100,7 @@ def main() -> None:
     data = scratch / "in"
     write_input(data, rows=args.rows, row_bytes=args.row_bytes, files=args.files)
     with running_stack() as stack:
-        spark = build_session("bench-producer", with_kafka_connector=True)
+        spark = build_session("bench-producer", jars=spark_kafka_jars())
         try:
             # Warm up both paths (JIT, Python workers, broker metadata) on a small copy.
             warm = scratch / "warm"

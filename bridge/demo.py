@@ -23,10 +23,12 @@ import psycopg
 import yaml
 from rich.console import Console
 
+from bridge.errors import BridgeError
 from bridge.kafka_admin import KafkaAdmin, create_topic
 from bridge.names import DEFAULT_STATE_SCHEMA, ENV_PREFIX
 from bridge.stack import LocalStack
-from consumers.positions import applied_position, caught_up_position
+from consumers.offsets import applied_position
+from consumers.positions import caught_up_position
 
 DEMO_TABLE = "public.demo_orders"
 PARTITIONS = 4
@@ -121,7 +123,7 @@ def _tail(log: Path, lines: int = 30) -> str:
     return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
 
 
-class DemoFailed(Exception):
+class DemoFailed(BridgeError):
     """A step of the demo failed; the message says which and where its log is."""
 
 
@@ -206,12 +208,11 @@ def _pipeline(
         consumer = None
 
         verdict = verify(dsn, run, records, group)
-        from bridge.cli.offsets import positions_table
+        from bridge.tables import positions_table
         from consumers.positions import read_positions
-        from consumers.state import state_tables
 
         with psycopg.connect(dsn, autocommit=True) as conn:
-            positions = read_positions(conn, state_tables(DEFAULT_STATE_SCHEMA), admin, group)
+            positions = read_positions(conn, DEFAULT_STATE_SCHEMA, admin, group)
         console.print(positions_table(positions, title=f"offsets of group {group}"))
         _summary(console, verdict, run, topic, time.monotonic() - begun)
         return verdict.exactly_once

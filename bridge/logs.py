@@ -1,30 +1,39 @@
-"""Structured logs: one JSON object a line, with the fields passed through `extra=`."""
+"""Structured logs: one JSON object a line, with the fields passed through `extra=`.
+
+python-json-logger does the formatting; only the names of the standard fields are ours.
+"""
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 from typing import Any
 
-_STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
+from pythonjsonlogger.json import JsonFormatter
 
 
-class JsonFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        entry: dict[str, Any] = {
-            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "message": record.getMessage(),
-        }
-        entry.update({k: v for k, v in record.__dict__.items() if k not in _STANDARD})
-        if record.exc_info:
-            entry["error"] = self.formatException(record.exc_info)
-        return json.dumps(entry, default=str)
+class _BridgeJsonFormatter(JsonFormatter):
+    def process_log_record(self, log_data: dict[str, Any]) -> dict[str, Any]:
+        log_data["level"] = str(log_data.get("level", "")).lower()
+        return log_data
+
+
+def formatter() -> logging.Formatter:
+    return _BridgeJsonFormatter(
+        "{asctime}{levelname}{name}{message}",
+        style="{",
+        datefmt="%Y-%m-%dT%H:%M:%S",
+        rename_fields={
+            "asctime": "time",
+            "levelname": "level",
+            "name": "logger",
+            "exc_info": "error",
+        },
+        json_default=str,
+    )
 
 
 def configure(level: str = "INFO") -> None:
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter())
+    handler.setFormatter(formatter())
     logging.basicConfig(level=level, handlers=[handler], force=True)

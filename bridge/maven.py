@@ -73,3 +73,17 @@ def resolve_jars(pom: Path, jars_dir: Path, *, override_env: str) -> Path:
         # Another process finished first; its copy is as good as ours.
         shutil.rmtree(scratch, ignore_errors=True)
     return jars_dir
+
+
+ENV_SPARK_KAFKA_JARS = "BRIDGE_SPARK_KAFKA_JARS"
+
+
+def spark_kafka_jars() -> list[str]:
+    """Spark's Kafka connector (source and built-in sink), resolved from Maven Central once."""
+    pom = repo_root() / "spark_jobs" / "jars" / "pom.xml"
+    jars_dir = resolve_jars(
+        pom,
+        cached_jars_dir(pom, "spark-kafka-jars", ENV_SPARK_KAFKA_JARS),
+        override_env=ENV_SPARK_KAFKA_JARS,
+    )
+    return sorted(str(jar) for jar in jars_dir.glob("*.jar"))

@@ -9,6 +9,7 @@ ENV_NESTED_DELIMITER: Final = "__"
 ENV_CONFIG_FILE: Final = "BRIDGE_CONFIG"
 ENV_KAFKA_BOOTSTRAP: Final = "BRIDGE_KAFKA__BOOTSTRAP_SERVERS"
 ENV_POSTGRES_DSN: Final = "BRIDGE_POSTGRES__DSN"
+ENV_STACK_DIR: Final = "BRIDGE_STACK_DIR"
 
 STACK_ENV_FILE: Final = "stack.env"
 STACK_STATE_FILE: Final = "stack.json"
@@ -17,3 +18,32 @@ DEFAULT_STACK_DIR: Final = ".stack"
 DEFAULT_STATE_SCHEMA: Final = "bridge"
 POSTGRES_DATABASE: Final = "bridge"
 POSTGRES_USER: Final = "bridge"
+
+# The consumer's own objects in PostgreSQL, inside its state schema.
+OFFSETS_TABLE: Final = "offsets"
+DEAD_LETTERS_TABLE: Final = "dead_letters"
+OFFSET_RESETS_TABLE: Final = "offset_resets"
+ADVANCE_OFFSETS_FUNCTION: Final = "advance_offsets"
+# The session name of a group's members, which lets a member end a stalled member's session.
+CONSUMER_APPLICATION_PREFIX: Final = "bridge-consumer:"
+UPSERT_STAGE_PREFIX: Final = "bridge_stage_"  # a temporary table per upsert target
+
+# Kafka: the sink's format name, its defaults, and the provenance headers of every record.
+SINK_FORMAT: Final = "bridge-kafka"
+DEFAULT_TRANSACTIONAL_ID_HEAD: Final = "bridge-"
+DEFAULT_MARKER_TOPIC: Final = "bridge-epoch-markers"
+MARKER_GROUP_INFIX: Final = ".marker.p"
+PROVENANCE_QUERY: Final = "bridge.query"
+PROVENANCE_PARTITION: Final = "bridge.partition"
+PROVENANCE_EPOCH: Final = "bridge.epoch"
+
+# Prometheus metrics of the consumer (counters gain `_total` when exported).
+METRIC_RECORDS_APPLIED: Final = "bridge_consumer_records_applied"
+METRIC_DEAD_LETTERS: Final = "bridge_consumer_dead_letters"
+METRIC_BATCHES: Final = "bridge_consumer_batches"
+METRIC_BATCH_SECONDS: Final = "bridge_consumer_batch_duration_seconds"
+METRIC_LATENCY_SECONDS: Final = "bridge_consumer_end_to_end_latency_seconds"
+METRIC_LAG: Final = "bridge_consumer_lag"
+METRIC_PARTITIONS: Final = "bridge_consumer_partitions"
+METRIC_DATABASE_RECONNECTS: Final = "bridge_consumer_database_reconnects"
+METRIC_INFO: Final = "bridge_consumer_info"

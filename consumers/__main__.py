@@ -1,8 +1,5 @@
 """`python -m consumers --config FILE` is `bridge consume --config FILE`."""
 
-import sys
+from consumers.run import main
 
-from bridge.cli import main
-
-sys.argv[1:1] = ["consume"]
 main()

@@ -1,8 +1,9 @@
 """The consumer's Prometheus metrics, and the HTTP endpoints that serve them with its health.
 
 `/metrics` (Prometheus text format), `/healthz` (200 while the poll loop turns), `/readyz` (200
-once the consumer is in its group and no partition is stuck outside its log). Each service has
-its own registry, so several services in one process never share counters.
+once the consumer is in its group and every partition it holds is progressing; else 503 with one
+line per reason). Each service has its own registry, so several services in one process never
+share counters.
 """
 
 from __future__ import annotations
@@ -18,6 +19,18 @@ from typing import Any
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import generate_latest
 
+from bridge.names import (
+    METRIC_BATCH_SECONDS,
+    METRIC_BATCHES,
+    METRIC_DATABASE_RECONNECTS,
+    METRIC_DEAD_LETTERS,
+    METRIC_INFO,
+    METRIC_LAG,
+    METRIC_LATENCY_SECONDS,
+    METRIC_PARTITIONS,
+    METRIC_RECORDS_APPLIED,
+)
+from consumers.partitions import PartitionState
 from consumers.records import Record, timestamp_ms
 
 # How many records of a batch feed the latency histogram: enough for p99, cheap per batch.
@@ -31,42 +44,54 @@ class ConsumerMetrics:
         self.registry = CollectorRegistry()
         labels = {"group": group_id}
         self.records_applied = Counter(
-            "bridge_consumer_records_applied",
+            METRIC_RECORDS_APPLIED,
             "Records applied to PostgreSQL (inserted, upserted or deleted).",
             ["topic"],
             registry=self.registry,
         ).labels
         self.dead_letters = Counter(
-            "bridge_consumer_dead_letters",
+            METRIC_DEAD_LETTERS,
             "Records written to the dead-letter table.",
             ["topic"],
             registry=self.registry,
         ).labels
         self.batches = Counter(
-            "bridge_consumer_batches", "Database transactions committed.", registry=self.registry
+            METRIC_BATCHES, "Database transactions committed.", registry=self.registry
         )
         self.batch_seconds = Histogram(
-            "bridge_consumer_batch_duration_seconds",
+            METRIC_BATCH_SECONDS,
             "Time of one batch's database transaction, offsets and rows.",
             buckets=_BATCH_BUCKETS,
             registry=self.registry,
         )
         self.latency_seconds = Histogram(
-            "bridge_consumer_end_to_end_latency_seconds",
+            METRIC_LATENCY_SECONDS,
             "From a record's Kafka timestamp to the commit of its database transaction "
             f"(up to {_LATENCY_SAMPLES_PER_BATCH} records sampled per batch).",
             buckets=_LATENCY_BUCKETS,
             registry=self.registry,
         )
         self.lag = Gauge(
-            "bridge_consumer_lag",
+            METRIC_LAG,
             "Records between the stored next offset and the last stable offset.",
             ["topic", "partition"],
             registry=self.registry,
         )
-        Gauge(
-            "bridge_consumer_info", "The consumer group.", list(labels), registry=self.registry
-        ).labels(**labels).set(1)
+        self.partitions = Gauge(
+            METRIC_PARTITIONS,
+            "Partitions this member holds, by state (consuming, in_flight, unresolved, fenced, "
+            "out_of_range).",
+            ["state"],
+            registry=self.registry,
+        )
+        self.reconnects = Counter(
+            METRIC_DATABASE_RECONNECTS,
+            "Times the database connection was lost and opened again.",
+            registry=self.registry,
+        )
+        Gauge(METRIC_INFO, "The consumer group.", list(labels), registry=self.registry).labels(
+            **labels
+        ).set(1)
 
     def committed(self, records: Sequence[Record], seconds: float) -> None:
         """After a batch's commit: its duration, and the latency of a sample of its records."""
@@ -99,6 +124,10 @@ class ConsumerMetrics:
                     position = max(position, partition.get("app_offset", -1))
                 self.lag.labels(topic=topic, partition=name).set(max(0, stable - position))
 
+    def states(self, counts: dict[PartitionState, int]) -> None:
+        for state, count in counts.items():
+            self.partitions.labels(state=state.value).set(count)
+
     def forget(self, keys: Sequence[tuple[str, int]]) -> None:
         for topic, partition in keys:
             with contextlib.suppress(KeyError):  # never reported for this partition
@@ -115,12 +144,12 @@ class HealthServer:
         host: str,
         port: int,
         healthy: Callable[[], bool],
-        ready: Callable[[], bool],
+        not_ready: Callable[[], list[str]],
     ) -> None:
         routes: dict[str, Callable[[], tuple[int, bytes, str]]] = {
             "/metrics": lambda: (200, generate_latest(metrics.registry), CONTENT_TYPE_LATEST),
             "/healthz": lambda: _verdict(healthy()),
-            "/readyz": lambda: _verdict(ready()),
+            "/readyz": lambda: _readiness(not_ready()),
         }
 
         class Handler(BaseHTTPRequestHandler):
@@ -159,5 +188,7 @@ def _verdict(ok: bool) -> tuple[int, bytes, str]:
     return (200, b"ok\n", "text/plain") if ok else (503, b"not ok\n", "text/plain")
 
 
-def _not_found() -> tuple[int, bytes, str]:
-    return 404, b"not found\n", "text/plain"
+def _readiness(reasons: list[str]) -> tuple[int, bytes, str]:
+    if not reasons:
+        return _verdict(True)
+    return 503, ("not ready\n" + "".join(f"{r}\n" for r in reasons)).encode(), "text/plain"

@@ -19,7 +19,7 @@ import psycopg
 
 from bridge.errors import BridgeError
 from bridge.kafka_admin import KafkaAdmin
-from consumers.state import StateTables
+from consumers.offsets import OffsetStore, ResetMove
 
 _LOCK_WAIT = "30s"  # a member's batch holds the row lock for one transaction, well under this
 
@@ -67,7 +67,7 @@ class ResetStep:
 
 def plan_reset(
     conn: psycopg.Connection[Any],
-    tables: StateTables,
+    schema: str,
     admin: KafkaAdmin,
     *,
     group: str,
@@ -84,14 +84,7 @@ def plan_reset(
         partitions = [partition]
     keys = [(topic, p) for p in partitions]
     ranges = admin.log_ranges(keys)
-    stored = {
-        (t, p): (offset, owner)
-        for t, p, offset, owner in conn.execute(
-            f"SELECT topic, partition, next_offset, owner FROM {tables.qualified(tables.offsets)} "  # noqa: S608
-            "WHERE group_id = %s AND topic = %s",
-            (group, topic),
-        ).fetchall()
-    }
+    stored = OffsetStore(schema=schema, group_id=group).rows(conn, keys)
     at_time = admin.offsets_at(keys, target.timestamp_ms) if target.kind == "time" else {}
     live = admin.owners(group)
     steps = []
@@ -111,14 +104,14 @@ def plan_reset(
                     f"--to {new}: {topic}[{key[1]}] holds offsets "
                     f"{log.log_start}..{log.high_watermark}"
                 )
-        old, owner = stored.get(key, (None, None))
+        row = stored.get(key)
         steps.append(
             ResetStep(
                 topic=topic,
                 partition=key[1],
-                old_offset=old,
+                old_offset=row.next_offset if row else None,
                 new_offset=new,
-                owner=owner,
+                owner=row.owner if row else None,
                 live_owner=live.get(key),
             )
         )
@@ -127,7 +120,7 @@ def plan_reset(
 
 def execute_reset(
     conn: psycopg.Connection[Any],
-    tables: StateTables,
+    schema: str,
     *,
     group: str,
     steps: list[ResetStep],
@@ -142,45 +135,11 @@ def execute_reset(
             f"group {group!r} has live members holding {names}. Stop them first, or pass --force: "
             "each member holding a partition is then fenced and carries on from the new offset"
         )
-    offsets = tables.qualified(tables.offsets)
-    audit = tables.qualified(tables.offset_resets)
-    requested_by = f"{getpass.getuser()}@{socket.gethostname()}"
-    epochs = []
-    with conn.transaction():
-        conn.execute("SELECT set_config('lock_timeout', %s, true)", (_LOCK_WAIT,))
-        for step in steps:
-            before = conn.execute(
-                f"SELECT next_offset, owner FROM {offsets} "  # noqa: S608 - our table
-                "WHERE group_id = %s AND topic = %s AND partition = %s FOR UPDATE",
-                (group, step.topic, step.partition),
-            ).fetchone()
-            row = conn.execute(
-                f"INSERT INTO {offsets} AS o "  # noqa: S608 - our table
-                "(group_id, topic, partition, next_offset, owner, owner_epoch) "
-                "VALUES (%s, %s, %s, %s, NULL, 1) "
-                "ON CONFLICT (group_id, topic, partition) DO UPDATE "
-                "SET next_offset = EXCLUDED.next_offset, owner = NULL, "
-                "owner_epoch = o.owner_epoch + 1, updated_at = now() "
-                "RETURNING owner_epoch",
-                (group, step.topic, step.partition, step.new_offset),
-            ).fetchone()
-            assert row is not None  # noqa: S101 - INSERT ... RETURNING returns the row
-            conn.execute(
-                f"INSERT INTO {audit} (group_id, topic, partition, old_offset, new_offset, "  # noqa: S608
-                "old_owner, new_owner_epoch, target, forced, requested_by) "
-                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
-                (
-                    group,
-                    step.topic,
-                    step.partition,
-                    before[0] if before else None,
-                    step.new_offset,
-                    before[1] if before else None,
-                    row[0],
-                    target.text,
-                    force,
-                    requested_by,
-                ),
-            )
-            epochs.append(int(row[0]))
-    return epochs
+    return OffsetStore(schema=schema, group_id=group).reset(
+        conn,
+        [ResetMove(topic=s.topic, partition=s.partition, new_offset=s.new_offset) for s in steps],
+        target=target.text,
+        forced=force,
+        requested_by=f"{getpass.getuser()}@{socket.gethostname()}",
+        lock_wait=_LOCK_WAIT,
+    )

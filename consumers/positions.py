@@ -13,9 +13,8 @@ from typing import Any
 import psycopg
 from confluent_kafka import KafkaException
 
-from bridge.errors import BridgeError
 from bridge.kafka_admin import KafkaAdmin, LogRange, PartitionKey, TopicError
-from consumers.state import StateTables
+from consumers.offsets import stored_positions
 
 _UNKNOWN_MEMBER = "unknown (the group could not be described)"
 
@@ -44,33 +43,15 @@ class Position:
         return document
 
 
-def stored_positions(
-    conn: psycopg.Connection[Any], tables: StateTables, group: str | None
-) -> list[tuple[Any, ...]]:
-    """(group, topic, partition, next_offset, owner, owner_epoch, updated_at) rows, in order."""
-    table = tables.qualified(tables.offsets)
-    try:
-        return conn.execute(
-            "SELECT group_id, topic, partition, next_offset, owner, owner_epoch, updated_at "  # noqa: S608 - our table
-            f"FROM {table} WHERE %(group)s::text IS NULL OR group_id = %(group)s "
-            "ORDER BY group_id, topic, partition",
-            {"group": group},
-        ).fetchall()
-    except psycopg.errors.UndefinedTable:
-        raise BridgeError(
-            f"no offsets table {table}: no consumer has run with this state schema yet"
-        ) from None
-
-
 def read_positions(
-    conn: psycopg.Connection[Any], tables: StateTables, admin: KafkaAdmin, group: str | None
+    conn: psycopg.Connection[Any], schema: str, admin: KafkaAdmin, group: str | None
 ) -> list[Position]:
-    rows = stored_positions(conn, tables, group)
-    keys = sorted({(topic, partition) for _, topic, partition, *_ in rows})
+    rows = stored_positions(conn, schema, group)
+    keys = sorted({(row.topic, row.partition) for row in rows})
     ranges = _ranges(admin, keys)
     owners: dict[str, dict[PartitionKey, str]] = {}
     unknown: set[str] = set()  # groups Kafka could not describe: their live members are unknown
-    for group_id in sorted({row[0] for row in rows}):
+    for group_id in sorted({row.group for row in rows}):
         try:
             owners[group_id] = admin.owners(group_id)
         except TopicError:
@@ -79,38 +60,39 @@ def read_positions(
     # Offsets between a stored position and the last stable offset can be transaction markers
     # (each committed transaction ends with one) rather than records: ask Kafka which are real.
     behind = {
-        (topic, partition): next_offset
-        for _, topic, partition, next_offset, *_ in rows
-        if (log := ranges.get((topic, partition)))
-        and log.log_start <= next_offset < log.last_stable
+        (row.topic, row.partition): row.next_offset
+        for row in rows
+        if (log := ranges.get((row.topic, row.partition)))
+        and log.log_start <= row.next_offset < log.last_stable
     }
     try:
         unread = admin.committed_records_from(behind)
     except KafkaException:
         unread = set(behind)
     positions = []
-    for group_id, topic, partition, next_offset, owner, epoch, updated_at in rows:
-        log = ranges.get((topic, partition))
-        lag = max(0, log.last_stable - next_offset) if log else None
-        if lag and (topic, partition) not in unread:
+    for row in rows:
+        key = (row.topic, row.partition)
+        log = ranges.get(key)
+        lag = max(0, log.last_stable - row.next_offset) if log else None
+        if lag and key not in unread:
             lag = 0
         positions.append(
             Position(
-                group=group_id,
-                topic=topic,
-                partition=partition,
-                next_offset=next_offset,
+                group=row.group,
+                topic=row.topic,
+                partition=row.partition,
+                next_offset=row.next_offset,
                 log_start_offset=log.log_start if log else None,
                 last_stable_offset=log.last_stable if log else None,
                 high_watermark=log.high_watermark if log else None,
                 lag=lag,
-                owner=owner,
-                owner_epoch=epoch,
-                live_owner=_UNKNOWN_MEMBER
-                if group_id in unknown
-                else owners[group_id].get((topic, partition)),
-                updated_at=updated_at,
-                out_of_range=bool(log and not log.log_start <= next_offset <= log.high_watermark),
+                owner=row.owner,
+                owner_epoch=row.owner_epoch,
+                live_owner=_UNKNOWN_MEMBER if row.group in unknown else owners[row.group].get(key),
+                updated_at=row.updated_at,
+                out_of_range=bool(
+                    log and not log.log_start <= row.next_offset <= log.high_watermark
+                ),
             )
         )
     return positions
@@ -129,20 +111,6 @@ def _ranges(admin: KafkaAdmin, keys: list[PartitionKey]) -> dict[PartitionKey, L
             except TopicError:
                 continue
         return found
-
-
-def applied_position(dsn: str, group: str, schema: str) -> int:
-    """The sum of a group's stored next offsets (0 before its consumer created the tables)."""
-    try:
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            row = conn.execute(
-                f'SELECT coalesce(sum(next_offset), 0) FROM "{schema}".offsets '  # noqa: S608
-                "WHERE group_id = %s",
-                (group,),
-            ).fetchone()
-    except psycopg.errors.UndefinedTable:
-        return 0
-    return int(row[0]) if row else 0
 
 
 def caught_up_position(admin: KafkaAdmin, topic: str, partitions: int) -> int:

@@ -14,6 +14,8 @@ from typing import cast
 
 from confluent_kafka import Message
 
+from bridge.errors import BridgeError
+
 Record = Message
 
 _TIMESTAMP_NOT_AVAILABLE = 0  # confluent_kafka.TIMESTAMP_NOT_AVAILABLE
@@ -46,5 +48,5 @@ def _visible(value: str | bytes) -> str:
     return text.replace("\x00", "\\x00")
 
 
-class RecordError(ValueError):
+class RecordError(BridgeError):
     """Why a record cannot become a row; the message goes to the dead-letter table."""

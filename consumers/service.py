@@ -1,5 +1,11 @@
-"""The long-running consumer: read_committed records -> one PostgreSQL transaction per batch
-holding the fenced offset advance and the rows together."""
+"""The long-running consumer: its poll loop and the wiring of its parts.
+
+read_committed records -> the partitions this member holds (`consumers.partitions`) -> one
+PostgreSQL transaction per batch holding the fenced offset advance and the rows together
+(`consumers.committer`) -> the states, metrics and mirror move from its result. Leases follow
+Kafka's assignment and the offsets table (`consumers.leases`); the database session comes back
+on its own after a lost connection (`consumers.db_session`).
+"""
 
 from __future__ import annotations
 
@@ -9,28 +15,25 @@ import socket
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable
-from dataclasses import dataclass, replace
 from itertools import chain, groupby
-from typing import Any, TypeVar, cast
+from typing import Any, cast
 
-import psycopg
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
-from sqlalchemy import Engine, create_engine
 
 from bridge.settings import BridgeSettings, ConsumerSettings, LibrdkafkaValue
-from consumers.applier import Applier, Step
-from consumers.flight import Flight
+from consumers.applier import Applier
+from consumers.committer import Batch, CommitResult, Committer
+from consumers.db_session import DatabaseSession
+from consumers.leases import LeaseKeeper
 from consumers.metrics import ConsumerMetrics, HealthServer
-from consumers.offsets import Lease, OffsetStore, PartitionKey, application_name
+from consumers.offsets import OffsetStore, PartitionKey
+from consumers.partitions import PartitionTable
 from consumers.records import Record, offset_of
-from consumers.state import ensure_state_tables, state_tables
+from consumers.state import ensure_state_tables, sqlalchemy_engine, state_tables
 from consumers.targets import Target, reflect_target
 
 log = logging.getLogger("bridge.consumer")
 
-_RECONNECT_DELAYS = (0.2, 0.5, 1.0, 2.0, 5.0)
-_RECONNECT_ATTEMPTS = 60  # about five minutes at the longest delay, then give up loudly
 # Fetch tuning the user may override in kafka.properties. librdkafka stops fetching a partition
 # once queued.min.messages (100,000) are queued locally, then waits fetch.queue.backoff.ms, 1 s by
 # default, before it fetches again, although the loop drains that queue in a fraction of it:
@@ -39,36 +42,6 @@ CONSUMER_FETCH_DEFAULTS: dict[str, LibrdkafkaValue] = {"fetch.queue.backoff.ms":
 _STATISTICS_INTERVAL_MS = 5_000  # how often librdkafka reports the last stable offsets (lag)
 _RECONCILE_INTERVAL_S = 1.0  # how often leases are compared with the offsets table
 _STALLED_AFTER_S = 60.0  # /healthz fails when the poll loop has not turned for this long
-T = TypeVar("T")
-
-
-class PartitionFenced(Exception):
-    """The fenced offset update matched no row: another owner holds the partitions now."""
-
-    def __init__(self, keys: list[PartitionKey]) -> None:
-        self.keys = keys
-        super().__init__(", ".join(f"{t}[{p}]" for t, p in keys) + " no longer ours")
-
-
-@dataclass(frozen=True)
-class _Sent:
-    """A batch whose transaction is on its way (see `consumers.flight`)."""
-
-    flight: Flight
-    by_partition: dict[PartitionKey, list[Record]]
-    advanced: dict[PartitionKey, int]
-    applied: dict[str, tuple[int, int]]  # per topic: rows written, dead letters
-    started: float
-
-
-def _next_offsets(by_partition: dict[PartitionKey, list[Record]]) -> dict[PartitionKey, int]:
-    """Where each partition goes once the batch commits: after its last record."""
-    return {key: offset_of(records[-1]) + 1 for key, records in by_partition.items()}
-
-
-def sqlalchemy_engine(dsn: str) -> Engine:
-    """An engine over psycopg for DDL and reflection; takes URL and key=value DSNs alike."""
-    return create_engine("postgresql+psycopg://", creator=lambda: psycopg.connect(dsn))
 
 
 class ConsumerService:
@@ -79,24 +52,31 @@ class ConsumerService:
         self._owner = owner or f"{socket.gethostname()}:{os.getpid()}"
         self._tables = state_tables(self._config.state_schema)
         self._store = OffsetStore(
-            tables=self._tables, group_id=self._config.group_id, owner=self._owner
+            schema=self._config.state_schema, group_id=self._config.group_id, owner=self._owner
         )
-        self._applier = Applier(tables=self._tables, group_id=self._config.group_id)
-        self._leases: dict[PartitionKey, Lease] = {}
-        self._out_of_range: set[PartitionKey] = set()
-        # Assigned to this member by Kafka but paused: fenced by another owner, or out of range.
-        self._held_idle: set[PartitionKey] = set()
-        self._next_reconcile = 0.0
-        self._delivered: dict[PartitionKey, int] = {}  # last offset Kafka handed us, + 1
-        self._targets: dict[str, Target] = {}
         self._stop = threading.Event()
-        self._conn: psycopg.Connection[Any] | None = None
-        self._sent: _Sent | None = None
+        self.metrics = ConsumerMetrics(self._config.group_id)
+        self._db = DatabaseSession(
+            self._dsn,
+            group_id=self._config.group_id,
+            session_timeout_ms=self._config.db_session_timeout_ms,
+            stop=self._stop,
+            on_reconnect=self.metrics.reconnects.inc,
+        )
+        self._partitions = PartitionTable()
+        self._leases = LeaseKeeper(
+            table=self._partitions,
+            store=self._store,
+            db=self._db,
+            config=self._config,
+            settle=self._settle,
+            forget=self.metrics.forget,
+        )
+        self._committer: Committer | None = None
+        self._next_reconcile = 0.0
         self._behind = False  # the last poll filled a batch: more records are waiting
-        self._rewinds = 0  # how many times the positions went back to the stored offsets
         self._consumer: Consumer | None = None
         self.applied_total = 0
-        self.metrics = ConsumerMetrics(self._config.group_id)
         self._http: HealthServer | None = None
         self._last_turn = time.monotonic()
 
@@ -109,13 +89,44 @@ class ConsumerService:
         try:
             with engine.connect() as conn:
                 ensure_state_tables(conn, self._tables)
-            self._targets = {
+            targets: dict[str, Target] = {
                 route.topic: reflect_target(engine, route, index)
                 for index, route in enumerate(self._config.routes)
             }
         finally:
             engine.dispose()
-        self._conn = self._connect()
+        self._committer = Committer(
+            store=self._store,
+            applier=Applier(tables=self._tables, group_id=self._config.group_id),
+            targets=targets,
+            # The server ends a statement after db_session_timeout_ms; silence for longer than
+            # twice that is a dead connection.
+            timeout_s=2 * self._config.db_session_timeout_ms / 1000,
+        )
+        self._db.connect()
+        self._consumer = Consumer(self._kafka_config())
+        self._leases.consumer = self._consumer
+        self._consumer.subscribe(
+            list(targets),
+            on_assign=self._leases.on_assign,
+            on_revoke=self._leases.on_revoke,
+            on_lost=self._leases.on_lost,
+        )
+        if self._config.http_port is not None:
+            self._http = HealthServer(
+                self.metrics,
+                host=self._config.http_host,
+                port=self._config.http_port,
+                healthy=self.healthy,
+                not_ready=self.not_ready,
+            )
+            self._http.start()
+        log.info(
+            "consumer started",
+            extra={"owner": self._owner, "topics": list(targets), "http_port": self.http_port},
+        )
+
+    def _kafka_config(self) -> dict[str, Any]:
         # Positions come from the database only: nothing is committed to Kafka, and a fetch
         # outside the log is an error rather than a jump.
         overrides: dict[str, LibrdkafkaValue] = {
@@ -132,30 +143,7 @@ class ConsumerService:
         )
         config["stats_cb"] = self._on_statistics
         config["on_commit"] = self._on_mirror_commit
-        self._consumer = Consumer(config)
-        self._consumer.subscribe(
-            list(self._targets),
-            on_assign=self._on_assign,
-            on_revoke=self._on_revoke,
-            on_lost=self._on_lost,
-        )
-        if self._config.http_port is not None:
-            self._http = HealthServer(
-                self.metrics,
-                host=self._config.http_host,
-                port=self._config.http_port,
-                healthy=self.healthy,
-                ready=lambda: self.ready,
-            )
-            self._http.start()
-        log.info(
-            "consumer started",
-            extra={
-                "owner": self._owner,
-                "topics": list(self._targets),
-                "http_port": self.http_port,
-            },
-        )
+        return config
 
     def stop(self) -> None:
         """Ask the loop to stop after the batch in hand (safe from a signal handler)."""
@@ -169,10 +157,11 @@ class ConsumerService:
                 self._last_turn = time.monotonic()
                 if self._last_turn >= self._next_reconcile:
                     self._next_reconcile = self._last_turn + _RECONCILE_INTERVAL_S
-                    self._reconcile()
+                    self._leases.reconcile()
+                    self.metrics.states(self._partitions.counts())
                 if not self._behind:
                     self._settle()  # caught up: nothing to overlap the commit with
-                rewinds = self._rewinds
+                rewinds = self._leases.rewinds
                 messages = self._consumer.consume(
                     self._config.batch_max_records, self._config.batch_max_wait_ms / 1000
                 )
@@ -205,13 +194,18 @@ class ConsumerService:
             if self._consumer is not None:
                 self._consumer.close()  # leaves the group: partitions are revoked and released
                 self._consumer = None
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
+            self._db.close()
 
     @property
     def ready(self) -> bool:
-        return self._consumer is not None and not self._out_of_range
+        return not self.not_ready()
+
+    def not_ready(self) -> list[str]:
+        """Why the member is not ready, one line a reason; empty when it is."""
+        if self._consumer is None:
+            return ["not in the group yet"]
+        stalled_after = max(_STALLED_AFTER_S, 3 * self._config.batch_max_wait_ms / 1000)
+        return self._partitions.not_progressing(stalled_after_s=stalled_after)
 
     def healthy(self) -> bool:
         """The poll loop turns (a database outage past the reconnect budget stops it)."""
@@ -227,23 +221,35 @@ class ConsumerService:
 
     def _apply(self, records: list[Record], rewinds: int) -> None:
         """Write a polled batch. `rewinds`: the count before the poll that returned it."""
-        by_partition = self._ours(records)
+        committer = cast(Committer, self._committer)
+        ours = self._ours(records)
         # Decoded while the batch before is still in flight: its commit costs no waiting.
-        plans = self._plans(by_partition)
+        plans = committer.plan(ours)
         settled = self._settle()
-        if self._rewinds != rewinds:
+        if self._leases.rewinds != rewinds:
             # The positions went back to the stored offsets, here or in a rebalance callback
             # inside the poll: some of these records may come from before that. Drop them all,
             # and go back once more, so that none fetched since is skipped either.
-            self._seek_to_leases()
+            self._leases.seek_to_leases()
             return
         if not settled:
-            by_partition = self._ours(records)  # leases moved: look again
-            plans = self._plans(by_partition)
-        self._write(by_partition, plans)
+            ours = self._ours(records)  # leases moved: look again
+            plans = committer.plan(ours)
+        # The leases as the batch before left them: this advance starts where that one ended.
+        leases = {key: lease for key in ours if (lease := self._partitions.lease(key))}
+        if len(leases) < len(ours):  # not whole, yet not rewound: only the rest is ours
+            ours = {key: ours[key] for key in leases}
+            plans = committer.plan(ours)
+        if not ours:
+            return
+        batch = Batch(ours, leases, plans)
+        self._partitions.sent(list(ours))
+        result = committer.commit(self._db.connection(), batch)
+        if result is not None:
+            self._done(result)
 
     def _ours(self, records: list[Record]) -> dict[PartitionKey, list[Record]]:
-        """The records of partitions this member holds, not yet applied, by partition."""
+        """The records of partitions this member applies, not yet applied, by partition."""
         by_partition: dict[PartitionKey, list[Record]] = defaultdict(list)
         # A partition's records come in runs, in offset order: the bookkeeping is per run, and
         # the runs are found by C loops over the records.
@@ -251,274 +257,56 @@ class ConsumerService:
             for partition, grouped in groupby(of_topic, Message.partition):
                 key = cast(PartitionKey, (topic, partition))  # consumed: neither is None
                 run = list(grouped)
-                self._delivered[key] = offset_of(run[-1]) + 1
-                lease = self._leases.get(key)
+                self._partitions.delivered(key, offset_of(run[-1]) + 1)
+                # A partition whose batch is in flight counts: that batch commits first.
+                lease = self._partitions.lease(key, in_flight=True)
                 if lease is None:
-                    continue  # a partition we let go of: its records are not ours
+                    continue  # fenced, out of range, unresolved: not ours to apply
                 if offset_of(run[0]) < lease.next_offset:  # below what is already committed
                     run = [record for record in run if offset_of(record) >= lease.next_offset]
-                by_partition[key].extend(run)
-        return by_partition
-
-    def _plans(
-        self, by_partition: dict[PartitionKey, list[Record]]
-    ) -> dict[str, list[Step]] | None:
-        """Each topic's statements, when every record is a row; else None."""
-        plans = {}
-        for topic, records in self._by_topic(by_partition).items():
-            plan = self._applier.plan(self._targets[topic], records)
-            if plan is None:
-                return None
-            plans[topic] = plan
-        return plans
-
-    @staticmethod
-    def _by_topic(by_partition: dict[PartitionKey, list[Record]]) -> dict[str, list[Record]]:
-        by_topic: dict[str, list[Record]] = defaultdict(list)
-        for key, records in by_partition.items():
-            by_topic[key[0]].extend(records)
-        return by_topic
-
-    def _write(
-        self,
-        by_partition: dict[PartitionKey, list[Record]],
-        plans: dict[str, list[Step]] | None,
-    ) -> None:
-        """Send the batch as one message when it is all rows; else, or when that is refused,
-        write it statement by statement, which tells which partition or record was refused."""
-        while by_partition:
-            try:
-                if plans is not None:
-                    self._send(by_partition, plans)
-                else:
-                    self._commit_batch(by_partition)
-                return
-            except PartitionFenced as fenced:
-                log.warning("partitions fenced, letting them go", extra={"partitions": fenced.keys})
-                for key in fenced.keys:
-                    by_partition.pop(key, None)
-                self._let_go(fenced.keys)
-            except psycopg.OperationalError as exc:
-                self._connection_lost(exc)
-                return
-
-    def _send(
-        self, by_partition: dict[PartitionKey, list[Record]], plans: dict[str, list[Step]]
-    ) -> None:
-        """The batch's transaction as one message (see `consumers.flight`); `_settle` reads
-        its outcome."""
-        conn = self._connection()
-        advanced = _next_offsets(by_partition)
-        advance = self._store.advance_statement(
-            [(self._leases[key], offset) for key, offset in advanced.items()], strict=True
-        )
-        steps = list(chain.from_iterable(plans.values()))
-        applied = {
-            topic: (sum(len(step.rows) for step in plan if step.rows is not None), 0)
-            for topic, plan in plans.items()
-        }
-        started = time.perf_counter()
-        # The server ends a statement after db_session_timeout_ms; silence for longer than
-        # twice that is a dead connection.
-        timeout_s = 2 * self._config.db_session_timeout_ms / 1000
-        flight = Flight(conn, steps, advance=advance, timeout_s=timeout_s)
-        self._sent = _Sent(flight, by_partition, advanced, applied, started)
+                if run:
+                    by_partition[key].extend(run)
+        return dict(by_partition)
 
     def _settle(self) -> bool:
         """Wait for the batch in flight, if any. True when the leases are as its sending
-        expected: it committed, or there was none. False when it was written again statement
-        by statement, or when its connection was lost (the positions then went back to the
-        stored offsets)."""
-        sent, self._sent = self._sent, None
-        if sent is None:
+        expected: it committed whole, or there was none."""
+        if self._committer is None:
             return True
-        try:
-            refusal = sent.flight.finish()
-            if refusal is None:
-                self._committed(sent.by_partition, sent.advanced, sent.applied, sent.started)
-                return True
-            log.info("batch refused as a whole, writing it statement by statement: %s", refusal)
-            assert self._conn is not None  # noqa: S101 - the flight went over it
-            self._conn.execute("ROLLBACK")
-        except psycopg.OperationalError as exc:
-            self._connection_lost(exc)
-            return False
-        self._write(sent.by_partition, None)
-        return False
+        result = self._committer.settle()
+        if result is None:
+            return True
+        self._done(result)
+        return result.whole
 
-    def _commit_batch(self, by_partition: dict[PartitionKey, list[Record]]) -> None:
-        """One database transaction for the whole batch, statement by statement.
+    def _done(self, result: CommitResult) -> None:
+        """After a batch's outcome: the partitions' states, the mirror and the metrics move."""
+        if result.committed:
+            self._partitions.committed(result.committed)
+            self._mirror(result.committed)
+            self._count(result, [result.batch.records[key] for key in result.committed])
+        if result.whole:
+            return
+        if self._leases.resolve(result):  # committed, though its reply was lost
+            self._count(result, list(result.batch.records.values()))
 
-        Step 1: per partition, the fenced offset advance (owner epoch and expected offset).
-        Step 2: per route, the rows, and the dead letters of records that cannot be rows.
-        Step 3: the commit; only then do the in-memory leases move.
-        """
-        conn = self._connection()
-        started = time.perf_counter()
-        advanced = _next_offsets(by_partition)
-        applied: dict[str, tuple[int, int]] = {}
-        with conn.transaction():
-            # Step 1
-            fenced = self._store.advance(
-                conn, [(self._leases[key], offset) for key, offset in advanced.items()]
-            )
-            if fenced:
-                raise PartitionFenced(fenced)
-            # Step 2
-            for topic, records in self._by_topic(by_partition).items():
-                counts = self._applier.apply(conn, self._targets[topic], records)
-                applied[topic] = (counts.applied + counts.deleted, counts.dead)
-        # Step 3
-        self._committed(by_partition, advanced, applied, started)
-
-    def _committed(
-        self,
-        by_partition: dict[PartitionKey, list[Record]],
-        advanced: dict[PartitionKey, int],
-        applied: dict[str, tuple[int, int]],
-        started: float,
-    ) -> None:
-        """After a batch's commit: the leases move, the mirror and the metrics follow."""
-        for key, next_offset in advanced.items():
-            self._leases[key] = replace(self._leases[key], next_offset=next_offset)
-        if self._config.mirror_offsets_to_kafka and self._consumer is not None:
-            try:
-                self._consumer.commit(
-                    offsets=[TopicPartition(t, p, offset) for (t, p), offset in advanced.items()],
-                    asynchronous=True,
-                )
-            except KafkaException as exc:
-                log.warning("mirroring offsets to the Kafka group failed: %s", exc)
-        for topic, (rows, dead) in applied.items():
+    def _count(self, result: CommitResult, records: list[list[Record]]) -> None:
+        for topic, (rows, dead) in result.applied.items():
             self.applied_total += rows
             self.metrics.records_applied(topic).inc(rows)
             self.metrics.dead_letters(topic).inc(dead)
-        self.metrics.committed(
-            list(chain.from_iterable(by_partition.values())), time.perf_counter() - started
-        )
+        self.metrics.committed(list(chain.from_iterable(records)), result.seconds)
 
-    # -- rebalance callbacks (run inside consume) -----------------------------------------------
-
-    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        self._settle()
-        keys = [(tp.topic, tp.partition) for tp in partitions]
-        leases, low = self._claim_at_watermarks(consumer, keys)
-        consumer.incremental_assign(
-            [TopicPartition(lease.topic, lease.partition, lease.next_offset) for lease in leases]
-        )
-        self._take(consumer, leases, low)
-        log.info("assigned %s", [(x.topic, x.partition, x.next_offset) for x in leases])
-
-    def _claim_at_watermarks(
-        self, consumer: Consumer, keys: list[PartitionKey]
-    ) -> tuple[list[Lease], dict[PartitionKey, int]]:
-        watermarks = {
-            key: consumer.get_watermark_offsets(TopicPartition(*key), timeout=10, cached=False)
-            for key in keys
-        }
-        leases = self._with_database(lambda conn: self._claim(conn, keys, watermarks))
-        return leases, {key: low for key, (low, _) in watermarks.items()}
-
-    def _take(self, consumer: Consumer, leases: list[Lease], low: dict[PartitionKey, int]) -> None:
-        """Start consuming freshly claimed partitions, unless their stored offset is gone."""
-        for lease in leases:
-            self._leases[lease.key] = lease
-            self._held_idle.discard(lease.key)
-            self._out_of_range.discard(lease.key)
-        # A partition this member paused after being fenced (a zombie that woke up) keeps its
-        # pause flag in librdkafka across unassign/assign: a fresh claim must flow again.
-        consumer.resume([TopicPartition(lease.topic, lease.partition) for lease in leases])
-        for lease in leases:
-            if lease.next_offset < low[lease.key]:
-                # Never a silent jump: the partition stays paused until an operator resets it.
-                self._out_of_range.add(lease.key)
-                self._held_idle.add(lease.key)
-                consumer.pause([TopicPartition(lease.topic, lease.partition)])
-                log.error(
-                    "stored offset %d of %s[%d] is below the log start %d: records were lost "
-                    "before they were applied; partition paused (see `bridge offsets reset`)",
-                    lease.next_offset, lease.topic, lease.partition, low[lease.key],
-                )  # fmt: skip
-
-    def _reconcile(self) -> None:
-        """Follow what the database says about the partitions Kafka gave this member.
-
-        A lease whose owner epoch moved on was taken by someone else; an idle member would only
-        notice at its next batch, so it is checked here. A partition whose row has no owner
-        (an operator's `offsets reset` clears it, as does a clean release by a member that had
-        taken it over) is claimed again and consumed from its stored offset; that includes the
-        partitions this member paused after a fence or because their offset was out of range."""
-        self._settle()
-        consumer = self._consumer
-        keys = sorted(set(self._leases) | self._held_idle)
-        if consumer is None or not keys:
+    def _mirror(self, advanced: dict[PartitionKey, int]) -> None:
+        if not self._config.mirror_offsets_to_kafka or self._consumer is None:
             return
-        rows = self._with_database(lambda conn: self._store.owners(conn, keys))
-        released, taken = [], []
-        for key in keys:
-            epoch, owner = rows.get(key, (None, None))
-            lease = self._leases.get(key)
-            if owner is None and (lease is None or epoch != lease.epoch):
-                released.append(key)
-            elif lease is not None and epoch != lease.epoch:
-                taken.append(key)
-        if taken:
-            log.warning("partitions taken by another owner, letting them go: %s", taken)
-            self._let_go(taken)
-        if not released:
-            return
-        leases, low = self._claim_at_watermarks(consumer, released)
-        # Assigned afresh rather than sought: a partition whose fetch failed (offset out of range
-        # with auto.offset.reset=error) refuses a seek, and a new assignment also drops anything
-        # fetched from the old position.
-        consumer.incremental_unassign([TopicPartition(*key) for key in released])
-        consumer.incremental_assign(
-            [TopicPartition(lease.topic, lease.partition, lease.next_offset) for lease in leases]
-        )
-        self._take(consumer, leases, low)
-        log.info("claimed again %s", [(x.topic, x.partition, x.next_offset) for x in leases])
-
-    def _claim(
-        self,
-        conn: psycopg.Connection[Any],
-        keys: list[PartitionKey],
-        watermarks: dict[PartitionKey, tuple[int, int]],
-    ) -> list[Lease]:
-        stored = self._store.stored(conn, keys)
-        starts = {}
-        for key in keys:
-            low, high = watermarks[key]
-            policy_start = low if self._config.start_policy == "earliest" else high
-            starts[key] = stored.get(key, policy_start)
-        return self._store.claim(conn, starts, lock_wait_ms=self._config.db_session_timeout_ms // 2)
-
-    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        self._settle()  # the batch in flight holds records of these partitions
-        keys = [(tp.topic, tp.partition) for tp in partitions]
-        leases = [self._leases[k] for k in keys if k in self._leases]
-        self._forget(keys)
-        # Releasing only clears `owner` for the operator tools; the owner epoch fences us either
-        # way. So it is not worth a reconnect here (which, while stopping, would abort close()).
-        conn = self._conn
-        if conn is not None and not conn.closed:
-            try:
-                self._store.release(conn, leases)
-            except psycopg.OperationalError as exc:
-                log.warning("could not mark revoked partitions unowned: %s", exc)
-        consumer.incremental_unassign(partitions)
-
-    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        self._settle()
-        self._forget([(tp.topic, tp.partition) for tp in partitions])
-        consumer.incremental_unassign(partitions)
-
-    def _forget(self, keys: list[PartitionKey]) -> None:
-        for key in keys:
-            self._leases.pop(key, None)
-            self._delivered.pop(key, None)
-            self._out_of_range.discard(key)
-            self._held_idle.discard(key)
-        self.metrics.forget(keys)
+        try:
+            self._consumer.commit(
+                offsets=[TopicPartition(t, p, offset) for (t, p), offset in advanced.items()],
+                asynchronous=True,
+            )
+        except KafkaException as exc:
+            log.warning("mirroring offsets to the Kafka group failed: %s", exc)
 
     def _on_mirror_commit(self, error: Any, partitions: list[TopicPartition]) -> None:
         # The mirror is for outside tools only; a failed or refused commit (a partition that
@@ -527,80 +315,10 @@ class ConsumerService:
             log.warning("mirroring offsets to the Kafka group failed: %s", error)
 
     def _on_statistics(self, report: str) -> None:
-        next_offsets = {key: lease.next_offset for key, lease in self._leases.items()}
-        caught_up = {
-            key for key, offset in next_offsets.items() if self._delivered.get(key, 0) <= offset
-        }
+        next_offsets, caught_up = {}, set()
+        for lease in self._partitions.leases():
+            partition = self._partitions.get(lease.key)
+            next_offsets[lease.key] = lease.next_offset
+            if partition is not None and partition.delivered <= lease.next_offset:
+                caught_up.add(lease.key)
         self.metrics.statistics(report, next_offsets, caught_up)
-
-    def _let_go(self, keys: list[PartitionKey]) -> None:
-        self._forget(keys)
-        self._held_idle.update(keys)
-        if self._consumer is not None:
-            self._consumer.pause([TopicPartition(*key) for key in keys])
-
-    # -- database connection ------------------------------------------------------------------
-
-    def _connect(self) -> psycopg.Connection[Any]:
-        # A member paused in the middle of a batch (GC, SIGSTOP, a frozen VM) holds the row locks
-        # of its offsets; the member that takes its partitions over would wait on them forever.
-        # PostgreSQL ends such a session after the timeout, which frees the locks; the paused
-        # member finds its connection gone when it wakes and its batch rolled back.
-        timeout = self._config.db_session_timeout_ms
-        return psycopg.connect(
-            self._dsn,
-            autocommit=True,
-            application_name=application_name(self._config.group_id),
-            options=f"-c idle_in_transaction_session_timeout={timeout}"
-            f" -c statement_timeout={timeout}",
-        )
-
-    def _connection(self) -> psycopg.Connection[Any]:
-        """The connection, with no batch in flight on it."""
-        self._settle()
-        if self._conn is None or self._conn.closed:
-            self._reconnect()
-        assert self._conn is not None  # noqa: S101
-        return self._conn
-
-    def _reconnect(self) -> None:
-        """Reconnect with bounded backoff; give up (and so exit non-zero) when it stays down."""
-        if self._conn is not None:
-            self._conn.close()
-        self._conn = None
-        for attempt in range(_RECONNECT_ATTEMPTS):
-            if self._stop.is_set():
-                raise RuntimeError("stopping while the database is unreachable")
-            try:
-                self._conn = self._connect()
-                log.info("database reconnected after %d attempt(s)", attempt + 1)
-                return
-            except psycopg.OperationalError as exc:
-                delay = _RECONNECT_DELAYS[min(attempt, len(_RECONNECT_DELAYS) - 1)]
-                log.warning("database unreachable (%s); retrying in %.1fs", exc, delay)
-                time.sleep(delay)
-        raise RuntimeError(f"database unreachable after {_RECONNECT_ATTEMPTS} attempts")
-
-    def _with_database(self, work: Callable[[psycopg.Connection[Any]], T]) -> T:
-        """Run `work`; if the connection drops, reconnect (itself bounded) and run it once more.
-        A second failure propagates: the service exits and its supervisor restarts it."""
-        try:
-            return work(self._connection())
-        except psycopg.OperationalError as exc:
-            log.error("database connection lost: %s", exc)
-            self._reconnect()
-            return work(self._connection())
-
-    def _connection_lost(self, exc: psycopg.OperationalError) -> None:
-        """The open batch rolled back with the connection: reconnect, fetch it again."""
-        log.error("database connection lost: %s", exc)
-        self._reconnect()
-        self._seek_to_leases()
-
-    def _seek_to_leases(self) -> None:
-        """After a rollback, fetch again from what the database says is committed."""
-        self._rewinds += 1
-        if self._consumer is None:
-            return
-        for lease in self._leases.values():
-            self._consumer.seek(TopicPartition(lease.topic, lease.partition, lease.next_offset))

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
-MARKER_GROUP_INFIX = ".marker.p"
+from bridge.names import MARKER_GROUP_INFIX
+
 # The group's coordinator is moving or still loading (a broker just started, a fresh
 # __consumer_offsets partition): librdkafka does not flag these as retriable on an offset
 # fetch, but they pass like a timeout does.

@@ -22,6 +22,8 @@ from typing import Any, TypeVar
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
+from bridge.errors import BridgeError
+from bridge.names import PROVENANCE_EPOCH, PROVENANCE_PARTITION, PROVENANCE_QUERY
 from spark_jobs.epoch_markers import MarkerReader, marker_position
 from spark_jobs.faults import TaskFaults
 from spark_jobs.kafka_rows import KafkaRow
@@ -30,14 +32,11 @@ from spark_jobs.sink_options import IdNaming, SinkOptions
 log = logging.getLogger("bridge.sink")
 
 T = TypeVar("T")
-PROVENANCE_QUERY = "bridge.query"
-PROVENANCE_PARTITION = "bridge.partition"
-PROVENANCE_EPOCH = "bridge.epoch"
 # Serve delivery reports this often so librdkafka's queue never fills with finished messages.
 _POLL_EVERY = 10_000
 
 
-class EpochWriteError(RuntimeError):
+class EpochWriteError(BridgeError):
     """The transaction of one (partition, epoch) failed; Spark fails (and retries) the task.
 
     `fatal`: the producer is unusable (fenced by a newer holder of the id, or worse)."""

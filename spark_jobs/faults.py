@@ -22,12 +22,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bridge.errors import BridgeError
+
 ENV_FAULTS = "BRIDGE_SINK_FAULTS"
 POINTS = ("mid-produce", "before-commit", "after-commit")
 
 
-class InjectedFault(RuntimeError):
-    """Raised by a `fail` rule; never raised unless a test asked for it."""
+class InjectedFault(BridgeError):
+    """Raised by a `fail` rule; never raised unless a test asked for it. `point`: where."""
+
+    def __init__(self, what: str, *, point: str) -> None:
+        super().__init__(what)
+        self.point = point
 
 
 @dataclass(frozen=True)
@@ -60,7 +66,7 @@ class TaskFaults:
     def reach(self, point: str) -> None:
         for index, rule in self.rules:
             if rule["point"] == point and self._claim(index):
-                _act(rule["action"], f"injected fault at {point} (rule {index})")
+                _act(rule["action"], f"injected fault at {point} (rule {index})", point)
 
     def _claim(self, index: int) -> bool:
         try:
@@ -71,9 +77,9 @@ class TaskFaults:
         return True
 
 
-def _act(action: str, what: str) -> None:
+def _act(action: str, what: str, point: str) -> None:
     if action == "fail":
-        raise InjectedFault(what)
+        raise InjectedFault(what, point=point)
     if action == "exit":
         os._exit(17)
     if action == "hang":

@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import re
 import signal
-import sys
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -21,8 +20,8 @@ from types import FrameType
 from typing import Any
 
 from bridge.errors import ConfigError
+from bridge.names import SINK_FORMAT
 from spark_jobs.progress import SinkCounters
-from spark_jobs.sink import FORMAT_NAME
 from spark_jobs.spark_session import build_session, checkpoint_progress_path
 
 log = logging.getLogger("bridge.produce")
@@ -55,6 +54,7 @@ class ProducerJob:
     transaction_timeout_ms: int | None = None
     master: str | None = None
     spark_conf: dict[str, str] = field(default_factory=dict)
+    jars: tuple[str, ...] = ()  # for the kafka source: Spark's connector
 
     def check(self) -> None:
         """Refuse a job that cannot run, before a Spark session is started for it."""
@@ -95,7 +95,7 @@ def run(job: ProducerJob, spark: Any | None = None) -> SinkCounters:
         spark = build_session(
             "bridge-produce",
             master=job.master,
-            with_kafka_connector=_needs(job),
+            jars=job.jars,
             conf=job.spark_conf,
         )
     try:
@@ -108,10 +108,6 @@ def run(job: ProducerJob, spark: Any | None = None) -> SinkCounters:
         if own:
             spark.stop()
     return SinkCounters.load(checkpoint_progress_path(job.checkpoint))
-
-
-def _needs(job: ProducerJob) -> bool:
-    return job.source is Source.KAFKA
 
 
 def _start(spark: Any, job: ProducerJob) -> Any:
@@ -128,7 +124,7 @@ def _start(spark: Any, job: ProducerJob) -> Any:
         columns.append(key.alias("key"))
     writer = (
         rows.select(*columns)
-        .writeStream.format(FORMAT_NAME)
+        .writeStream.format(SINK_FORMAT)
         .option("kafka.bootstrap.servers", job.bootstrap_servers)
         .option("topic", job.topic)
         .option("checkpointLocation", str(job.checkpoint))
@@ -185,11 +181,3 @@ def _stop_on_signals(query: Any) -> None:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-
-
-if __name__ == "__main__":
-    # spark-submit spark_jobs/producer_job.py --source files ...: the options of bridge produce.
-    from bridge.cli import main
-
-    sys.argv[1:1] = ["produce"]
-    main()

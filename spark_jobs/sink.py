@@ -21,15 +21,14 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, Writ
 from pyspark.sql.types import StructType
 
 from bridge.kafka_admin import create_topic
+from bridge.names import DEFAULT_TRANSACTIONAL_ID_HEAD, SINK_FORMAT
 from spark_jobs.epoch_transaction import EpochOutcome, EpochTransaction, TaskCoordinates
 from spark_jobs.kafka_rows import check_schema, kafka_rows
 from spark_jobs.progress import record_epoch
 from spark_jobs.sink_options import SinkOptions
 
-FORMAT_NAME = "bridge-kafka"
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
-DEFAULT_PREFIX_HEAD = "bridge-"
 _FORMAT = logging.Formatter("%(asctime)s bridge-kafka %(levelname)s %(message)s")
 
 
@@ -41,7 +40,7 @@ class EpochCommitMessage(WriterCommitMessage):
 class BridgeKafkaSink(DataSource):
     @classmethod
     def name(cls) -> str:
-        return FORMAT_NAME
+        return SINK_FORMAT
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> BridgeKafkaStreamWriter:
         options = SinkOptions.parse(self.options)
@@ -68,7 +67,7 @@ class BridgeKafkaStreamWriter(DataSourceStreamArrowWriter):
             )
         where = TaskCoordinates(
             query_id=query_id,
-            prefix=self.options.prefix or DEFAULT_PREFIX_HEAD + query_id,
+            prefix=self.options.prefix or DEFAULT_TRANSACTIONAL_ID_HEAD + query_id,
             partition=context.partitionId(),
             epoch=int(epoch),
             attempt=context.attemptNumber(),

@@ -12,12 +12,12 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from bridge.errors import ConfigError
+from bridge.names import DEFAULT_MARKER_TOPIC
 
 KAFKA_PREFIX = "kafka."
 DEFAULT_TRANSACTION_TIMEOUT_MS = 60_000
 # The broker's default `transaction.max.timeout.ms`; a larger client value fails init fatally.
 BROKER_DEFAULT_MAX_TRANSACTION_TIMEOUT_MS = 900_000
-DEFAULT_MARKER_TOPIC = "bridge-epoch-markers"
 
 # librdkafka properties the sink owns: a user value would break the transaction protocol.
 _RESERVED_KAFKA = {

@@ -4,37 +4,27 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bridge.maven import cached_jars_dir, repo_root, resolve_jars
 from spark_jobs.sink import register
 
-ENV_SPARK_KAFKA_JARS = "BRIDGE_SPARK_KAFKA_JARS"
 # Two cores, and up to four attempts per task as on a cluster (plain local[N] never retries).
 DEFAULT_MASTER = "local[2,4]"
-
-
-def spark_kafka_jars() -> list[str]:
-    """Spark's Kafka connector (source and built-in sink), resolved from Maven Central once."""
-    pom = repo_root() / "spark_jobs" / "jars" / "pom.xml"
-    jars_dir = resolve_jars(
-        pom,
-        cached_jars_dir(pom, "spark-kafka-jars", ENV_SPARK_KAFKA_JARS),
-        override_env=ENV_SPARK_KAFKA_JARS,
-    )
-    return sorted(str(jar) for jar in jars_dir.glob("*.jar"))
 
 
 def build_session(
     app_name: str,
     *,
     master: str | None = None,
-    with_kafka_connector: bool = False,
+    jars: Sequence[str] = (),
     conf: dict[str, str] | None = None,
 ) -> Any:
     """A session with the bridge-kafka sink registered.
 
+    `jars`: extra jars for the driver and executors, such as Spark's Kafka connector for the
+    kafka source (the shell resolves them; under spark-submit, `--jars` or `--packages` do).
     Under spark-submit the master and the Python interpreter come from spark-submit; run as a plain
     Python program, the workers must use this interpreter (the virtualenv's), or they import from
     the system Python and fail.
@@ -54,8 +44,8 @@ def build_session(
         "spark.python.worker.faulthandler.enabled": "true",
         **(conf or {}),
     }
-    if with_kafka_connector:
-        settings["spark.jars"] = ",".join(spark_kafka_jars())
+    if jars:
+        settings["spark.jars"] = ",".join(jars)
     for key, value in settings.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()

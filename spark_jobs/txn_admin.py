@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 from confluent_kafka import KafkaException, Producer
 
 from bridge.kafka_admin import KafkaAdmin, TopicError
-from spark_jobs.epoch_markers import MARKER_GROUP_INFIX, Marker, partition_of_marker_group
+from bridge.names import MARKER_GROUP_INFIX
+from spark_jobs.epoch_markers import Marker, partition_of_marker_group
 from spark_jobs.epoch_transaction import TaskCoordinates
 from spark_jobs.sink_options import IdNaming
 

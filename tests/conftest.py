@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from consumers.state import StateTables, ensure_state_tables, state_tables
+from consumers.state import StateTables, ensure_state
 from tests.harness import Endpoints, endpoints
 
 _HERE = Path(__file__).parent
@@ -50,14 +50,7 @@ def names() -> dict[str, str]:
 @pytest.fixture
 def state(stack: Endpoints, names: dict[str, str]) -> StateTables:
     """The consumer's state tables and function, created in a schema of this test's own."""
-    from consumers.service import sqlalchemy_engine
-
-    tables = state_tables(names["schema"])
-    engine = sqlalchemy_engine(stack.dsn)
-    with engine.connect() as conn:
-        ensure_state_tables(conn, tables)
-    engine.dispose()
-    return tables
+    return ensure_state(stack.dsn, names["schema"])
 
 
 @pytest.fixture
@@ -76,13 +69,14 @@ FaultRules = Callable[[list[dict[str, Any]]], Path]
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
     """One local Spark session (2 cores, up to 4 attempts per task) for the whole test session."""
+    from bridge.maven import spark_kafka_jars
     from spark_jobs.spark_session import build_session
 
     os.environ["BRIDGE_SINK_FAULTS"] = str(_FAULTS_FILE)
     session = build_session(
         "bridge-tests",
         master="local[2,4]",
-        with_kafka_connector=True,
+        jars=spark_kafka_jars(),
         # Small split size, so that a few small files make several partitions (write tasks).
         conf={"spark.sql.files.maxPartitionBytes": "65536", "spark.sql.files.openCostInBytes": "0"},
     )

@@ -15,7 +15,7 @@ from bridge.errors import BridgeError
 from bridge.kafka_admin import KafkaAdmin
 from bridge.names import DEFAULT_STACK_DIR, DEFAULT_STATE_SCHEMA, STACK_ENV_FILE
 from bridge.settings import BridgeSettings, load_settings
-from consumers.positions import Position
+from bridge.tables import or_dash, positions_table
 
 app = typer.Typer(help="The consumer's stored positions: inspect them, move them safely.")
 console = output_console()
@@ -58,16 +58,13 @@ def show(
     """Per (group, topic, partition): the stored next offset against the log's range and lag,
     its owner, and a flag where the stored offset is outside the log."""
     from consumers.positions import read_positions
-    from consumers.state import state_tables
 
     settings = _settings(config, stack_dir)
     if group is None and settings.consumer is not None:
         group = settings.consumer.group_id
     admin = KafkaAdmin(settings.kafka.client_config())
     with _connect(settings) as conn:
-        positions = read_positions(
-            conn, state_tables(_state_schema(settings, schema)), admin, group
-        )
+        positions = read_positions(conn, _state_schema(settings, schema), admin, group)
     if output is Format.JSON:
         print(json.dumps([p.as_json() for p in positions], indent=2))
         return
@@ -77,31 +74,6 @@ def show(
     console.print(table)
     if not positions:
         console.print("no stored offsets" + (f" for group {group!r}" if group else ""))
-
-
-def positions_table(positions: list[Position], *, title: str) -> Table:
-    table = Table(title=title)
-    for name in ("group", "topic", "partition", "next offset", "log start", "last stable", "lag",
-                 "owner (epoch)", "live member", "updated"):  # fmt: skip
-        table.add_column(name, no_wrap=True)
-    for p in positions:
-        table.add_row(
-            p.group,
-            p.topic,
-            str(p.partition),
-            f"[bold red]{p.next_offset} out of range[/]" if p.out_of_range else str(p.next_offset),
-            _or_dash(p.log_start_offset),
-            _or_dash(p.last_stable_offset),
-            _or_dash(p.lag),
-            f"{p.owner or '-'} ({p.owner_epoch})",
-            p.live_owner or "-",
-            p.updated_at.strftime("%Y-%m-%d %H:%M:%S %Z"),
-        )
-    return table
-
-
-def _or_dash(value: int | None) -> str:
-    return "-" if value is None else str(value)
 
 
 @app.command()
@@ -127,9 +99,9 @@ def reset(
     """Move a group's stored positions: a dry run unless --execute. Refused while a live member
     holds a partition, unless --force; the owner epoch is bumped either way, so a member still
     writing is fenced, and an audit row records each move."""
+    from bridge.names import OFFSET_RESETS_TABLE
     from consumers.offset_reset import execute_reset, parse_reset_target, plan_reset
-    from consumers.service import sqlalchemy_engine
-    from consumers.state import ensure_state_tables, state_tables
+    from consumers.state import ensure_state
 
     settings = _settings(config, stack_dir)
     if group is None:
@@ -137,17 +109,13 @@ def reset(
             raise BridgeError("--group is required (or a configuration with consumer.group_id)")
         group = settings.consumer.group_id
     target = parse_reset_target(to)
-    tables = state_tables(_state_schema(settings, schema))
-    engine = sqlalchemy_engine(settings.postgres.dsn.get_secret_value())
-    try:
-        with engine.connect() as sa_conn:
-            ensure_state_tables(sa_conn, tables)  # a group may be positioned before it first runs
-    finally:
-        engine.dispose()
+    state_schema = _state_schema(settings, schema)
+    # A group may be positioned before it first runs.
+    ensure_state(settings.postgres.dsn.get_secret_value(), state_schema)
     admin = KafkaAdmin(settings.kafka.client_config())
     with _connect(settings) as conn:
         steps = plan_reset(
-            conn, tables, admin, group=group, topic=topic, partition=partition, target=target
+            conn, state_schema, admin, group=group, topic=topic, partition=partition, target=target
         )
         table = Table(title=f"reset of group {group}, topic {topic}, to {target.text}")
         for name in ("partition", "old next offset", "new next offset", "owner", "live member"):
@@ -155,7 +123,7 @@ def reset(
         for step in steps:
             table.add_row(
                 str(step.partition),
-                _or_dash(step.old_offset),
+                or_dash(step.old_offset),
                 str(step.new_offset),
                 step.owner or "-",
                 step.live_owner or "-",
@@ -164,8 +132,10 @@ def reset(
         if not execute:
             console.print("dry run: nothing changed; add --execute to apply")
             return
-        epochs = execute_reset(conn, tables, group=group, steps=steps, target=target, force=force)
+        epochs = execute_reset(
+            conn, state_schema, group=group, steps=steps, target=target, force=force
+        )
     console.print(
         f"reset applied to {len(steps)} partition(s); owner epochs now {epochs}; "
-        f"audit rows in {tables.qualified(tables.offset_resets)}"
+        f'audit rows in "{state_schema}".{OFFSET_RESETS_TABLE}'
     )

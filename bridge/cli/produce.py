@@ -70,6 +70,7 @@ def produce(
 ) -> None:
     """Run a Spark streaming query into Kafka, one transaction per partition and epoch."""
     from bridge.errors import ConfigError
+    from bridge.maven import spark_kafka_jars
     from spark_jobs.producer_job import ProducerJob, Source, run
 
     logs.configure()
@@ -95,6 +96,7 @@ def produce(
         transaction_timeout_ms=transaction_timeout_ms,
         master=master,
         spark_conf=_key_values(spark_conf or []),
+        jars=tuple(spark_kafka_jars()) if chosen is Source.KAFKA else (),
     )
     counters = run(job)
     Console(soft_wrap=True).print(

@@ -12,9 +12,8 @@ from rich.table import Table
 from bridge.cli.options import ConfigFile, Format, OutputFormat, StackDir, output_console
 from bridge.errors import BridgeError
 from bridge.kafka_admin import KafkaAdmin
-from bridge.names import DEFAULT_STACK_DIR, STACK_ENV_FILE
+from bridge.names import DEFAULT_MARKER_TOPIC, DEFAULT_STACK_DIR, STACK_ENV_FILE
 from bridge.settings import load_settings
-from spark_jobs.sink_options import DEFAULT_MARKER_TOPIC
 
 app = typer.Typer(help="The Spark producer's Kafka transactions: committed epochs, and aborts.")
 console = output_console()

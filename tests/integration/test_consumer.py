@@ -21,7 +21,9 @@ from tests.harness import Endpoints
 from tests.kafka_helpers import transactional_producer
 
 
-def settings_for(stack: Endpoints, names: dict[str, str], **route: Any) -> BridgeSettings:
+def settings_for(
+    stack: Endpoints, names: dict[str, str], *, consumer: dict[str, Any] | None = None, **route: Any
+) -> BridgeSettings:
     return load_settings(
         kafka={"bootstrap_servers": stack.bootstrap_servers},
         postgres={"dsn": stack.dsn},
@@ -30,6 +32,7 @@ def settings_for(stack: Endpoints, names: dict[str, str], **route: Any) -> Bridg
             "state_schema": names["schema"],
             "batch_max_wait_ms": 50,
             "routes": [{"topic": names["topic"], "table": f"public.{names['table']}", **route}],
+            **(consumer or {}),
         },
     )
 

@@ -14,8 +14,8 @@ from tests.harness import Endpoints
 def test_one_statement_advances_every_held_partition_and_names_the_ones_not_held(
     stack: Endpoints, names: dict[str, str], state: StateTables
 ) -> None:
-    mine = OffsetStore(tables=state, group_id=names["group"], owner="a")
-    theirs = OffsetStore(tables=state, group_id=names["group"], owner="b")
+    mine = OffsetStore(schema=state.schema, group_id=names["group"], owner="a")
+    theirs = OffsetStore(schema=state.schema, group_id=names["group"], owner="b")
     t = names["topic"]
     with psycopg.connect(stack.dsn, autocommit=True) as conn:
         claimed = mine.claim(conn, {(t, p): 10 for p in range(4)}, lock_wait_ms=1000)

@@ -16,9 +16,8 @@ from pathlib import Path
 import pytest
 
 from bridge.kafka_admin import create_topic, offset_range
+from bridge.names import DEFAULT_MARKER_TOPIC, DEFAULT_TRANSACTIONAL_ID_HEAD
 from spark_jobs.epoch_markers import MarkerReader
-from spark_jobs.sink import DEFAULT_PREFIX_HEAD
-from spark_jobs.sink_options import DEFAULT_MARKER_TOPIC
 from tests.harness import Endpoints
 from tests.integration.test_sink import write_orders
 from tests.kafka_helpers import header_map, read_all, read_messages
@@ -80,7 +79,7 @@ def wait_for_marker(
     query_id = json.loads((producer.checkpoint / "metadata").read_text())["id"]
     reader = MarkerReader(
         {"bootstrap.servers": stack.bootstrap_servers},
-        prefix=DEFAULT_PREFIX_HEAD + query_id,
+        prefix=DEFAULT_TRANSACTIONAL_ID_HEAD + query_id,
         partition=partition,
         marker_topic=DEFAULT_MARKER_TOPIC,
     )

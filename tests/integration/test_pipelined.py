@@ -10,8 +10,8 @@ import pytest
 from psycopg import sql
 
 from consumers.applier import Step
-from consumers.flight import Flight
 from consumers.offsets import Lease, OffsetStore
+from consumers.pipelined import PipelinedTransaction
 from consumers.state import StateTables
 from tests.harness import Endpoints
 
@@ -20,7 +20,7 @@ from tests.harness import Endpoints
 def setup(
     stack: Endpoints, names: dict[str, str], state: StateTables
 ) -> Iterator[tuple[psycopg.Connection, OffsetStore, Lease]]:
-    store = OffsetStore(tables=state, group_id=names["group"], owner="a")
+    store = OffsetStore(schema=state.schema, group_id=names["group"], owner="a")
     with psycopg.connect(stack.dsn, autocommit=True) as conn:
         conn.execute(
             sql.SQL("CREATE TABLE {} (id bigint NOT NULL, note text)").format(
@@ -39,7 +39,7 @@ def fly(
     conn: psycopg.Connection, store: OffsetStore, lease: Lease, steps: list[Step]
 ) -> str | None:
     advance = store.advance_statement([(lease, 13)], strict=True)
-    return Flight(conn, steps, advance=advance, timeout_s=30).finish()
+    return PipelinedTransaction(conn, steps, advance=advance, timeout_s=30).finish()
 
 
 def written(
@@ -79,7 +79,7 @@ def test_a_refused_batch_writes_nothing_and_says_why(
     table = names["table"]
     good = copy(table, [(10, "a"), (11, "b")])
     if case == "lease taken over":
-        OffsetStore(tables=state, group_id=names["group"], owner="b").claim(
+        OffsetStore(schema=state.schema, group_id=names["group"], owner="b").claim(
             conn, {lease.key: 0}, lock_wait_ms=1000
         )
         steps, expected = [good], "no longer held"

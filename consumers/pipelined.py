@@ -5,7 +5,8 @@ savepoint, the start of the COPY and its end, the release, COMMIT. A simple-quer
 hold several statements, COPY FROM STDIN among them, and PostgreSQL runs them in order. So
 `BEGIN; <strict offset advance>; COPY ... FROM STDIN; ...; COMMIT` goes as one message: the
 sender waits once, for the first COPY to start, streams the rows, and goes on (consuming the
-next batch) while PostgreSQL finishes the COPY and commits; `Flight.finish` reads the outcome.
+next batch) while PostgreSQL finishes the COPY and commits; `PipelinedTransaction.finish`
+reads the outcome.
 
 Nothing is lost by sending before knowing: PostgreSQL stops at the first statement that fails
 and skips the rest of the message, COMMIT included, so a refused batch leaves an aborted
@@ -37,7 +38,7 @@ _COPY_IN = pq.ExecStatus.COPY_IN
 _FATAL_ERROR = pq.ExecStatus.FATAL_ERROR
 
 
-class Flight:
+class PipelinedTransaction:
     """One batch's transaction, sent; `finish` tells whether it committed."""
 
     def __init__(

@@ -1,0 +1,225 @@
+"""The commit protocol of one batch: its rows and its offsets in one PostgreSQL transaction.
+
+1. The fenced offset advance, first in the transaction: each partition moves from the offset
+   its lease expects to the offset after its last record, only while the lease's owner epoch
+   is the current one.
+2. The rows of every route (COPY, or COPY into a staging table and `INSERT ... ON CONFLICT`),
+   and the dead letters of the records that cannot be rows.
+3. COMMIT. Nothing else moves before its outcome is known: the service moves the partitions'
+   states, the metrics and the Kafka mirror from the `CommitResult`.
+
+Two paths take these steps. A batch whose records are all rows goes as one message
+(`consumers.pipelined`): `send` returns at once and `settle` reads the outcome later, while the
+next batch is consumed. Any other batch, and one the one-message path was refused for, goes
+statement by statement (`write`), which finds the record to dead-letter or the partition whose
+advance was refused. A connection lost on either path leaves the outcome unknown; the result
+says so, and the offsets table, not memory, decides afterwards.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from itertools import chain
+from typing import Any
+
+import psycopg
+
+from bridge.errors import BridgeError
+from consumers.applier import Applier, Step
+from consumers.offsets import Lease, OffsetStore, PartitionKey
+from consumers.pipelined import PipelinedTransaction
+from consumers.records import Record, offset_of
+from consumers.targets import Target
+
+log = logging.getLogger("bridge.consumer")
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Records of the partitions this member holds, with the leases they are written under."""
+
+    records: dict[PartitionKey, list[Record]]
+    leases: dict[PartitionKey, Lease]
+    plans: dict[str, list[Step]] | None  # each topic's statements, when every record is a row
+
+    def next_offsets(self) -> dict[PartitionKey, int]:
+        """Where each partition goes once the batch commits: after its last record."""
+        return {key: offset_of(records[-1]) + 1 for key, records in self.records.items()}
+
+    def without(self, keys: list[PartitionKey]) -> Batch:
+        return Batch(
+            {k: v for k, v in self.records.items() if k not in keys},
+            {k: v for k, v in self.leases.items() if k not in keys},
+            None,
+        )
+
+
+def by_topic(records: dict[PartitionKey, list[Record]]) -> dict[str, list[Record]]:
+    of_topic: dict[str, list[Record]] = defaultdict(list)
+    for (topic, _), of_partition in records.items():
+        of_topic[topic].extend(of_partition)
+    return of_topic
+
+
+@dataclass(frozen=True, kw_only=True)
+class CommitResult:
+    """What one batch's transaction came to."""
+
+    batch: Batch
+    committed: dict[PartitionKey, int] = field(default_factory=dict)  # new next offsets
+    applied: dict[str, tuple[int, int]] = field(default_factory=dict)  # rows, dead letters
+    seconds: float = 0.0
+    # The advance was refused for these: another owner, or an offset not where the lease said.
+    refused: list[PartitionKey] = field(default_factory=list)
+    # The connection dropped: the outcome of these partitions' batch is unknown.
+    unknown: list[PartitionKey] = field(default_factory=list)
+    lost: str | None = None
+
+    @property
+    def whole(self) -> bool:
+        """Every partition of the batch committed."""
+        return not self.refused and not self.unknown
+
+
+class _LeaseRefused(BridgeError):
+    def __init__(self, keys: list[PartitionKey]) -> None:
+        self.keys = keys
+        super().__init__(", ".join(f"{t}[{p}]" for t, p in keys) + ": offset lease refused")
+
+
+@dataclass
+class _Sent:
+    batch: Batch
+    transaction: PipelinedTransaction
+    conn: psycopg.Connection[Any]
+    started: float
+
+
+class Committer:
+    def __init__(
+        self,
+        *,
+        store: OffsetStore,
+        applier: Applier,
+        targets: dict[str, Target],
+        timeout_s: float,
+    ) -> None:
+        self._store = store
+        self._applier = applier
+        self._targets = targets
+        self._timeout_s = timeout_s
+        self._sent: _Sent | None = None
+
+    @property
+    def in_flight(self) -> bool:
+        return self._sent is not None
+
+    def plan(self, records: dict[PartitionKey, list[Record]]) -> dict[str, list[Step]] | None:
+        """Each topic's statements, when every record is a row; else None."""
+        plans = {}
+        for topic, of_topic in by_topic(records).items():
+            plan = self._applier.plan(self._targets[topic], of_topic)
+            if plan is None:
+                return None
+            plans[topic] = plan
+        return plans
+
+    def commit(self, conn: psycopg.Connection[Any], batch: Batch) -> CommitResult | None:
+        """Commit `batch`: sent as one message when it is all rows (None now; `settle` gives
+        the result), else written statement by statement (the result now)."""
+        if batch.plans is None:
+            return self.write(conn, batch)
+        started = time.perf_counter()
+        # Step 1, 2 and 3 go in one message, in this order.
+        advance = self._store.advance_statement(self._advances(batch), strict=True)
+        steps = list(chain.from_iterable(batch.plans.values()))
+        try:
+            transaction = PipelinedTransaction(
+                conn, steps, advance=advance, timeout_s=self._timeout_s
+            )
+        except psycopg.OperationalError as exc:
+            return CommitResult(batch=batch, unknown=list(batch.records), lost=str(exc))
+        self._sent = _Sent(batch, transaction, conn, started)
+        return None
+
+    def settle(self) -> CommitResult | None:
+        """The outcome of the batch sent as one message, if any; a refused one is written
+        again statement by statement, which tells which partition or record was refused."""
+        sent, self._sent = self._sent, None
+        if sent is None:
+            return None
+        batch = sent.batch
+        assert batch.plans is not None  # noqa: S101 - only such batches are sent
+        applied = {
+            topic: (sum(len(step.rows) for step in plan if step.rows is not None), 0)
+            for topic, plan in batch.plans.items()
+        }
+        try:
+            refusal = sent.transaction.finish()
+            if refusal is None:
+                return CommitResult(
+                    batch=batch,
+                    committed=batch.next_offsets(),
+                    applied=applied,
+                    seconds=time.perf_counter() - sent.started,
+                )
+            log.info("batch refused as a whole, writing it statement by statement: %s", refusal)
+            sent.conn.execute("ROLLBACK")
+        except psycopg.OperationalError as exc:
+            return CommitResult(
+                batch=batch, applied=applied, unknown=list(batch.records), lost=str(exc)
+            )
+        return self.write(sent.conn, batch)
+
+    def write(self, conn: psycopg.Connection[Any], batch: Batch) -> CommitResult:
+        """Steps 1 to 3 statement by statement; partitions whose advance is refused are taken
+        out of the batch and the rest is written again."""
+        refused: list[PartitionKey] = []
+        while batch.records:
+            started = time.perf_counter()
+            applied: dict[str, tuple[int, int]] = {}
+            try:
+                self._write_once(conn, batch, applied)
+            except _LeaseRefused as exc:
+                log.warning("offset lease refused", extra={"partitions": exc.keys})
+                refused += exc.keys
+                batch = batch.without(exc.keys)
+                continue
+            except psycopg.OperationalError as exc:
+                # `applied` is whole if the COMMIT went through and only its reply was lost.
+                return CommitResult(
+                    batch=batch,
+                    applied=applied,
+                    refused=refused,
+                    unknown=list(batch.records),
+                    lost=str(exc),
+                )
+            return CommitResult(
+                batch=batch,
+                committed=batch.next_offsets(),
+                applied=applied,
+                seconds=time.perf_counter() - started,
+                refused=refused,
+            )
+        return CommitResult(batch=batch, refused=refused)
+
+    def _write_once(
+        self, conn: psycopg.Connection[Any], batch: Batch, applied: dict[str, tuple[int, int]]
+    ) -> None:
+        with conn.transaction():
+            # Step 1
+            refused = self._store.advance(conn, self._advances(batch))
+            if refused:
+                raise _LeaseRefused(refused)  # rolls the transaction back
+            # Step 2
+            for topic, records in by_topic(batch.records).items():
+                counts = self._applier.apply(conn, self._targets[topic], records)
+                applied[topic] = (counts.applied + counts.deleted, counts.dead)
+        # Step 3: the block above committed on leaving it.
+
+    @staticmethod
+    def _advances(batch: Batch) -> list[tuple[Lease, int]]:
+        return [(batch.leases[key], offset) for key, offset in batch.next_offsets().items()]

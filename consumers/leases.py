@@ -1,0 +1,221 @@
+"""The partitions Kafka gives this member, kept in step with the offsets table.
+
+Kafka decides which member should hold a partition; the offsets table decides which member
+may write it (the owner epoch). This module claims partitions on assignment and releases them
+on revocation (the rebalance callbacks, run inside `consume`), compares the leases with the
+table once a second (`reconcile`), and after a batch whose outcome is unknown reads where its
+partitions stand (`resolve`). Each of these moves the partitions' states
+(`consumers.partitions`) and the consumer's positions: paused, resumed, sought.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+from confluent_kafka import Consumer, TopicPartition
+
+from bridge.settings import ConsumerSettings
+from consumers.committer import CommitResult
+from consumers.db_session import DatabaseSession
+from consumers.offsets import Lease, OffsetStore, PartitionKey, StoredRow
+from consumers.partitions import PartitionState, PartitionTable
+
+log = logging.getLogger("bridge.consumer")
+
+
+class LeaseKeeper:
+    def __init__(
+        self,
+        *,
+        table: PartitionTable,
+        store: OffsetStore,
+        db: DatabaseSession,
+        config: ConsumerSettings,
+        settle: Callable[[], object],
+        forget: Callable[[list[PartitionKey]], None],
+    ) -> None:
+        self._table = table
+        self._store = store
+        self._db = db
+        self._config = config
+        self._settle = settle  # the batch in flight commits before a lease moves
+        self._forget_metrics = forget
+        self.consumer: Consumer | None = None
+        self.rewinds = 0  # how many times the positions went back to the stored offsets
+
+    # -- rebalance callbacks (run inside consume) -----------------------------------------------
+
+    def on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._settle()
+        keys = [(tp.topic, tp.partition) for tp in partitions]
+        leases, low = self._claim_at_watermarks(consumer, keys)
+        consumer.incremental_assign(
+            [TopicPartition(lease.topic, lease.partition, lease.next_offset) for lease in leases]
+        )
+        self._take(consumer, leases, low)
+        log.info("assigned %s", [(x.topic, x.partition, x.next_offset) for x in leases])
+
+    def on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._settle()  # the batch in flight holds records of these partitions
+        keys = [(tp.topic, tp.partition) for tp in partitions]
+        held = {lease.key: lease for lease in self._table.leases()}
+        leases = [held[key] for key in keys if key in held]
+        self._forget(keys)
+        # Releasing only clears `owner` for the operator tools; the owner epoch fences us either
+        # way. So it is not worth a reconnect here (which, while stopping, would abort close()).
+        conn = self._db.open_connection()
+        if conn is not None and leases:
+            try:
+                self._store.release(conn, leases)
+            except psycopg.OperationalError as exc:
+                log.warning("could not mark revoked partitions unowned: %s", exc)
+        consumer.incremental_unassign(partitions)
+
+    def on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._settle()
+        self._forget([(tp.topic, tp.partition) for tp in partitions])
+        consumer.incremental_unassign(partitions)
+
+    # -- against the offsets table ------------------------------------------------------------
+
+    def reconcile(self) -> None:
+        """Follow what the offsets table says about the partitions Kafka gave this member.
+
+        A lease whose owner epoch moved on was taken by someone else; an idle member would only
+        notice at its next batch, so it is checked here. A partition whose row has no owner
+        (an operator's `offsets reset` clears it, as does a clean release by a member that had
+        taken it over) is claimed again and consumed from its stored offset: that is how a
+        `fenced` or `out_of_range` partition comes back without a rebalance."""
+        self._settle()
+        consumer = self.consumer
+        keys = self._table.keys()
+        if consumer is None or not keys:
+            return
+        rows = self._db.run(lambda conn: self._store.rows(conn, keys))
+        released, taken = [], []
+        for key in keys:
+            partition = self._table.get(key)
+            assert partition is not None  # noqa: S101 - listed just above
+            row = rows.get(key)
+            ours = row is not None and row.owner_epoch == partition.lease.epoch
+            if partition.state is PartitionState.FENCED or not ours:
+                if row is None or row.owner is None:
+                    released.append(key)
+                elif partition.state is not PartitionState.FENCED:
+                    taken.append((key, row))
+        for key, row in taken:
+            self._table.taken(key, row)
+        if taken:
+            log.warning(
+                "partitions taken by another owner, pausing them: %s", [k for k, _ in taken]
+            )
+            consumer.pause([TopicPartition(*key) for key, _ in taken])
+        if not released:
+            return
+        leases, low = self._claim_at_watermarks(consumer, released)
+        # Assigned afresh rather than sought: a partition whose fetch failed (offset out of range
+        # with auto.offset.reset=error) refuses a seek, and a new assignment also drops anything
+        # fetched from the old position.
+        consumer.incremental_unassign([TopicPartition(*key) for key in released])
+        consumer.incremental_assign(
+            [TopicPartition(lease.topic, lease.partition, lease.next_offset) for lease in leases]
+        )
+        self._take(consumer, leases, low)
+        log.info("claimed again %s", [(x.topic, x.partition, x.next_offset) for x in leases])
+
+    def resolve(self, result: CommitResult) -> bool:
+        """After a batch whose advance was refused or whose connection was lost: read where
+        its partitions stand in the offsets table, move them there, and fetch again from the
+        stored offsets. Returns whether the batch turned out to be committed (its reply lost)."""
+        keys = result.refused + result.unknown
+        self._table.lost(keys, result.lost or "offset lease refused")
+        if result.lost is not None:
+            log.error(
+                "database connection lost during a batch (%s); reading its outcome from the "
+                "offsets table",
+                result.lost,
+            )
+            self._db.reconnect()
+        rows: dict[PartitionKey, StoredRow] = self._db.run(
+            lambda conn: self._store.rows(conn, keys)
+        )
+        expected = result.batch.next_offsets()
+        committed = False
+        fenced = []
+        for key in keys:
+            row = rows.get(key)
+            if self._table.resolved(key, row) is PartitionState.FENCED:
+                fenced.append(key)
+            elif row is not None and key in result.unknown:
+                committed = committed or row.next_offset == expected.get(key)
+        if fenced:
+            log.warning("partitions taken by another owner, pausing them: %s", fenced)
+            if self.consumer is not None:
+                self.consumer.pause([TopicPartition(*key) for key in fenced])
+        log.info(
+            "positions read from the offsets table",
+            extra={"partitions": {f"{t}[{p}]": rows[(t, p)].next_offset for t, p in rows}},
+        )
+        self.seek_to_leases()
+        return committed
+
+    def seek_to_leases(self) -> None:
+        """Fetch again from what the offsets table says is committed."""
+        self.rewinds += 1
+        if self.consumer is None:
+            return
+        for key in self._table.in_state(PartitionState.CONSUMING):
+            lease = self._table.lease(key)
+            assert lease is not None  # noqa: S101 - a consuming partition has one
+            self.consumer.seek(TopicPartition(lease.topic, lease.partition, lease.next_offset))
+
+    # -- claiming -----------------------------------------------------------------------------
+
+    def _claim_at_watermarks(
+        self, consumer: Consumer, keys: list[PartitionKey]
+    ) -> tuple[list[Lease], dict[PartitionKey, int]]:
+        watermarks = {
+            key: consumer.get_watermark_offsets(TopicPartition(*key), timeout=10, cached=False)
+            for key in keys
+        }
+        leases = self._db.run(lambda conn: self._claim(conn, keys, watermarks))
+        return leases, {key: low for key, (low, _) in watermarks.items()}
+
+    def _claim(
+        self,
+        conn: psycopg.Connection[Any],
+        keys: list[PartitionKey],
+        watermarks: dict[PartitionKey, tuple[int, int]],
+    ) -> list[Lease]:
+        stored = self._store.stored(conn, keys)
+        starts = {}
+        for key in keys:
+            low, high = watermarks[key]
+            policy_start = low if self._config.start_policy == "earliest" else high
+            starts[key] = stored.get(key, policy_start)
+        return self._store.claim(conn, starts, lock_wait_ms=self._config.db_session_timeout_ms // 2)
+
+    def _take(self, consumer: Consumer, leases: list[Lease], low: dict[PartitionKey, int]) -> None:
+        """Start consuming freshly claimed partitions, unless their stored offset is gone."""
+        states = {
+            lease.key: self._table.claimed(lease, log_start=low[lease.key]) for lease in leases
+        }
+        # A partition this member paused after being fenced (a zombie that woke up) keeps its
+        # pause flag in librdkafka across unassign/assign: a fresh claim must flow again.
+        consumer.resume([TopicPartition(lease.topic, lease.partition) for lease in leases])
+        for lease in leases:
+            if states[lease.key] is PartitionState.OUT_OF_RANGE:
+                # Never a silent jump: the partition stays paused until an operator resets it.
+                consumer.pause([TopicPartition(lease.topic, lease.partition)])
+                log.error(
+                    "stored offset %d of %s[%d] is below the log start %d: records were lost "
+                    "before they were applied; partition paused (see `bridge offsets reset`)",
+                    lease.next_offset, lease.topic, lease.partition, low[lease.key],
+                )  # fmt: skip
+
+    def _forget(self, keys: list[PartitionKey]) -> None:
+        self._table.forget(keys)
+        self._forget_metrics(keys)

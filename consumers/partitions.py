@@ -1,0 +1,215 @@
+"""Where each partition Kafka gave this member stands, and the only moves it may make.
+
+| state          | meaning                                      | leaves by                       |
+|----------------|----------------------------------------------|---------------------------------|
+| `consuming`    | the lease holds; its records are applied     | a batch sent; a fence seen      |
+| `in_flight`    | a batch of its records is being committed    | the outcome read                |
+| `unresolved`   | the connection dropped during its batch, or  | the offsets table read (after   |
+|                | its advance was refused: committed or not?   | reconnecting): its truth wins   |
+| `fenced`       | another owner epoch is in the offsets table  | the row's owner cleared         |
+|                |                                              | (released, or reset): a claim   |
+| `out_of_range` | the stored offset is below the log start     | an operator's reset: a claim    |
+
+A partition enters the table when it is claimed and leaves it when Kafka revokes or loses it;
+no state needs a rebalance to be left. `fenced` and `out_of_range` partitions are paused in
+Kafka; records of any partition not `consuming` are not applied. The table does no I/O: the
+service moves it, and reads from it what to pause, where to seek and what to report.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+from enum import StrEnum
+
+from bridge.errors import BridgeError
+from consumers.offsets import Lease, PartitionKey, StoredRow
+
+
+class PartitionState(StrEnum):
+    CONSUMING = "consuming"
+    IN_FLIGHT = "in_flight"
+    UNRESOLVED = "unresolved"
+    FENCED = "fenced"
+    OUT_OF_RANGE = "out_of_range"
+
+
+_ANY = frozenset(PartitionState)
+_SETTLED = _ANY - {PartitionState.IN_FLIGHT}
+# event -> the states it may start from. A claim happens only with no batch in flight.
+MOVES: dict[str, frozenset[PartitionState]] = {
+    "claimed": _SETTLED,
+    "sent": frozenset({PartitionState.CONSUMING}),
+    "committed": frozenset({PartitionState.IN_FLIGHT}),
+    "lost": frozenset({PartitionState.IN_FLIGHT}),
+    "resolved": frozenset({PartitionState.UNRESOLVED}),
+    "taken": _SETTLED - {PartitionState.FENCED},
+}
+
+
+class IllegalTransition(BridgeError):
+    """A move the state table does not allow: a bug, never an operating condition."""
+
+    def __init__(self, key: PartitionKey, state: PartitionState, event: str) -> None:
+        self.key, self.state, self.event = key, state, event
+        super().__init__(f"{key[0]}[{key[1]}]: '{event}' is not allowed in state {state}")
+
+
+@dataclass
+class Partition:
+    lease: Lease  # in `fenced`, the lease this member last held
+    state: PartitionState
+    since: float  # monotonic: when it entered its state
+    progressed: float  # monotonic: its last commit (or its claim)
+    delivered: int = -1  # the offset after the last record Kafka handed over
+    reason: str = ""
+
+
+class PartitionTable:
+    def __init__(self) -> None:
+        self._partitions: dict[PartitionKey, Partition] = {}
+
+    def __contains__(self, key: PartitionKey) -> bool:
+        return key in self._partitions
+
+    def __len__(self) -> int:
+        return len(self._partitions)
+
+    def keys(self) -> list[PartitionKey]:
+        return sorted(self._partitions)
+
+    def get(self, key: PartitionKey) -> Partition | None:
+        return self._partitions.get(key)
+
+    def in_state(self, *states: PartitionState) -> list[PartitionKey]:
+        return sorted(k for k, p in self._partitions.items() if p.state in states)
+
+    def lease(self, key: PartitionKey, *, in_flight: bool = False) -> Lease | None:
+        """The lease of a `consuming` partition (or `in_flight` too): its records are ours to
+        apply."""
+        partition = self._partitions.get(key)
+        if partition is None:
+            return None
+        if partition.state is PartitionState.CONSUMING or (
+            in_flight and partition.state is PartitionState.IN_FLIGHT
+        ):
+            return partition.lease
+        return None
+
+    def leases(self) -> list[Lease]:
+        """The leases this member still holds (all states but `fenced`)."""
+        return [p.lease for p in self._partitions.values() if p.state is not PartitionState.FENCED]
+
+    def _move(
+        self, key: PartitionKey, event: str, to: PartitionState, reason: str = ""
+    ) -> Partition:
+        partition = self._partitions[key]
+        if partition.state not in MOVES[event]:
+            raise IllegalTransition(key, partition.state, event)
+        if partition.state is not to:
+            partition.since = time.monotonic()
+        partition.state, partition.reason = to, reason
+        return partition
+
+    # -- events -------------------------------------------------------------------------------
+
+    def claimed(self, lease: Lease, *, log_start: int) -> PartitionState:
+        """A fresh claim (on assignment, or after the row's owner was cleared)."""
+        now = time.monotonic()
+        if lease.next_offset < log_start:
+            state = PartitionState.OUT_OF_RANGE
+            reason = (
+                f"stored offset {lease.next_offset} is below the log start {log_start}: "
+                "see `bridge offsets reset`"
+            )
+        else:
+            state, reason = PartitionState.CONSUMING, ""
+        old = self._partitions.get(lease.key)
+        if old is not None:
+            if old.state not in MOVES["claimed"]:
+                raise IllegalTransition(lease.key, old.state, "claimed")
+            old.lease, old.progressed = lease, now
+            if old.state is not state:
+                old.since = now
+            old.state, old.reason = state, reason
+        else:
+            self._partitions[lease.key] = Partition(lease, state, now, now, reason=reason)
+        return state
+
+    def sent(self, keys: list[PartitionKey]) -> None:
+        for key in keys:
+            self._move(key, "sent", PartitionState.IN_FLIGHT)
+
+    def committed(self, advanced: dict[PartitionKey, int]) -> None:
+        now = time.monotonic()
+        for key, next_offset in advanced.items():
+            partition = self._move(key, "committed", PartitionState.CONSUMING)
+            partition.lease = replace(partition.lease, next_offset=next_offset)
+            partition.progressed = now
+
+    def lost(self, keys: list[PartitionKey], why: str) -> None:
+        """The database connection dropped while a batch of theirs was open or being committed;
+        or the fenced advance refused their batch, so their offset is not what this member
+        thought. Either way the offsets table must say where they stand."""
+        for key in keys:
+            if key in self._partitions:
+                self._move(key, "lost", PartitionState.UNRESOLVED, f"outcome unknown: {why}")
+
+    def resolved(self, key: PartitionKey, row: StoredRow | None) -> PartitionState:
+        """The offsets table was read: still ours (at the stored offset, whichever way the
+        batch went), or taken by another member."""
+        partition = self._partitions[key]
+        if row is not None and row.owner_epoch == partition.lease.epoch:
+            self._move(key, "resolved", PartitionState.CONSUMING)
+            partition.lease = replace(partition.lease, next_offset=row.next_offset)
+            partition.progressed = time.monotonic()
+        else:
+            self._move(key, "resolved", PartitionState.FENCED, _taken_reason(row))
+        return partition.state
+
+    def taken(self, key: PartitionKey, row: StoredRow | None) -> None:
+        """The offsets table shows another owner epoch: this member's lease is void."""
+        self._move(key, "taken", PartitionState.FENCED, _taken_reason(row))
+
+    def delivered(self, key: PartitionKey, next_offset: int) -> None:
+        partition = self._partitions.get(key)
+        if partition is not None:
+            partition.delivered = next_offset
+
+    def forget(self, keys: list[PartitionKey]) -> None:
+        """Revoked or lost by Kafka: no longer this member's in any state."""
+        for key in keys:
+            self._partitions.pop(key, None)
+
+    # -- what the service reads ---------------------------------------------------------------
+
+    def counts(self) -> dict[PartitionState, int]:
+        counts = dict.fromkeys(PartitionState, 0)
+        for partition in self._partitions.values():
+            counts[partition.state] += 1
+        return counts
+
+    def not_progressing(self, *, stalled_after_s: float) -> list[str]:
+        """Why the member is not ready: each held partition that does not move, and why. A
+        `consuming` partition is stalled when records wait and nothing committed for long."""
+        now = time.monotonic()
+        reasons = []
+        for (topic, number), p in sorted(self._partitions.items()):
+            where = f"{topic}[{number}]"
+            if p.state in (PartitionState.CONSUMING, PartitionState.IN_FLIGHT):
+                waiting = p.delivered > p.lease.next_offset
+                if waiting and now - p.progressed > stalled_after_s:
+                    reasons.append(
+                        f"{where} stalled: records waiting, nothing committed for "
+                        f"{now - p.progressed:.0f}s"
+                    )
+            else:
+                reasons.append(f"{where} {p.state} for {now - p.since:.0f}s: {p.reason}")
+        return reasons
+
+
+def _taken_reason(row: StoredRow | None) -> str:
+    if row is None:
+        return "its row is gone from the offsets table"
+    owner = row.owner or "nobody (released or reset)"
+    return f"owner epoch {row.owner_epoch} now belongs to {owner}"
