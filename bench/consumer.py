@@ -14,6 +14,10 @@
 on a shared machine their rates drift by a third within minutes, and a ratio is only worth
 something between runs made next to each other. Each round gives its own ratio; the figures
 are the medians, with every round's kept. Writes them to bench/results/consumer-*.json.
+
+`--baseline-tree DIR` (a checkout of another commit, e.g. `git worktree add /tmp/base HEAD~1`)
+also runs that tree's service in every round, next to this one's, insert and upsert: a
+before/after comparison of a change, alternated in one run.
 """
 
 from __future__ import annotations
@@ -129,7 +133,15 @@ def raw_consume(stack: Endpoints, topic: str) -> tuple[float, int]:
 class Service:
     """`python -m consumers` on one route, in its own process, as in production."""
 
-    def __init__(self, stack: Endpoints, topic: str, table: str, mode: str, scratch: Path) -> None:
+    def __init__(
+        self,
+        stack: Endpoints,
+        topic: str,
+        table: str,
+        mode: str,
+        scratch: Path,
+        tree: Path | None = None,
+    ) -> None:
         self.stack, self.group = stack, f"bench-{uuid.uuid4().hex[:8]}"
         route: dict[str, Any] = {"topic": topic, "table": f"public.{table}", "mode": mode}
         if mode == "upsert":
@@ -142,10 +154,12 @@ class Service:
         }))  # fmt: skip
         self.log = scratch / f"{self.group}.log"
         env = {k: v for k, v in os.environ.items() if not k.startswith("BRIDGE_")}
+        if tree is not None:  # that tree's packages come first on the path
+            env["PYTHONPATH"] = str(tree)
         with self.log.open("wb") as out:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "consumers", "--config", str(config)],
-                stdout=out, stderr=subprocess.STDOUT, env=env,
+                stdout=out, stderr=subprocess.STDOUT, env=env, cwd=tree,
             )  # fmt: skip
 
     def position(self) -> int:
@@ -169,22 +183,23 @@ class Service:
         self.process.wait(60)
 
 
+def caught_up(stack: Endpoints, topic: str) -> int:
+    admin = KafkaAdmin({"bootstrap.servers": stack.bootstrap_servers})
+    return caught_up_position(admin, topic, PARTITIONS)
+
+
 def service_run(
-    stack: Endpoints, topic: str, records: int, mode: str, scratch: Path
+    stack: Endpoints, topic: str, records: int, mode: str, scratch: Path, tree: Path | None = None
 ) -> dict[str, Any]:
     table = f"svc_{mode}_{uuid.uuid4().hex[:8]}"
     key = ", PRIMARY KEY (id)" if mode == "upsert" else ""
     sql(stack.dsn, f"CREATE TABLE public.{table} ({COLUMNS}{key})")
     started = time.perf_counter()
-    service = Service(stack, topic, table, mode, scratch)
+    service = Service(stack, topic, table, mode, scratch, tree)
     try:
         service.wait_for(1)  # offsets claimed: the group is joined
         joined = time.perf_counter()
-        service.wait_for(
-            caught_up_position(
-                KafkaAdmin({"bootstrap.servers": stack.bootstrap_servers}), topic, PARTITIONS
-            )
-        )
+        service.wait_for(caught_up(stack, topic))
         seconds = time.perf_counter() - joined
         rss = service.peak_rss_mb()
     finally:
@@ -217,11 +232,7 @@ def latency_run(stack: Endpoints, rate: int, seconds: int, scratch: Path) -> dic
                 sent += 1
             producer.commit_transaction(30)
         offered = sent / (time.perf_counter() - begin)
-        service.wait_for(
-            caught_up_position(
-                KafkaAdmin({"bootstrap.servers": stack.bootstrap_servers}), topic, PARTITIONS
-            )
-        )
+        service.wait_for(caught_up(stack, topic))
         rss = service.peak_rss_mb()
     finally:
         service.stop()
@@ -248,7 +259,9 @@ def main() -> None:
     parser.add_argument("--rate", type=int, default=10_000)
     parser.add_argument("--seconds", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--baseline-tree", type=Path, help="also run this checkout's service")
     args = parser.parse_args()
+    base = args.baseline_tree.resolve() if args.baseline_tree else None
     scratch = Path(tempfile.mkdtemp(prefix="bridge-bench-consumer-"))
 
     with running_stack() as stack:
@@ -270,7 +283,17 @@ def main() -> None:
             })  # fmt: skip
             print(f"round {len(rounds)}: raw COPY {copy_rate:,.0f} rows/s, "
                   f"service insert {insert['rows_per_second']:,} rows/s = {ratio}x")  # fmt: skip
+            if base is not None:
+                before = service_run(stack, topic, args.records, "insert", scratch, base)
+                rounds[-1]["baseline_insert"] = before
+                print(f"         baseline tree's insert {before['rows_per_second']:,} rows/s")
         upsert = service_run(stack, topic, args.records, "upsert", scratch)
+        baseline: dict[str, Any] = {}
+        if base is not None:
+            baseline["tree"] = str(base)
+            baseline["upsert"] = service_run(stack, topic, args.records, "upsert", scratch, base)
+            inserts = [r["baseline_insert"]["rows_per_second"] for r in rounds]
+            baseline["insert_rows_per_second"] = round(median(inserts))
         latency = latency_run(stack, args.rate, args.seconds, scratch)
 
     copy_rate = median(r["raw_copy_rows_per_second"] for r in rounds)
@@ -292,6 +315,16 @@ def main() -> None:
         )
     print("    insert's ratio is the median of the rounds' own ratios: "
           + ", ".join(f"{r['insert_ratio_to_copy']}x" for r in rounds))  # fmt: skip
+    if baseline:
+        before_insert = baseline["insert_rows_per_second"]
+        before_upsert = baseline["upsert"]["rows_per_second"]
+        baseline["insert_ratio"] = round(insert["rows_per_second"] / before_insert, 3)
+        baseline["upsert_ratio"] = round(upsert["rows_per_second"] / before_upsert, 3)
+        print(
+            f"baseline tree {baseline['tree']}: insert {before_insert:,} rows/s (median), "
+            f"upsert {before_upsert:,} rows/s; this tree / baseline: insert "
+            f"{baseline['insert_ratio']}x, upsert {baseline['upsert_ratio']}x"
+        )
     print(
         f"(d) latency at {latency['offered_per_second']:,} records/s offered: "
         f"p50 {latency['p50_ms']} ms, p99 {latency['p99_ms']} ms (max {latency['max_ms']} ms)"
@@ -307,6 +340,7 @@ def main() -> None:
                             "ratio_to_consume": round(upsert["rows_per_second"] / consume_rate, 3)},
         "rounds": rounds,
         "latency": latency,
+        "baseline": baseline,
         "goals": {"insert_ratio": 0.7, "p99_ms": 200, "peak_rss_mb": 200},
     })  # fmt: skip
     print(f"figures: {path}")

@@ -176,7 +176,10 @@ _env_file: ContextVar[Path | None] = ContextVar("bridge_env_file", default=None)
 
 
 class _YamlFileSource(InitSettingsSource):
-    """The YAML configuration file, refused if it is not a mapping at the top."""
+    """The YAML configuration file, refused if it is not a mapping at the top.
+
+    Not pydantic-settings' YamlConfigSettingsSource: it lets a syntax error or a list at the top
+    escape as a bare ParserError or TypeError, and reads a missing file as empty."""
 
     def __init__(self, settings_cls: type[BaseSettings], path: Path | None) -> None:
         super().__init__(settings_cls, _read_yaml(path) if path else {})

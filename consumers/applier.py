@@ -20,6 +20,7 @@ import psycopg
 from confluent_kafka import Message
 from psycopg import sql
 
+from bridge.names import UPSERT_STAGE_PREFIX
 from consumers.records import Record, RecordError, headers_json
 from consumers.rows import Row, decode_key, projector, row_cursor, runs
 from consumers.state import StateTables
@@ -277,7 +278,7 @@ def _copy_steps(table: sql.Composable, target: Target, puts: list[Put]) -> list[
 def _merge_steps(target: Target, puts: list[Put]) -> list[Step]:
     """Upsert through a staging table: each run of rows names the columns it carries, so a
     column a record lacks takes its default in a new row and stays as it is in an old one."""
-    stage = sql.Identifier(f"bridge_stage_{target.name}")
+    stage = sql.Identifier(f"{UPSERT_STAGE_PREFIX}{target.name}")
     table = sql.SQL(target.qualified)
     keys = sql.SQL(", ").join(map(sql.Identifier, target.route.key_columns))
     steps = [

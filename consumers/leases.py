@@ -147,6 +147,8 @@ class LeaseKeeper:
         fenced = []
         for key in keys:
             row = rows.get(key)
+            if key not in self._table:
+                continue  # revoked meanwhile
             if self._table.resolved(key, row) is PartitionState.FENCED:
                 fenced.append(key)
             elif row is not None and key in result.unknown:

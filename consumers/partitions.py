@@ -185,7 +185,7 @@ class PartitionTable:
 
     def counts(self) -> dict[PartitionState, int]:
         counts = dict.fromkeys(PartitionState, 0)
-        for partition in self._partitions.values():
+        for partition in list(self._partitions.values()):
             counts[partition.state] += 1
         return counts
 
@@ -194,7 +194,8 @@ class PartitionTable:
         `consuming` partition is stalled when records wait and nothing committed for long."""
         now = time.monotonic()
         reasons = []
-        for (topic, number), p in sorted(self._partitions.items()):
+        # Read by the HTTP thread while the loop moves states: a copy, taken in one step.
+        for (topic, number), p in sorted(list(self._partitions.items())):
             where = f"{topic}[{number}]"
             if p.state in (PartitionState.CONSUMING, PartitionState.IN_FLIGHT):
                 waiting = p.delivered > p.lease.next_offset

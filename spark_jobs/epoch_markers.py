@@ -15,11 +15,11 @@ which has aborted or completed every earlier holder's transaction.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_fixed
 
 from bridge.names import MARKER_GROUP_INFIX
 
@@ -32,6 +32,14 @@ _COORDINATOR_NOT_READY = {
     KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
     KafkaError.COORDINATOR_NOT_AVAILABLE,
 }
+
+
+def _pending(exc: BaseException) -> bool:
+    """An open transaction's offsets, or a coordinator not ready yet: worth waiting for."""
+    if not isinstance(exc, KafkaException):
+        return False
+    error: KafkaError = exc.args[0]
+    return bool(error.retriable()) or error.code() in _COORDINATOR_NOT_READY
 
 
 def marker_group(prefix: str, partition: int) -> str:
@@ -93,22 +101,19 @@ class MarkerReader:
 
     def read(self, *, timeout: float) -> Marker | None:
         """The last committed marker, waiting out an open transaction for at most `timeout`."""
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                found = self._consumer.committed(
-                    [TopicPartition(self._marker_topic, 0)], timeout=min(10.0, timeout)
-                )
-            except KafkaException as exc:
-                error: KafkaError = exc.args[0]
-                pending = error.retriable() or error.code() in _COORDINATOR_NOT_READY
-                if pending and time.monotonic() < deadline:
-                    time.sleep(0.2)  # some retriable errors return at once: do not spin
-                    continue
-                raise
-            if found[0].error is not None:
-                raise KafkaException(found[0].error)
-            return Marker.from_committed(found[0])
+        found = Retrying(
+            retry=retry_if_exception(_pending),
+            stop=stop_after_delay(timeout),
+            wait=wait_fixed(0.2),  # some retriable errors return at once: do not spin
+            reraise=True,
+        )(
+            self._consumer.committed,
+            [TopicPartition(self._marker_topic, 0)],
+            timeout=min(10.0, timeout),
+        )
+        if found[0].error is not None:
+            raise KafkaException(found[0].error)
+        return Marker.from_committed(found[0])
 
     def close(self) -> None:
         self._consumer.close()

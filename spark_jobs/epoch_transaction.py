@@ -21,6 +21,13 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from confluent_kafka import KafkaError, KafkaException, Producer
+from tenacity import (
+    RetryCallState,
+    Retrying,
+    retry_if_exception,
+    stop_after_delay,
+    wait_exponential,
+)
 
 from bridge.errors import BridgeError
 from bridge.names import PROVENANCE_EPOCH, PROVENANCE_PARTITION, PROVENANCE_QUERY
@@ -34,6 +41,13 @@ log = logging.getLogger("bridge.sink")
 T = TypeVar("T")
 # Serve delivery reports this often so librdkafka's queue never fills with finished messages.
 _POLL_EVERY = 10_000
+
+
+def _retriable(exc: BaseException) -> bool:
+    if not isinstance(exc, KafkaException):
+        return False
+    error: KafkaError = exc.args[0]
+    return bool(error.retriable()) and not error.fatal()
 
 
 class EpochWriteError(BridgeError):
@@ -204,19 +218,21 @@ class EpochTransaction:
 
     def _call(self, what: str, action: Callable[[], T]) -> T:
         """Run a transactional call, retrying retriable errors until the transaction timeout."""
-        deadline = time.monotonic() + self._timeout
-        delay = 0.1
-        while True:
-            try:
-                return action()
-            except KafkaException as exc:
-                error: KafkaError = exc.args[0]
-                if error.retriable() and not error.fatal() and time.monotonic() < deadline:
-                    log.warning("%s: %s failed, retrying: %s", self._where, what, error.str())
-                    time.sleep(delay)
-                    delay = min(delay * 2, 2.0)
-                    continue
-                raise self._failure(what, error) from exc
+
+        def retrying(state: RetryCallState) -> None:
+            error = state.outcome.exception() if state.outcome else None
+            log.warning("%s: %s failed, retrying: %s", self._where, what, error)
+
+        try:
+            return Retrying(
+                retry=retry_if_exception(_retriable),
+                stop=stop_after_delay(self._timeout),
+                wait=wait_exponential(multiplier=0.1, max=2.0),
+                before_sleep=retrying,
+                reraise=True,
+            )(action)
+        except KafkaException as exc:
+            raise self._failure(what, exc.args[0]) from exc
 
     def _failure(self, what: str, error: KafkaError) -> EpochWriteError:
         kind = "fatal" if error.fatal() else "abortable" if error.txn_requires_abort() else ""

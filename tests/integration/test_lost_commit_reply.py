@@ -14,8 +14,8 @@ import pytest
 from bridge.kafka_admin import KafkaAdmin, create_topic
 from consumers.offsets import applied_position
 from consumers.positions import caught_up_position
+from tests.consumer_helpers import eventually, running, settings_for, sql
 from tests.harness import Endpoints
-from tests.integration.test_consumer import eventually, running, settings_for, sql
 from tests.kafka_helpers import transactional_producer
 from tests.pg_wire_proxy import PgWireProxy
 

@@ -16,14 +16,14 @@ from confluent_kafka.admin import AdminClient
 from bridge.kafka_admin import KafkaAdmin, create_topic, offset_range
 from spark_jobs.epoch_markers import MarkerReader, marker_position
 from tests.cli import run_bridge
-from tests.harness import Endpoints
-from tests.integration.test_consumer import (
+from tests.consumer_helpers import (
     eventually,
     produce,
     running,
     settings_for,
     sql,
 )
+from tests.harness import Endpoints
 from tests.kafka_helpers import read_all, transactional_producer
 
 

@@ -1,0 +1,96 @@
+"""Running the consumer service in a test, and reading what it wrote."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+
+from bridge.settings import BridgeSettings, load_settings
+from consumers.service import ConsumerService
+from tests.harness import Endpoints
+from tests.kafka_helpers import transactional_producer
+
+
+def settings_for(
+    stack: Endpoints, names: dict[str, str], *, consumer: dict[str, Any] | None = None, **route: Any
+) -> BridgeSettings:
+    return load_settings(
+        kafka={"bootstrap_servers": stack.bootstrap_servers},
+        postgres={"dsn": stack.dsn},
+        consumer={
+            "group_id": names["group"],
+            "state_schema": names["schema"],
+            "batch_max_wait_ms": 50,
+            "routes": [{"topic": names["topic"], "table": f"public.{names['table']}", **route}],
+            **(consumer or {}),
+        },
+    )
+
+
+def sql(stack: Endpoints, statement: str) -> list[tuple[Any, ...]]:
+    with psycopg.connect(stack.dsn, autocommit=True) as conn:
+        cursor = conn.execute(statement.encode())
+        return cursor.fetchall() if cursor.description else []
+
+
+def produce(
+    stack: Endpoints,
+    topic: str,
+    records: list[tuple[Any, Any]],
+    *,
+    abort: bool = False,
+    headers: list[tuple[str, str | bytes | None]] | None = None,
+) -> None:
+    producer = transactional_producer(stack.bootstrap_servers)
+    producer.begin_transaction()
+    for key, value in records:
+        producer.produce(
+            topic,
+            key=None if key is None else json.dumps(key).encode(),
+            value=None
+            if value is None
+            else (value if isinstance(value, bytes) else json.dumps(value).encode()),
+            headers=headers,
+        )
+    if abort:
+        producer.flush(30)
+        producer.abort_transaction(30)
+    else:
+        producer.commit_transaction(30)
+
+
+@contextmanager
+def running(settings: BridgeSettings) -> Iterator[ConsumerService]:
+    service = ConsumerService(settings)
+    service.start()
+    failure: list[BaseException] = []
+
+    def loop() -> None:
+        try:
+            service.run()
+        except BaseException as exc:  # noqa: BLE001 - handed to the test thread below
+            failure.append(exc)
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    try:
+        yield service
+    finally:
+        service.stop()
+        thread.join(60)
+        assert not thread.is_alive(), "the service did not stop"
+        if failure:
+            raise failure[0]
+
+
+def eventually(check: Callable[[], bool], timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.2)
