@@ -15,10 +15,8 @@ on a shared machine their rates drift by a third within minutes, and a ratio is 
 something between runs made next to each other. Each round gives its own ratio; the figures
 are the medians, with every round's kept. Writes them to bench/results/consumer-*.json.
 
-`--baseline-tree DIR` (a checkout of another commit, e.g. `git worktree add /tmp/base HEAD~1`)
-also runs that tree's service in every round, next to this one's, insert and upsert: a
-before/after comparison of a change, alternated in one run.
-"""
+`--baseline-tree DIR` (another commit's checkout) also runs that tree's service in every round,
+each tree first in every other round: a change's before and after, alternated in one run."""
 
 from __future__ import annotations
 
@@ -268,12 +266,18 @@ def main() -> None:
         topic = f"bench-c-{uuid.uuid4().hex[:8]}"
         fill = fill_topic(stack, topic, args.records)
         print(f"{args.records:,} records of ~150 bytes in Kafka ({args.records / fill:,.0f}/s)")
-        rounds = []
+        rounds: list[dict[str, Any]] = []
         for _ in range(args.rounds):
             copy_rate = args.records / raw_copy(stack, args.records)
             consume_s, consumed = raw_consume(stack, topic)
             assert consumed == args.records, consumed
+            # With a baseline tree, each goes first in every other round.
+            before = None
+            if base is not None and len(rounds) % 2:
+                before = service_run(stack, topic, args.records, "insert", scratch, base)
             insert = service_run(stack, topic, args.records, "insert", scratch)
+            if base is not None and before is None:
+                before = service_run(stack, topic, args.records, "insert", scratch, base)
             ratio = round(insert["rows_per_second"] / copy_rate, 3)
             rounds.append({
                 "raw_copy_rows_per_second": round(copy_rate),
@@ -283,8 +287,7 @@ def main() -> None:
             })  # fmt: skip
             print(f"round {len(rounds)}: raw COPY {copy_rate:,.0f} rows/s, "
                   f"service insert {insert['rows_per_second']:,} rows/s = {ratio}x")  # fmt: skip
-            if base is not None:
-                before = service_run(stack, topic, args.records, "insert", scratch, base)
+            if before is not None:
                 rounds[-1]["baseline_insert"] = before
                 print(f"         baseline tree's insert {before['rows_per_second']:,} rows/s")
         upsert = service_run(stack, topic, args.records, "upsert", scratch)
