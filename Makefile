@@ -11,6 +11,7 @@ PACKAGES := bridge spark_jobs consumers tests bench
 
 setup: $(STAMP)
 	@bash scripts/ensure-system-tools.sh
+	@bash scripts/ensure-toxiproxy.sh > /dev/null
 	@$(BIN)/bridge stack prepare
 
 $(STAMP): pyproject.toml

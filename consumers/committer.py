@@ -13,7 +13,8 @@ Two paths take these steps. A batch whose records are all rows goes as one messa
 next batch is consumed. Any other batch, and one the one-message path was refused for, goes
 statement by statement (`write`), which finds the record to dead-letter or the partition whose
 advance was refused. A connection lost on either path leaves the outcome unknown; the result
-says so, and the offsets table, not memory, decides afterwards.
+says so, and the offsets table, not memory, decides afterwards. A refusal the database answers
+with (read-only, out of resources, a statement timeout) is known to have written nothing.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import psycopg
 
 from bridge.errors import BridgeError
 from consumers.applier import Applier, Step
+from consumers.db_session import Refusal, is_lost, refusal_of
 from consumers.offsets import Lease, OffsetStore, PartitionKey
 from consumers.pipelined import PipelinedTransaction
 from consumers.records import Record, offset_of
@@ -77,11 +79,15 @@ class CommitResult:
     # The connection dropped: the outcome of these partitions' batch is unknown.
     unknown: list[PartitionKey] = field(default_factory=list)
     lost: str | None = None
+    # The database answered and refused to write (read-only, out of resources, a timeout):
+    # nothing of these partitions' batch was written.
+    declined: list[PartitionKey] = field(default_factory=list)
+    refusal: Refusal | None = None
 
     @property
     def whole(self) -> bool:
         """Every partition of the batch committed."""
-        return not self.refused and not self.unknown
+        return not self.refused and not self.unknown and not self.declined
 
 
 class _LeaseRefused(BridgeError):
@@ -188,7 +194,14 @@ class Committer:
                 refused += exc.keys
                 batch = batch.without(exc.keys)
                 continue
-            except psycopg.OperationalError as exc:
+            except psycopg.Error as exc:
+                refusal = refusal_of(exc)
+                if refusal is not None:
+                    return CommitResult(
+                        batch=batch, refused=refused, declined=list(batch.records), refusal=refusal
+                    )
+                if not is_lost(exc):
+                    raise
                 # `applied` is whole if the COMMIT went through and only its reply was lost.
                 return CommitResult(
                     batch=batch,

@@ -1,25 +1,39 @@
-"""The member's one PostgreSQL session, and how it comes back after a lost connection.
+"""The member's one PostgreSQL session: every wait bounded, and how it comes back.
 
-Reconnecting is bounded: a growing delay, a fixed number of attempts, then `DatabaseUnavailable`,
-which ends the service with a non-zero exit for its supervisor. What a lost connection leaves
-behind is not this module's concern: positions are never taken from memory afterwards, the
-offsets table is read again (`consumers.leases`).
+Three ways the database can fail a member, told apart because each wants its own answer:
+
+- **lost**: the connection dropped, or the server went silent past `reply_timeout_s` (through
+  a proxy or a dead NAT a silent peer is never noticed by TCP; only the client's own clock
+  can). Reconnect, with growing delays and a bounded number of attempts, then
+  `DatabaseUnavailable`, which ends the service with a non-zero exit for its supervisor.
+- **refusing**: the server answers but will not write: read-only (SQLSTATE class 25, e.g. a
+  replica after a failover), out of resources (class 53: disk full, too many connections),
+  a statement timeout (57014), a serialization failure or deadlock (class 40). Nothing was
+  written; wait longer each time (`RefusalBackoff`) and try again, saying so on `/readyz`.
+- anything else is a bug, and propagates.
+
+What a lost connection leaves behind is not this module's concern: positions are never taken
+from memory afterwards, the offsets table is read again (`consumers.leases`).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import psycopg
+from psycopg.abc import PQGen
 from tenacity import (
     RetryCallState,
     RetryError,
     Retrying,
+    retry_if_exception,
     retry_if_exception_type,
     stop_after_attempt,
+    stop_after_delay,
     stop_when_event_set,
     wait_exponential,
 )
@@ -30,9 +44,14 @@ from consumers.offsets import application_name
 log = logging.getLogger("bridge.consumer")
 
 RECONNECT_ATTEMPTS = 60  # about five minutes at the longest delay, then give up loudly
+CONNECT_TIMEOUT_S = 10  # libpq's bound on opening a connection, handshake included
 _FIRST_DELAY_S = 0.2
 _LONGEST_DELAY_S = 5.0
+_REFUSED_FIRST_DELAY_S = 0.5
+_REFUSED_LONGEST_DELAY_S = 30.0
+_RUN_BUDGET_S = 300.0  # how long a claim or a read keeps trying through refusals
 T = TypeVar("T")
+RV = TypeVar("RV")
 
 
 class DatabaseUnavailable(BridgeError):
@@ -44,6 +63,85 @@ class DatabaseUnavailable(BridgeError):
         super().__init__(f"database unreachable after {attempts} attempt(s): {last_error}")
 
 
+class Refusal(NamedTuple):
+    """The server answered and refused: nothing of the transaction was written."""
+
+    sqlstate: str
+    message: str
+
+
+_REFUSING_CLASSES = ("25", "40", "53")
+_STATEMENT_TIMEOUT = "57014"
+
+
+def refusal_of(exc: BaseException) -> Refusal | None:
+    """The refusal `exc` stands for, or None (a lost connection, or a bug)."""
+    if not isinstance(exc, psycopg.Error) or exc.sqlstate is None:
+        return None
+    state = exc.sqlstate
+    if state.startswith(_REFUSING_CLASSES) or state == _STATEMENT_TIMEOUT:
+        return Refusal(state, exc.diag.message_primary or str(exc))
+    return None
+
+
+def is_lost(exc: BaseException) -> bool:
+    return isinstance(exc, psycopg.OperationalError) and refusal_of(exc) is None
+
+
+class RefusalBackoff:
+    """While the database refuses writes: how long to wait before the next try, growing to a
+    bound, and what `/readyz` says meanwhile."""
+
+    def __init__(self) -> None:
+        self.current: Refusal | None = None
+        self._since = 0.0
+        self._attempts = 0
+        self.retry_at = 0.0  # monotonic: no batch before this
+
+    def refused(self, refusal: Refusal) -> float:
+        now = time.monotonic()
+        if self.current is None:
+            self._since = now
+        self.current = refusal
+        self._attempts += 1
+        delay = min(_REFUSED_LONGEST_DELAY_S, _REFUSED_FIRST_DELAY_S * 2.0 ** (self._attempts - 1))
+        self.retry_at = now + delay
+        log.error(
+            "the database refuses writes (%s: %s); nothing was written, retrying in %.1fs",
+            refusal.sqlstate, refusal.message, delay,
+        )  # fmt: skip
+        return delay
+
+    def cleared(self) -> None:
+        if self.current is not None:
+            log.info(
+                "the database accepts writes again after %.0fs", time.monotonic() - self._since
+            )
+        self.current, self._attempts, self.retry_at = None, 0, 0.0
+
+    def reasons(self) -> list[str]:
+        if self.current is None:
+            return []
+        return [
+            f"database refuses writes for {time.monotonic() - self._since:.0f}s "
+            f"({self.current.sqlstate}: {self.current.message})"
+        ]
+
+
+class _BoundedConnection(psycopg.Connection[Any]):
+    """A connection whose every wait for the server ends after `reply_timeout_s`."""
+
+    reply_timeout_s = 60.0
+
+    def wait(self, gen: PQGen[RV], interval: float = 0.1, timeout: float | None = None) -> RV:
+        try:
+            return super().wait(gen, interval, self.reply_timeout_s if timeout is None else timeout)
+        except psycopg.errors._WaitTimeout:
+            raise psycopg.OperationalError(
+                f"no answer from PostgreSQL in {self.reply_timeout_s:.0f}s"
+            ) from None
+
+
 class DatabaseSession:
     def __init__(
         self,
@@ -53,13 +151,22 @@ class DatabaseSession:
         session_timeout_ms: int,
         stop: threading.Event,
         on_reconnect: Callable[[], None] = lambda: None,
+        on_refusal: Callable[[Refusal], None] = lambda refusal: None,
     ) -> None:
         self._dsn = dsn
         self._group = group_id
         self._timeout_ms = session_timeout_ms
         self._stop = stop
         self._on_reconnect = on_reconnect
-        self._conn: psycopg.Connection[Any] | None = None
+        self._on_refusal = on_refusal
+        self._conn: _BoundedConnection | None = None
+        self.connecting_since: float | None = None  # monotonic, while reconnecting
+
+    @property
+    def reply_timeout_s(self) -> float:
+        """The server ends a statement after the session timeout; silence for twice as long
+        is a dead connection."""
+        return 2 * self._timeout_ms / 1000
 
     def connect(self) -> psycopg.Connection[Any]:
         # A member paused in the middle of a batch (GC, SIGSTOP, a frozen VM) holds the row locks
@@ -67,14 +174,23 @@ class DatabaseSession:
         # PostgreSQL ends such a session after the timeout, which frees the locks; the paused
         # member finds its connection gone when it wakes and its batch rolled back.
         timeout = self._timeout_ms
-        self._conn = psycopg.connect(
-            self._dsn,
-            autocommit=True,
-            application_name=application_name(self._group),
-            options=f"-c idle_in_transaction_session_timeout={timeout}"
-            f" -c statement_timeout={timeout}",
-        )
-        return self._conn
+        try:
+            conn = _BoundedConnection.connect(
+                self._dsn,
+                autocommit=True,
+                connect_timeout=CONNECT_TIMEOUT_S,
+                application_name=application_name(self._group),
+                options=f"-c idle_in_transaction_session_timeout={timeout}"
+                f" -c statement_timeout={timeout}",
+            )
+        except psycopg.OperationalError as exc:
+            refusal = refusal_of(exc)
+            if refusal is not None:  # too many connections, and the like
+                self._on_refusal(refusal)
+            raise
+        conn.reply_timeout_s = self.reply_timeout_s
+        self._conn = conn
+        return conn
 
     def connection(self) -> psycopg.Connection[Any]:
         """The open connection, or a new one if it was lost."""
@@ -89,6 +205,7 @@ class DatabaseSession:
     def reconnect(self) -> psycopg.Connection[Any]:
         """Drop the connection and open a new one, waiting longer after each failure."""
         self.close()
+        self.connecting_since = time.monotonic()
         retrying = Retrying(
             retry=retry_if_exception_type(psycopg.OperationalError),
             stop=stop_after_attempt(RECONNECT_ATTEMPTS) | stop_when_event_set(self._stop),
@@ -100,26 +217,48 @@ class DatabaseSession:
         except RetryError as exc:
             attempt = exc.last_attempt
             raise DatabaseUnavailable(attempt.attempt_number, str(attempt.exception())) from None
+        finally:
+            self.connecting_since = None
         log.info("database reconnected after %d attempt(s)", retrying.statistics["attempt_number"])
         self._on_reconnect()
         return conn
 
     def run(self, work: Callable[[psycopg.Connection[Any]], T]) -> T:
-        """Run `work`; if the connection drops, reconnect (itself bounded) and run it once more.
-        A second failure propagates: the service exits and its supervisor restarts it."""
-        try:
-            return work(self.connection())
-        except psycopg.OperationalError as exc:
-            log.error("database connection lost: %s", exc)
-            return work(self.reconnect())
+        """Run `work` (a claim, a read); through a lost connection or a refusal, try again with
+        growing delays for at most five minutes, then let the error end the service."""
+
+        def attempt() -> T:
+            try:
+                return work(self.connection())
+            except psycopg.Error as exc:
+                refusal = refusal_of(exc)
+                if refusal is not None:
+                    self._on_refusal(refusal)
+                elif is_lost(exc):
+                    log.error("database connection lost: %s", exc)
+                    self.close()  # the next attempt reconnects
+                raise
+
+        return Retrying(
+            retry=retry_if_exception(lambda e: is_lost(e) or refusal_of(e) is not None),
+            stop=stop_after_delay(_RUN_BUDGET_S) | stop_when_event_set(self._stop),
+            wait=wait_exponential(multiplier=_FIRST_DELAY_S, max=_REFUSED_LONGEST_DELAY_S),
+            before_sleep=_log_attempt,
+            reraise=True,
+        )(attempt)
 
     def close(self) -> None:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
 
+    def reasons(self) -> list[str]:
+        if self.connecting_since is None:
+            return []
+        return [f"database unreachable for {time.monotonic() - self.connecting_since:.0f}s"]
+
 
 def _log_attempt(state: RetryCallState) -> None:
     delay = state.next_action.sleep if state.next_action else 0.0
     error = state.outcome.exception() if state.outcome else None
-    log.warning("database unreachable (%s); retrying in %.1fs", error, delay)
+    log.warning("database unreachable or refusing (%s); retrying in %.1fs", error, delay)

@@ -23,6 +23,7 @@ from bridge.names import (
     METRIC_BATCH_SECONDS,
     METRIC_BATCHES,
     METRIC_DATABASE_RECONNECTS,
+    METRIC_DATABASE_REFUSALS,
     METRIC_DEAD_LETTERS,
     METRIC_INFO,
     METRIC_LAG,
@@ -84,6 +85,13 @@ class ConsumerMetrics:
             ["state"],
             registry=self.registry,
         )
+        self.refusals = Counter(
+            METRIC_DATABASE_REFUSALS,
+            "Times the database answered and refused to write (read-only, out of resources, a "
+            "statement timeout), by SQLSTATE.",
+            ["sqlstate"],
+            registry=self.registry,
+        ).labels
         self.reconnects = Counter(
             METRIC_DATABASE_RECONNECTS,
             "Times the database connection was lost and opened again.",

@@ -3,7 +3,7 @@
 | state          | meaning                                      | leaves by                       |
 |----------------|----------------------------------------------|---------------------------------|
 | `consuming`    | the lease holds; its records are applied     | a batch sent; a fence seen      |
-| `in_flight`    | a batch of its records is being committed    | the outcome read                |
+| `in_flight`    | a batch of its records is being committed    | the outcome read (or refused)   |
 | `unresolved`   | the connection dropped during its batch, or  | the offsets table read (after   |
 |                | its advance was refused: committed or not?   | reconnecting): its truth wins   |
 | `fenced`       | another owner epoch is in the offsets table  | the row's owner cleared         |
@@ -41,6 +41,7 @@ MOVES: dict[str, frozenset[PartitionState]] = {
     "claimed": _SETTLED,
     "sent": frozenset({PartitionState.CONSUMING}),
     "committed": frozenset({PartitionState.IN_FLIGHT}),
+    "not_committed": frozenset({PartitionState.IN_FLIGHT}),
     "lost": frozenset({PartitionState.IN_FLIGHT}),
     "resolved": frozenset({PartitionState.UNRESOLVED}),
     "taken": _SETTLED - {PartitionState.FENCED},
@@ -146,6 +147,12 @@ class PartitionTable:
             partition = self._move(key, "committed", PartitionState.CONSUMING)
             partition.lease = replace(partition.lease, next_offset=next_offset)
             partition.progressed = now
+
+    def not_committed(self, keys: list[PartitionKey]) -> None:
+        """The database refused its batch with an answer: nothing of it was written."""
+        for key in keys:
+            if key in self._partitions:
+                self._move(key, "not_committed", PartitionState.CONSUMING)
 
     def lost(self, keys: list[PartitionKey], why: str) -> None:
         """The database connection dropped while a batch of theirs was open or being committed;

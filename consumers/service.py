@@ -23,7 +23,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 from bridge.settings import BridgeSettings, ConsumerSettings, LibrdkafkaValue
 from consumers.applier import Applier
 from consumers.committer import Batch, CommitResult, Committer
-from consumers.db_session import DatabaseSession
+from consumers.db_session import DatabaseSession, RefusalBackoff
 from consumers.leases import LeaseKeeper
 from consumers.metrics import ConsumerMetrics, HealthServer
 from consumers.offsets import OffsetStore, PartitionKey
@@ -62,7 +62,9 @@ class ConsumerService:
             session_timeout_ms=self._config.db_session_timeout_ms,
             stop=self._stop,
             on_reconnect=self.metrics.reconnects.inc,
+            on_refusal=lambda refusal: self.metrics.refusals(refusal.sqlstate).inc(),
         )
+        self._refusals = RefusalBackoff()
         self._partitions = PartitionTable()
         self._leases = LeaseKeeper(
             table=self._partitions,
@@ -99,9 +101,7 @@ class ConsumerService:
             store=self._store,
             applier=Applier(tables=self._tables, group_id=self._config.group_id),
             targets=targets,
-            # The server ends a statement after db_session_timeout_ms; silence for longer than
-            # twice that is a dead connection.
-            timeout_s=2 * self._config.db_session_timeout_ms / 1000,
+            timeout_s=self._db.reply_timeout_s,
         )
         self._db.connect()
         self._consumer = Consumer(self._kafka_config())
@@ -161,6 +161,9 @@ class ConsumerService:
                     self.metrics.states(self._partitions.counts())
                 if not self._behind:
                     self._settle()  # caught up: nothing to overlap the commit with
+                if self._last_turn < self._refusals.retry_at:  # the database refused a batch
+                    self._stop.wait(min(1.0, self._refusals.retry_at - self._last_turn))
+                    continue
                 rewinds = self._leases.rewinds
                 messages = self._consumer.consume(
                     self._config.batch_max_records, self._config.batch_max_wait_ms / 1000
@@ -205,7 +208,11 @@ class ConsumerService:
         if self._consumer is None:
             return ["not in the group yet"]
         stalled_after = max(_STALLED_AFTER_S, 3 * self._config.batch_max_wait_ms / 1000)
-        return self._partitions.not_progressing(stalled_after_s=stalled_after)
+        return (
+            self._db.reasons()
+            + self._refusals.reasons()
+            + self._partitions.not_progressing(stalled_after_s=stalled_after)
+        )
 
     def healthy(self) -> bool:
         """The poll loop turns (a database outage past the reconnect budget stops it)."""
@@ -283,12 +290,16 @@ class ConsumerService:
         """After a batch's outcome: the partitions' states, the mirror and the metrics move."""
         if result.committed:
             self._partitions.committed(result.committed)
+            self._refusals.cleared()
             self._mirror(result.committed)
             self._count(result, [result.batch.records[key] for key in result.committed])
-        if result.whole:
-            return
-        if self._leases.resolve(result):  # committed, though its reply was lost
-            self._count(result, list(result.batch.records.values()))
+        if result.refusal is not None:  # answered and refused: nothing was written
+            self._partitions.not_committed(result.declined)
+            self.metrics.refusals(result.refusal.sqlstate).inc()
+            self._refusals.refused(result.refusal)
+            self._leases.seek_to_leases()
+        if (result.refused or result.unknown) and self._leases.resolve(result):
+            self._count(result, list(result.batch.records.values()))  # its reply was lost
 
     def _count(self, result: CommitResult, records: list[list[Record]]) -> None:
         for topic, (rows, dead) in result.applied.items():

@@ -14,6 +14,7 @@ import pytest
 
 from consumers.state import StateTables, ensure_state
 from tests.harness import Endpoints, endpoints
+from tests.toxiproxy import Toxiproxy, ToxiproxyMissing, toxiproxy_binary
 
 _HERE = Path(__file__).parent
 
@@ -95,3 +96,16 @@ def fault_rules() -> Iterator[FaultRules]:
     yield install
     for leftover in _FAULTS_FILE.parent.iterdir():
         leftover.unlink()
+
+
+@pytest.fixture(scope="session")
+def toxiproxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Toxiproxy]:
+    """One Toxiproxy server for the session's network faults. The set-up builds it; a test that
+    needs it fails, naming that fix, when it is missing."""
+    try:
+        binary = toxiproxy_binary()
+    except ToxiproxyMissing as exc:
+        pytest.fail(str(exc))
+    server = Toxiproxy(binary, tmp_path_factory.mktemp("toxiproxy") / "toxiproxy.log")
+    yield server
+    server.stop()

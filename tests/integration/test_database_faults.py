@@ -1,0 +1,182 @@
+"""Dirty database faults under a running consumer: a link that goes silent without a reset, a
+database that answers but refuses to write. Each ends with exact totals, a bound on the stall,
+and the consumer having said what was wrong while it was."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+
+import psycopg
+import pytest
+from psycopg.conninfo import conninfo_to_dict
+
+from bridge.kafka_admin import create_topic
+from consumers.service import ConsumerService
+from tests.consumer_helpers import eventually, running, settings_for, sql
+from tests.harness import Endpoints
+from tests.kafka_helpers import transactional_producer
+from tests.toxiproxy import Proxy, Toxiproxy
+
+pytestmark = pytest.mark.slow
+
+SILENCE_S = 90  # as long as a network partition that heals by itself often lasts
+SESSION_TIMEOUT_MS = 5_000  # the server ends a stuck statement after this; replies wait 2x
+
+
+class Stream:
+    """Records written in transactions of 100 every 50 ms, until stopped: a steady producer."""
+
+    def __init__(self, stack: Endpoints, topic: str) -> None:
+        self.sent = 0
+        self._stop = threading.Event()
+        self._producer = transactional_producer(stack.bootstrap_servers)
+        self._topic = topic
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._producer.begin_transaction()
+            for i in range(self.sent, self.sent + 100):
+                self._producer.produce(self._topic, json.dumps({"id": i}).encode())
+            self._producer.commit_transaction(30)
+            self.sent += 100
+            time.sleep(0.05)
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join(60)
+        return self.sent
+
+
+@pytest.fixture
+def pg_proxy(stack: Endpoints, toxiproxy: Toxiproxy, names: dict[str, str]) -> Iterator[Proxy]:
+    params = conninfo_to_dict(stack.dsn)
+    if str(params.get("host", "")).startswith("/"):
+        pytest.skip("PostgreSQL on a Unix socket: a TCP proxy cannot stand in front of it")
+    proxy = toxiproxy.proxy(f"pg-{names['group']}", f"{params['host']}:{params['port']}")
+    yield proxy
+    proxy.heal()
+
+
+def through(proxy: Proxy, stack: Endpoints) -> Endpoints:
+    params = conninfo_to_dict(stack.dsn)
+    params.update(host="127.0.0.1", port=str(proxy.port))
+    return replace(stack, dsn=" ".join(f"{k}={v}" for k, v in params.items()))
+
+
+def rows(stack: Endpoints, table: str) -> tuple[int, int]:
+    count, distinct = sql(stack, f"SELECT count(*), count(DISTINCT id) FROM public.{table}")[0]
+    return count, distinct
+
+
+def finish(stack: Endpoints, service: ConsumerService, stream: Stream, table: str) -> None:
+    sent = stream.stop()
+    eventually(lambda: rows(stack, table)[0] >= sent, timeout=120)
+    time.sleep(1)  # a duplicate applied late would show now
+    assert rows(stack, table) == (sent, sent)
+    assert service.ready, service.not_ready()
+
+
+def test_a_silent_postgres_link_is_noticed_and_the_stream_resumes_when_it_heals(
+    stack: Endpoints,
+    names: dict[str, str],
+    pg_proxy: Proxy,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    create_topic(stack.bootstrap_servers, names["topic"], partitions=3)
+    table = names["table"]
+    sql(stack, f"CREATE TABLE public.{table} (id int NOT NULL)")
+    settings = settings_for(
+        through(pg_proxy, stack), names, consumer={"db_session_timeout_ms": SESSION_TIMEOUT_MS}
+    )
+    stream = Stream(stack, names["topic"])
+    with running(settings) as service:
+        eventually(lambda: rows(stack, table)[0] > 500)
+        caplog.clear()
+        pg_proxy.silence()
+        silenced = time.monotonic()
+        # Noticed within the reply bound (2x the session timeout) and a poll, and said aloud.
+        eventually(lambda: any(r.levelno >= logging.ERROR for r in caplog.records), timeout=30)
+        noticed = time.monotonic() - silenced
+        eventually(lambda: "database unreachable" in " ".join(service.not_ready()), timeout=15)
+        time.sleep(max(0.0, SILENCE_S - (time.monotonic() - silenced)))
+        before = rows(stack, table)[0]
+        pg_proxy.heal()
+        healed = time.monotonic()
+        eventually(lambda: rows(stack, table)[0] > before, timeout=60)
+        resumed = time.monotonic() - healed
+        print(f"noticed after {noticed:.1f}s; resumed {resumed:.1f}s after the link healed")
+        assert noticed < 2 * SESSION_TIMEOUT_MS / 1000 + 5
+        finish(stack, service, stream, table)
+    assert service.metrics.reconnects._value.get() >= 1
+
+
+@pytest.fixture
+def read_only_database(stack: Endpoints) -> Iterator[Callable[[bool], None]]:
+    """Switches `default_transaction_read_only` on and off for the whole server, as a replica
+    after a failover has it; always off again at the end."""
+    with psycopg.connect(stack.dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT rolsuper FROM pg_roles WHERE rolname = current_user").fetchone()
+        if not (row and row[0]):
+            pytest.skip("needs a superuser to change the server's configuration")
+
+    def switch(on: bool) -> None:
+        with psycopg.connect(stack.dsn, autocommit=True) as conn:
+            conn.execute(
+                f"ALTER SYSTEM SET default_transaction_read_only = {'on' if on else 'off'}"
+            )
+            conn.execute("SELECT pg_reload_conf()")
+
+    yield switch
+    switch(False)
+
+
+@pytest.mark.parametrize("fault", ["read-only database", "statement timeout"])
+def test_a_database_that_refuses_writes_is_retried_with_growing_delays_and_reported(
+    stack: Endpoints,
+    names: dict[str, str],
+    fault: str,
+    read_only_database: Callable[[bool], None],
+) -> None:
+    switch_read_only = read_only_database
+    create_topic(stack.bootstrap_servers, names["topic"], partitions=3)
+    table = names["table"]
+    sql(stack, f"CREATE TABLE public.{table} (id int NOT NULL)")
+    settings = settings_for(stack, names, consumer={"db_session_timeout_ms": 1_000})
+    stream = Stream(stack, names["topic"])
+    blocker = psycopg.connect(stack.dsn)
+    try:
+        with running(settings) as service:
+            eventually(lambda: rows(stack, table)[0] > 500)
+            if fault == "read-only database":
+                switch_read_only(True)
+                expected = "25006"
+            else:
+                # A maintenance job holding the table: reads go on, every write waits past
+                # statement_timeout.
+                blocker.execute(f"LOCK TABLE public.{table} IN EXCLUSIVE MODE")
+                expected = "57014"
+            eventually(lambda: "refuses writes" in " ".join(service.not_ready()), timeout=30)
+            assert expected in " ".join(service.not_ready())
+            refused_at = rows(stack, table)[0]
+            time.sleep(12)
+            refusals = service.metrics.refusals(expected)._value.get()
+            # Growing delays (0.5, 1, 2, 4 s ...): a handful of tries, not a tight loop.
+            assert 2 <= refusals <= 8, refusals
+            assert rows(stack, table)[0] == refused_at  # nothing written meanwhile
+            if fault == "read-only database":
+                switch_read_only(False)
+            else:
+                blocker.rollback()
+            healed = time.monotonic()
+            eventually(lambda: rows(stack, table)[0] > refused_at, timeout=40)
+            print(f"{refusals} refusals; resumed {time.monotonic() - healed:.1f}s after")
+            finish(stack, service, stream, table)
+    finally:
+        blocker.close()
