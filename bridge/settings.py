@@ -151,6 +151,9 @@ class ConsumerSettings(_Section):
     # so that Kafka's own lag tools see the group. They are never read back: positions come
     # from the database only.
     mirror_offsets_to_kafka: bool = False
+    # Every broker unreachable for this long ends the service with an error (and a non-zero
+    # exit), rather than a member that waits forever without a word.
+    kafka_unavailable_timeout_ms: int = Field(default=300_000, ge=5_000, le=86_400_000)
 
     @field_validator("state_schema")
     @classmethod

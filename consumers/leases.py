@@ -21,7 +21,7 @@ from bridge.settings import ConsumerSettings
 from consumers.committer import CommitResult
 from consumers.db_session import DatabaseSession
 from consumers.offsets import Lease, OffsetStore, PartitionKey, StoredRow
-from consumers.partitions import PartitionState, PartitionTable
+from consumers.partitions import PartitionState, PartitionTable, out_of_range_reason
 
 log = logging.getLogger("bridge.consumer")
 
@@ -51,11 +51,11 @@ class LeaseKeeper:
     def on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self._settle()
         keys = [(tp.topic, tp.partition) for tp in partitions]
-        leases, low = self._claim_at_watermarks(consumer, keys)
+        leases, ranges = self._claim_at_watermarks(consumer, keys)
         consumer.incremental_assign(
             [TopicPartition(lease.topic, lease.partition, lease.next_offset) for lease in leases]
         )
-        self._take(consumer, leases, low)
+        self._take(consumer, leases, ranges)
         log.info("assigned %s", [(x.topic, x.partition, x.next_offset) for x in leases])
 
     def on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
@@ -115,7 +115,7 @@ class LeaseKeeper:
             consumer.pause([TopicPartition(*key) for key, _ in taken])
         if not released:
             return
-        leases, low = self._claim_at_watermarks(consumer, released)
+        leases, ranges = self._claim_at_watermarks(consumer, released)
         # Assigned afresh rather than sought: a partition whose fetch failed (offset out of range
         # with auto.offset.reset=error) refuses a seek, and a new assignment also drops anything
         # fetched from the old position.
@@ -123,7 +123,7 @@ class LeaseKeeper:
         consumer.incremental_assign(
             [TopicPartition(lease.topic, lease.partition, lease.next_offset) for lease in leases]
         )
-        self._take(consumer, leases, low)
+        self._take(consumer, leases, ranges)
         log.info("claimed again %s", [(x.topic, x.partition, x.next_offset) for x in leases])
 
     def resolve(self, result: CommitResult) -> bool:
@@ -164,6 +164,22 @@ class LeaseKeeper:
         self.seek_to_leases()
         return committed
 
+    def fell_out_of_range(self, key: PartitionKey) -> None:
+        """Kafka refused to fetch a partition from its stored offset (auto.offset.reset=error):
+        the topic was recreated under the same name, or the log was truncated. Never a silent
+        jump: the partition is paused and reported until an operator resets its offset."""
+        self._settle()
+        lease = self._table.lease(key)
+        if lease is None or self.consumer is None:
+            return  # not consuming: a claim will look at its range again
+        low, high = self.consumer.get_watermark_offsets(TopicPartition(*key), timeout=10)
+        reason = out_of_range_reason(lease.next_offset, low, high) or (
+            f"Kafka refused to fetch from the stored offset {lease.next_offset} (log {low}-{high})"
+        )
+        self._table.fell_out_of_range(key, reason)
+        self.consumer.pause([TopicPartition(*key)])
+        log.error("%s[%d] paused: %s", key[0], key[1], reason)
+
     def seek_to_leases(self) -> None:
         """Fetch again from what the offsets table says is committed."""
         self.rewinds += 1
@@ -178,13 +194,13 @@ class LeaseKeeper:
 
     def _claim_at_watermarks(
         self, consumer: Consumer, keys: list[PartitionKey]
-    ) -> tuple[list[Lease], dict[PartitionKey, int]]:
+    ) -> tuple[list[Lease], dict[PartitionKey, tuple[int, int]]]:
         watermarks = {
             key: consumer.get_watermark_offsets(TopicPartition(*key), timeout=10, cached=False)
             for key in keys
         }
         leases = self._db.run(lambda conn: self._claim(conn, keys, watermarks))
-        return leases, {key: low for key, (low, _) in watermarks.items()}
+        return leases, watermarks
 
     def _claim(
         self,
@@ -200,10 +216,15 @@ class LeaseKeeper:
             starts[key] = stored.get(key, policy_start)
         return self._store.claim(conn, starts, lock_wait_ms=self._config.db_session_timeout_ms // 2)
 
-    def _take(self, consumer: Consumer, leases: list[Lease], low: dict[PartitionKey, int]) -> None:
+    def _take(
+        self, consumer: Consumer, leases: list[Lease], ranges: dict[PartitionKey, tuple[int, int]]
+    ) -> None:
         """Start consuming freshly claimed partitions, unless their stored offset is gone."""
         states = {
-            lease.key: self._table.claimed(lease, log_start=low[lease.key]) for lease in leases
+            lease.key: self._table.claimed(
+                lease, log_start=ranges[lease.key][0], log_end=ranges[lease.key][1]
+            )
+            for lease in leases
         }
         # A partition this member paused after being fenced (a zombie that woke up) keeps its
         # pause flag in librdkafka across unassign/assign: a fresh claim must flow again.
@@ -212,11 +233,9 @@ class LeaseKeeper:
             if states[lease.key] is PartitionState.OUT_OF_RANGE:
                 # Never a silent jump: the partition stays paused until an operator resets it.
                 consumer.pause([TopicPartition(lease.topic, lease.partition)])
-                log.error(
-                    "stored offset %d of %s[%d] is below the log start %d: records were lost "
-                    "before they were applied; partition paused (see `bridge offsets reset`)",
-                    lease.next_offset, lease.topic, lease.partition, low[lease.key],
-                )  # fmt: skip
+                partition = self._table.get(lease.key)
+                reason = partition.reason if partition else ""
+                log.error("%s[%d] paused: %s", lease.topic, lease.partition, reason)
 
     def _forget(self, keys: list[PartitionKey]) -> None:
         self._table.forget(keys)

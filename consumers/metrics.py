@@ -114,7 +114,7 @@ class ConsumerMetrics:
 
     def statistics(
         self, report: str, next_offsets: dict[tuple[str, int], int], caught_up: set[tuple[str, int]]
-    ) -> None:
+    ) -> dict[str, str]:
         """librdkafka's statistics callback: lag = last stable offset - our position.
 
         The stored next offset stops after the last record; the commit marker of its transaction
@@ -131,6 +131,8 @@ class ConsumerMetrics:
                 if key in caught_up:
                     position = max(position, partition.get("app_offset", -1))
                 self.lag.labels(topic=topic, partition=name).set(max(0, stable - position))
+        # Each broker's connection state (UP, DOWN, CONNECT, ...), for the caller's liveness.
+        return {name: str(b.get("state")) for name, b in stats.get("brokers", {}).items()}
 
     def states(self, counts: dict[PartitionState, int]) -> None:
         for state, count in counts.items():

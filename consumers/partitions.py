@@ -8,7 +8,7 @@
 |                | its advance was refused: committed or not?   | reconnecting): its truth wins   |
 | `fenced`       | another owner epoch is in the offsets table  | the row's owner cleared         |
 |                |                                              | (released, or reset): a claim   |
-| `out_of_range` | the stored offset is below the log start     | an operator's reset: a claim    |
+| `out_of_range` | the stored offset is outside the log         | an operator's reset: a claim    |
 
 A partition enters the table when it is claimed and leaves it when Kafka revokes or loses it;
 no state needs a rebalance to be left. `fenced` and `out_of_range` partitions are paused in
@@ -45,6 +45,7 @@ MOVES: dict[str, frozenset[PartitionState]] = {
     "lost": frozenset({PartitionState.IN_FLIGHT}),
     "resolved": frozenset({PartitionState.UNRESOLVED}),
     "taken": _SETTLED - {PartitionState.FENCED},
+    "fell_out_of_range": frozenset({PartitionState.CONSUMING}),
 }
 
 
@@ -114,17 +115,11 @@ class PartitionTable:
 
     # -- events -------------------------------------------------------------------------------
 
-    def claimed(self, lease: Lease, *, log_start: int) -> PartitionState:
+    def claimed(self, lease: Lease, *, log_start: int, log_end: int) -> PartitionState:
         """A fresh claim (on assignment, or after the row's owner was cleared)."""
         now = time.monotonic()
-        if lease.next_offset < log_start:
-            state = PartitionState.OUT_OF_RANGE
-            reason = (
-                f"stored offset {lease.next_offset} is below the log start {log_start}: "
-                "see `bridge offsets reset`"
-            )
-        else:
-            state, reason = PartitionState.CONSUMING, ""
+        reason = out_of_range_reason(lease.next_offset, log_start, log_end)
+        state = PartitionState.OUT_OF_RANGE if reason else PartitionState.CONSUMING
         old = self._partitions.get(lease.key)
         if old is not None:
             if old.state not in MOVES["claimed"]:
@@ -178,6 +173,10 @@ class PartitionTable:
         """The offsets table shows another owner epoch: this member's lease is void."""
         self._move(key, "taken", PartitionState.FENCED, _taken_reason(row))
 
+    def fell_out_of_range(self, key: PartitionKey, reason: str) -> None:
+        """Kafka refused to fetch from the stored offset: the log no longer holds it."""
+        self._move(key, "fell_out_of_range", PartitionState.OUT_OF_RANGE, reason)
+
     def delivered(self, key: PartitionKey, next_offset: int) -> None:
         partition = self._partitions.get(key)
         if partition is not None:
@@ -214,6 +213,21 @@ class PartitionTable:
             else:
                 reasons.append(f"{where} {p.state} for {now - p.since:.0f}s: {p.reason}")
         return reasons
+
+
+def out_of_range_reason(next_offset: int, log_start: int, log_end: int) -> str:
+    """Why a stored offset cannot be fetched from, or "" when it can."""
+    if next_offset < log_start:
+        return (
+            f"stored offset {next_offset} is below the log start {log_start}: records were "
+            "lost before they were applied; see `bridge offsets reset`"
+        )
+    if next_offset > log_end:
+        return (
+            f"stored offset {next_offset} is beyond the log end {log_end}: the topic was "
+            "deleted and recreated, or its records were lost; see `bridge offsets reset`"
+        )
+    return ""
 
 
 def _taken_reason(row: StoredRow | None) -> str:

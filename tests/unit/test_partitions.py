@@ -19,7 +19,7 @@ def lease(*, epoch: int = 3, next_offset: int = 100) -> Lease:
 def claimed(state_after: PartitionState = PartitionState.CONSUMING) -> PartitionTable:
     table = PartitionTable()
     log_start = 0 if state_after is PartitionState.CONSUMING else 500
-    assert table.claimed(lease(), log_start=log_start) is state_after
+    assert table.claimed(lease(), log_start=log_start, log_end=1000) is state_after
     return table
 
 
@@ -53,7 +53,7 @@ def test_a_row_with_another_epoch_fences_and_a_fresh_claim_brings_it_back() -> N
     assert table.leases() == []
     (reason,) = table.not_progressing(stalled_after_s=60)
     assert "fenced" in reason and "owner epoch 4 now belongs to other" in reason
-    table.claimed(lease(epoch=5, next_offset=120), log_start=0)
+    table.claimed(lease(epoch=5, next_offset=120), log_start=0, log_end=1000)
     assert table.lease(KEY) == lease(epoch=5, next_offset=120)
     assert table.not_progressing(stalled_after_s=60) == []
 
@@ -62,8 +62,19 @@ def test_an_offset_below_the_log_start_is_out_of_range_until_claimed_again() -> 
     table = claimed(PartitionState.OUT_OF_RANGE)
     assert table.lease(KEY) is None
     assert "see `bridge offsets reset`" in table.not_progressing(stalled_after_s=60)[0]
-    table.claimed(lease(epoch=4, next_offset=500), log_start=500)
+    table.claimed(lease(epoch=4, next_offset=500), log_start=500, log_end=1000)
     assert table.in_state(PartitionState.CONSUMING) == [KEY]
+
+
+def test_an_offset_beyond_the_log_end_is_out_of_range_and_so_is_one_kafka_refuses() -> None:
+    table = PartitionTable()
+    assert table.claimed(lease(), log_start=0, log_end=10) is PartitionState.OUT_OF_RANGE
+    assert "beyond the log end 10" in table.not_progressing(stalled_after_s=60)[0]
+    table = claimed()
+    table.fell_out_of_range(KEY, "the topic was recreated")
+    assert table.in_state(PartitionState.OUT_OF_RANGE) == [KEY]
+    with pytest.raises(IllegalTransition):
+        table.fell_out_of_range(KEY, "again")
 
 
 def test_a_consuming_partition_with_records_waiting_and_no_commit_is_stalled() -> None:
@@ -103,7 +114,7 @@ def test_a_move_the_table_does_not_allow_raises(setup: str, event: str) -> None:
         "lost": lambda: table.lost([KEY], "x"),
         "resolved": lambda: table.resolved(KEY, None),
         "sent": lambda: table.sent([KEY]),
-        "claimed": lambda: table.claimed(lease(), log_start=0),
+        "claimed": lambda: table.claimed(lease(), log_start=0, log_end=1000),
         "taken": lambda: table.taken(KEY, None),
     }
     with pytest.raises(IllegalTransition, match=f"'{event}' is not allowed in state {setup}"):
