@@ -2,14 +2,10 @@
 
     .venv/bin/python -m bench.consumer [--records 1000000] [--rate 10000] [--seconds 20]
 
-(a) raw psycopg COPY of the same rows into the same table (the database's limit); the rows are
-    decoded from the same JSON by the service's own row decoder,
-(b) raw read_committed consumption of the topic with that decoding (Kafka's limit), with the
-    service's fetch tuning,
-(c) the service end to end (`python -m consumers`, its own process) in insert and upsert mode,
-    with its peak RSS,
-(d) end-to-end latency under a steady offered load: the record's send time to the row's
-    insertion (clock_timestamp() inside the batch's transaction), p50 / p99.
+(a) raw psycopg COPY of the same rows (decoded by the service's own decoder) into the same table,
+(b) raw read_committed consumption of the topic with that decoding and the service's tuning,
+(c) the service end to end (`python -m consumers`) in insert and upsert mode, with peak RSS,
+(d) end-to-end latency under a steady load: send time to the row's insertion, p50 / p99.
 (a), (b) and the insert run of (c) are measured in alternating rounds (--rounds, default 3):
 on a shared machine their rates drift by a third within minutes, and a ratio is only worth
 something between runs made next to each other. Each round gives its own ratio; the figures

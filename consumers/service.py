@@ -20,11 +20,11 @@ from typing import Any, cast
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from bridge.errors import BridgeError
 from bridge.settings import BridgeSettings, ConsumerSettings, LibrdkafkaValue
 from consumers.applier import Applier
 from consumers.committer import Batch, CommitResult, Committer
 from consumers.db_session import DatabaseSession, RefusalBackoff
+from consumers.kafka_health import KafkaHealth
 from consumers.leases import LeaseKeeper
 from consumers.metrics import ConsumerMetrics, HealthServer
 from consumers.offsets import OffsetStore, PartitionKey
@@ -43,17 +43,6 @@ CONSUMER_FETCH_DEFAULTS: dict[str, LibrdkafkaValue] = {"fetch.queue.backoff.ms":
 _STATISTICS_INTERVAL_MS = 5_000  # how often librdkafka reports the last stable offsets (lag)
 _RECONCILE_INTERVAL_S = 1.0  # how often leases are compared with the offsets table
 _STALLED_AFTER_S = 60.0  # /healthz fails when the poll loop has not turned for this long
-
-
-class KafkaUnavailable(BridgeError):
-    """Every broker stayed unreachable past `consumer.kafka_unavailable_timeout_ms`."""
-
-    def __init__(self, seconds: float, bootstrap_servers: str) -> None:
-        self.seconds = seconds
-        super().__init__(
-            f"Kafka unreachable for {seconds:.0f}s (bootstrap servers {bootstrap_servers}): "
-            "no broker is up; giving up (consumer.kafka_unavailable_timeout_ms)"
-        )
 
 
 class ConsumerService:
@@ -93,7 +82,10 @@ class ConsumerService:
         self.applied_total = 0
         self._http: HealthServer | None = None
         self._last_turn = time.monotonic()
-        self._kafka_down_since: float | None = None  # monotonic: since when no broker is up
+        self._kafka = KafkaHealth(
+            bootstrap_servers=settings.kafka.bootstrap_servers,
+            unavailable_after_s=self._config.kafka_unavailable_timeout_ms / 1000,
+        )
 
     # -- life cycle ---------------------------------------------------------------------------
 
@@ -187,7 +179,7 @@ class ConsumerService:
                         if message.error() is not None:
                             self._kafka_error(message)
                     messages = [m for m in messages if m.error() is None]
-                self._kafka_available()
+                self._kafka.check()
                 if messages:
                     self._apply(messages, rewinds)
                 else:
@@ -205,13 +197,6 @@ class ConsumerService:
             )
             return
         log.warning("kafka error: %s", error.str())
-
-    def _kafka_available(self) -> None:
-        """Every broker down for longer than the configured bound ends the service."""
-        since = self._kafka_down_since
-        bound = self._config.kafka_unavailable_timeout_ms / 1000
-        if since is not None and time.monotonic() - since > bound:
-            raise KafkaUnavailable(time.monotonic() - since, self._settings.kafka.bootstrap_servers)
 
     def close(self) -> None:
         try:
@@ -234,11 +219,8 @@ class ConsumerService:
         if self._consumer is None:
             return ["not in the group yet"]
         stalled_after = max(_STALLED_AFTER_S, 3 * self._config.batch_max_wait_ms / 1000)
-        kafka = []
-        if self._kafka_down_since is not None:
-            kafka = [f"Kafka unreachable for {time.monotonic() - self._kafka_down_since:.0f}s"]
         return (
-            kafka
+            self._kafka.reasons()
             + self._db.reasons()
             + self._refusals.reasons()
             + self._partitions.not_progressing(stalled_after_s=stalled_after)
@@ -362,9 +344,4 @@ class ConsumerService:
             next_offsets[lease.key] = lease.next_offset
             if partition is not None and partition.delivered <= lease.next_offset:
                 caught_up.add(lease.key)
-        brokers = self.metrics.statistics(report, next_offsets, caught_up)
-        if any(state == "UP" for state in brokers.values()):
-            self._kafka_down_since = None
-        elif self._kafka_down_since is None:
-            self._kafka_down_since = time.monotonic()
-            log.error("Kafka unreachable: no broker is up (%s)", brokers)
+        self._kafka.brokers(self.metrics.statistics(report, next_offsets, caught_up))

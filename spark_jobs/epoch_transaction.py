@@ -210,7 +210,17 @@ class EpochTransaction:
                     # The local queue is full: let librdkafka deliver, then try again.
                     producer.poll(0.05)
                 except KafkaException as exc:
-                    raise self._failure(f"produce to {topic}", exc.args[0]) from exc
+                    error: KafkaError = exc.args[0]
+                    what = f"produce to {topic}"
+                    if error.code() == KafkaError.MSG_SIZE_TOO_LARGE:
+                        size = len(value or b"") + len(key or b"")
+                        what = (
+                            f"produce row {count} ({size} bytes of key and value) to {topic}"
+                            f"{'' if partition < 0 else f'[{partition}]'}: larger than "
+                            "message.max.bytes (kafka.message.max.bytes, and the topic's "
+                            "max.message.bytes on the broker); the retries will fail alike"
+                        )
+                    raise self._failure(what, error) from exc
             count += 1
             if count % _POLL_EVERY == 0:
                 producer.poll(0)

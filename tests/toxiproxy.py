@@ -60,12 +60,13 @@ class Toxiproxy:
                     raise RuntimeError(f"Toxiproxy did not start; see {log}") from None
                 time.sleep(0.1)
 
-    def proxy(self, name: str, upstream: str) -> Proxy:
-        """A new proxy to `upstream` (host:port) on a free loopback port."""
+    def proxy(self, name: str, upstream: str, *, listen: str = "127.0.0.1:0") -> Proxy:
+        """A new proxy to `upstream` (host:port), on `listen` (a free loopback port unless
+        given)."""
         created = self._call(
             "POST",
             "/proxies",
-            {"name": name, "listen": "127.0.0.1:0", "upstream": upstream, "enabled": True},
+            {"name": name, "listen": listen, "upstream": upstream, "enabled": True},
         )
         return Proxy(self, name, created["listen"])
 

@@ -78,6 +78,9 @@ def resolve_kafka_libs() -> Path:
 class KafkaPorts:
     broker: int
     controller: int
+    # The port clients are told to use, when a proxy stands in front of the broker (network
+    # fault tests): a client follows the advertised address after its bootstrap.
+    advertised: int | None = None
 
 
 class KafkaServer:
@@ -182,7 +185,9 @@ class KafkaServer:
                     f"PLAINTEXT://127.0.0.1:{self.ports.broker},"
                     f"CONTROLLER://127.0.0.1:{self.ports.controller}"
                 ),
-                "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.ports.broker}",
+                "advertised.listeners": (
+                    f"PLAINTEXT://127.0.0.1:{self.ports.advertised or self.ports.broker}"
+                ),
                 "controller.quorum.voters": f"1@127.0.0.1:{self.ports.controller}",
                 "log.dirs": str(self.data_dir),
             }

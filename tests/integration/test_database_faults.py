@@ -75,6 +75,10 @@ def rows(stack: Endpoints, table: str) -> tuple[int, int]:
     return count, distinct
 
 
+def grows_from(stack: Endpoints, table: str, count: int) -> None:
+    eventually(lambda: rows(stack, table)[0] > count, timeout=60)
+
+
 def finish(stack: Endpoints, service: ConsumerService, stream: Stream, table: str) -> None:
     sent = stream.stop()
     eventually(lambda: rows(stack, table)[0] >= sent, timeout=120)
@@ -180,3 +184,31 @@ def test_a_database_that_refuses_writes_is_retried_with_growing_delays_and_repor
             finish(stack, service, stream, table)
     finally:
         blocker.close()
+
+
+@pytest.mark.parametrize("fault", ["connections reset", "500 ms latency"])
+def test_a_reset_or_slow_postgres_link_loses_and_doubles_nothing(
+    stack: Endpoints, names: dict[str, str], pg_proxy: Proxy, fault: str
+) -> None:
+    """Resets land wherever the stream is: in the middle of a COPY, during a COMMIT, between
+    batches. Latency on every packet slows the consumer down and changes nothing else."""
+    create_topic(stack.bootstrap_servers, names["topic"], partitions=3)
+    table = names["table"]
+    sql(stack, f"CREATE TABLE public.{table} (id int NOT NULL)")
+    stream = Stream(stack, names["topic"])
+    with running(settings_for(through(pg_proxy, stack), names)) as service:
+        eventually(lambda: rows(stack, table)[0] > 500)
+        if fault == "connections reset":
+            for _ in range(3):
+                pg_proxy.reset_peer()
+                time.sleep(0.5)
+                pg_proxy.heal()
+                grows_from(stack, table, rows(stack, table)[0])
+            assert service.metrics.reconnects._value.get() >= 1
+        else:
+            pg_proxy.latency(500)
+            before = rows(stack, table)[0]
+            eventually(lambda: rows(stack, table)[0] > before + 1_000, timeout=90)
+            assert service.ready, service.not_ready()
+            pg_proxy.heal()
+        finish(stack, service, stream, table)

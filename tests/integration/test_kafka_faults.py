@@ -8,6 +8,8 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,9 +17,12 @@ import yaml
 from confluent_kafka.admin import AdminClient
 
 from bridge.kafka_admin import create_topic
+from bridge.stack.kafka import KafkaPorts, KafkaServer, new_cluster_id
+from bridge.stack.process import free_port
 from tests.consumer_helpers import eventually, produce, running, settings_for, sql
 from tests.harness import Endpoints
 from tests.integration.test_operator_tools import bridge, count
+from tests.toxiproxy import Proxy, Toxiproxy
 
 pytestmark = pytest.mark.slow
 
@@ -104,3 +109,52 @@ def test_a_broker_that_never_comes_back_ends_the_consumer_with_a_clear_error(
     assert code != 0, output[-3000:]
     assert "Kafka unreachable" in output, output[-3000:]
     assert 15 <= waited <= 60
+
+
+@pytest.fixture
+def proxied_kafka(toxiproxy: Toxiproxy, tmp_path: Path, names: dict[str, str]) -> Iterator[Proxy]:
+    """A broker of this test's own that tells its clients to go through a Toxiproxy proxy: a
+    client follows the advertised address after its bootstrap, so every byte passes the proxy."""
+    broker, controller, front = free_port(), free_port(), free_port()
+    proxy = toxiproxy.proxy(
+        f"kafka-{names['group']}", f"127.0.0.1:{broker}", listen=f"127.0.0.1:{front}"
+    )
+    kafka = KafkaServer(
+        home=tmp_path / "kafka",
+        ports=KafkaPorts(broker=broker, controller=controller, advertised=front),
+        cluster_id=new_cluster_id(),
+    )
+    kafka.start()
+    try:
+        kafka.wait_ready(120)
+        yield proxy
+    finally:
+        proxy.heal()
+        kafka.stop()
+
+
+def test_a_silent_kafka_link_is_ridden_out_and_nothing_is_lost_or_doubled(
+    stack: Endpoints, names: dict[str, str], proxied_kafka: Proxy
+) -> None:
+    """60 s without a byte from the broker, and no reset: requests time out, the member drops
+    out of its group; when the link heals it rejoins, claims its partitions again at their
+    stored offsets, and goes on."""
+    through = replace(stack, bootstrap_servers=proxied_kafka.listen)
+    create_topic(through.bootstrap_servers, names["topic"], partitions=3)
+    sql(stack, f"CREATE TABLE public.{names['table']} (id int NOT NULL)")
+    produce(through, names["topic"], [(None, {"id": i}) for i in range(2_000)])
+    with running(settings_for(through, names)) as service:
+        eventually(lambda: count(stack, names) == 2_000)
+        proxied_kafka.silence()
+        time.sleep(60)
+        proxied_kafka.heal()
+        healed = time.monotonic()
+        produce(through, names["topic"], [(None, {"id": i}) for i in range(2_000, 3_000)])
+        eventually(lambda: count(stack, names) == 3_000, timeout=120)
+        resumed = time.monotonic() - healed
+        time.sleep(1)  # a duplicate applied late would show now
+        eventually(lambda: service.ready, timeout=30)
+    print(f"resumed {resumed:.1f}s after the link healed")
+    assert sql(stack, f"SELECT count(*), count(DISTINCT id) FROM public.{names['table']}") == [
+        (3_000, 3_000)
+    ]

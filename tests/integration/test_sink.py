@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pyspark.errors import StreamingQueryException
 
 from bridge.kafka_admin import create_topic
 from spark_jobs.epoch_markers import MarkerReader
@@ -252,3 +253,27 @@ def test_kafka_source_feeds_the_sink(
     rows = [json.loads(v) for v in values]
     assert sorted(json.loads(r["value"])["id"] for r in rows) == list(range(1000))
     assert {r["source_topic"] for r in rows} == {source}
+
+
+def test_a_record_larger_than_kafka_accepts_stops_the_query_with_a_clear_error(
+    spark: Any, stack: Endpoints, topic: str, tmp_path: Path
+) -> None:
+    """Nothing is written, and the error names the row, its size and the limit: the task's
+    retries fail alike and the query stops, rather than retrying forever."""
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "big.txt").write_text("small\n" + "x" * 2_000_000 + "\n")
+    query = (
+        spark.readStream.text(str(tmp_path / "in"))
+        .writeStream.format("bridge-kafka")
+        .option("kafka.bootstrap.servers", stack.bootstrap_servers)
+        .option("topic", topic)
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    with pytest.raises(
+        StreamingQueryException, match=r"larger than message\.max\.bytes"
+    ) as failure:
+        query.awaitTermination()
+    assert "2000000 bytes of key and value" in str(failure.value)
+    assert read_all(stack.bootstrap_servers, topic, partitions=PARTITIONS) == []
