@@ -119,10 +119,6 @@ class Committer:
         self._timeout_s = timeout_s
         self._sent: _Sent | None = None
 
-    @property
-    def in_flight(self) -> bool:
-        return self._sent is not None
-
     def plan(self, records: dict[PartitionKey, list[Record]]) -> dict[str, list[Step]] | None:
         """Each topic's statements, when every record is a row; else None."""
         plans = {}

@@ -98,7 +98,7 @@ class RefusalBackoff:
         self._attempts = 0
         self.retry_at = 0.0  # monotonic: no batch before this
 
-    def refused(self, refusal: Refusal) -> float:
+    def refused(self, refusal: Refusal) -> None:
         now = time.monotonic()
         if self.current is None:
             self._since = now
@@ -110,7 +110,6 @@ class RefusalBackoff:
             "the database refuses writes (%s: %s); nothing was written, retrying in %.1fs",
             refusal.sqlstate, refusal.message, delay,
         )  # fmt: skip
-        return delay
 
     def cleared(self) -> None:
         if self.current is not None:

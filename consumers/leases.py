@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 import psycopg
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from bridge.settings import ConsumerSettings
 from consumers.committer import CommitResult
@@ -172,10 +172,14 @@ class LeaseKeeper:
         lease = self._table.lease(key)
         if lease is None or self.consumer is None:
             return  # not consuming: a claim will look at its range again
-        low, high = self.consumer.get_watermark_offsets(TopicPartition(*key), timeout=10)
-        reason = out_of_range_reason(lease.next_offset, low, high) or (
-            f"Kafka refused to fetch from the stored offset {lease.next_offset} (log {low}-{high})"
-        )
+        reason = f"Kafka refused to fetch from the stored offset {lease.next_offset}"
+        try:
+            low, high = self.consumer.get_watermark_offsets(TopicPartition(*key), timeout=10)
+            reason = (
+                out_of_range_reason(lease.next_offset, low, high) or f"{reason} (log {low}-{high})"
+            )
+        except KafkaException as exc:  # the range is for the report only
+            reason = f"{reason} (log range unknown: {exc})"
         self._table.fell_out_of_range(key, reason)
         self.consumer.pause([TopicPartition(*key)])
         log.error("%s[%d] paused: %s", key[0], key[1], reason)
@@ -199,21 +203,15 @@ class LeaseKeeper:
             key: consumer.get_watermark_offsets(TopicPartition(*key), timeout=10, cached=False)
             for key in keys
         }
-        leases = self._db.run(lambda conn: self._claim(conn, keys, watermarks))
+        leases = self._db.run(lambda conn: self._claim(conn, watermarks))
         return leases, watermarks
 
     def _claim(
-        self,
-        conn: psycopg.Connection[Any],
-        keys: list[PartitionKey],
-        watermarks: dict[PartitionKey, tuple[int, int]],
+        self, conn: psycopg.Connection[Any], watermarks: dict[PartitionKey, tuple[int, int]]
     ) -> list[Lease]:
-        stored = self._store.stored(conn, keys)
-        starts = {}
-        for key in keys:
-            low, high = watermarks[key]
-            policy_start = low if self._config.start_policy == "earliest" else high
-            starts[key] = stored.get(key, policy_start)
+        # Where a partition never seen starts; a stored offset wins inside the claim itself.
+        earliest = self._config.start_policy == "earliest"
+        starts = {key: low if earliest else high for key, (low, high) in watermarks.items()}
         return self._store.claim(conn, starts, lock_wait_ms=self._config.db_session_timeout_ms // 2)
 
     def _take(

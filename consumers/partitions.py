@@ -74,9 +74,6 @@ class PartitionTable:
     def __contains__(self, key: PartitionKey) -> bool:
         return key in self._partitions
 
-    def __len__(self) -> int:
-        return len(self._partitions)
-
     def keys(self) -> list[PartitionKey]:
         return sorted(self._partitions)
 
@@ -120,14 +117,9 @@ class PartitionTable:
         now = time.monotonic()
         reason = out_of_range_reason(lease.next_offset, log_start, log_end)
         state = PartitionState.OUT_OF_RANGE if reason else PartitionState.CONSUMING
-        old = self._partitions.get(lease.key)
-        if old is not None:
-            if old.state not in MOVES["claimed"]:
-                raise IllegalTransition(lease.key, old.state, "claimed")
-            old.lease, old.progressed = lease, now
-            if old.state is not state:
-                old.since = now
-            old.state, old.reason = state, reason
+        if lease.key in self._partitions:
+            partition = self._move(lease.key, "claimed", state, reason)
+            partition.lease, partition.progressed = lease, now
         else:
             self._partitions[lease.key] = Partition(lease, state, now, now, reason=reason)
         return state

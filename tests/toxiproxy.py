@@ -115,6 +115,9 @@ class Proxy:
         """Reset every connection (TCP RST) as soon as data arrives."""
         self._toxic("reset", "reset_peer", "upstream", {"timeout": 0})
 
+    def delete(self) -> None:
+        self._server._call("DELETE", f"/proxies/{self.name}")
+
     def heal(self) -> None:
         """Remove every toxic."""
         toxics = self._server._call("GET", f"/proxies/{self.name}/toxics")

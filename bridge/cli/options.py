@@ -10,6 +10,8 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from bridge.names import ENV_STACK_DIR
+
 ConfigFile = Annotated[
     Path | None,
     typer.Option("--config", envvar="BRIDGE_CONFIG", show_envvar=True, help="The YAML file."),
@@ -18,7 +20,7 @@ StackDir = Annotated[
     Path,
     typer.Option(
         "--stack-dir",
-        envvar="BRIDGE_STACK_DIR",
+        envvar=ENV_STACK_DIR,
         show_envvar=True,
         help="A local stack whose stack.env fills in Kafka and PostgreSQL addresses.",
     ),

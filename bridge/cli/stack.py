@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from bridge.names import DEFAULT_STACK_DIR
+from bridge.names import DEFAULT_STACK_DIR, ENV_STACK_DIR
 from bridge.stack import LocalStack, StackStatus
 
 app = typer.Typer(help="A local stack: Apache Kafka (KRaft) and PostgreSQL on loopback.")
@@ -19,7 +19,7 @@ DataDir = Annotated[
     Path,
     typer.Option(
         "--data-dir",
-        envvar="BRIDGE_STACK_DIR",
+        envvar=ENV_STACK_DIR,
         show_envvar=True,
         help="Where the servers keep their data, logs and stack.env.",
     ),

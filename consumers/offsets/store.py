@@ -100,7 +100,6 @@ class OffsetStore:
     def __init__(self, *, schema: str, group_id: str, owner: str | None = None) -> None:
         self._group = group_id
         self._owner = owner
-        self._schema = sql.Identifier(schema)
         self._table = sql.Identifier(schema, OFFSETS_TABLE)
         self._resets = sql.Identifier(schema, OFFSET_RESETS_TABLE)
         self._advance = sql.Identifier(schema, ADVANCE_OFFSETS_FUNCTION)

@@ -61,7 +61,7 @@ def pg_proxy(stack: Endpoints, toxiproxy: Toxiproxy, names: dict[str, str]) -> I
         pytest.skip("PostgreSQL on a Unix socket: a TCP proxy cannot stand in front of it")
     proxy = toxiproxy.proxy(f"pg-{names['group']}", f"{params['host']}:{params['port']}")
     yield proxy
-    proxy.heal()
+    proxy.delete()
 
 
 def through(proxy: Proxy, stack: Endpoints) -> Endpoints:

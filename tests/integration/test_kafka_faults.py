@@ -16,7 +16,7 @@ import pytest
 import yaml
 from confluent_kafka.admin import AdminClient
 
-from bridge.kafka_admin import create_topic
+from bridge.kafka_admin import TopicError, create_topic
 from bridge.stack.kafka import KafkaPorts, KafkaServer, new_cluster_id
 from bridge.stack.process import free_port
 from tests.consumer_helpers import eventually, produce, running, settings_for, sql
@@ -39,7 +39,7 @@ def recreate_topic(stack: Endpoints, topic: str) -> None:
         try:
             create_topic(stack.bootstrap_servers, topic)
             return
-        except Exception:  # noqa: BLE001 - the deletion may still be in progress on the broker
+        except TopicError:  # the deletion may still be in progress on the broker
             assert time.monotonic() < deadline, "the topic could not be created again"
             time.sleep(0.5)
 
@@ -129,7 +129,7 @@ def proxied_kafka(toxiproxy: Toxiproxy, tmp_path: Path, names: dict[str, str]) -
         kafka.wait_ready(120)
         yield proxy
     finally:
-        proxy.heal()
+        proxy.delete()
         kafka.stop()
 
 
