@@ -52,9 +52,9 @@ def percentile(values: Sequence[float], fraction: float) -> float:
     return cuts[max(0, min(98, round(fraction * 100) - 1))]
 
 
-def write_results(name: str, figures: dict[str, Any]) -> Path:
+def write_results(name: str, figures: dict[str, Any], *, directory: Path = RESULTS) -> Path:
     """`bench/results/<name>-<UTC time>.json`, plus `<name>-latest.json` for the docs to plot."""
-    RESULTS.mkdir(exist_ok=True)
+    directory.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     document = {
         "benchmark": name,
@@ -63,9 +63,9 @@ def write_results(name: str, figures: dict[str, Any]) -> Path:
         **figures,
     }
     text = json.dumps(document, indent=2) + "\n"
-    path = RESULTS / f"{name}-{stamp}.json"
+    path = directory / f"{name}-{stamp}.json"
     path.write_text(text)
-    (RESULTS / f"{name}-latest.json").write_text(text)
+    (directory / f"{name}-latest.json").write_text(text)
     return path
 
 

@@ -10,6 +10,8 @@ Three ways the database can fail a member, told apart because each wants its own
   replica after a failover), out of resources (class 53: disk full, too many connections),
   a statement timeout (57014), a serialization failure or deadlock (class 40). Nothing was
   written; wait longer each time (`RefusalBackoff`) and try again, saying so on `/readyz`.
+  Too many connections shows when a connection opens, where libpq gives the server's text
+  but no SQLSTATE; reconnecting then waits as long as a refused write would.
 - anything else is a bug, and propagates.
 
 What a lost connection leaves behind is not this module's concern: positions are never taken
@@ -74,13 +76,35 @@ _REFUSING_CLASSES = ("25", "40", "53")
 _STATEMENT_TIMEOUT = "57014"
 
 
+# libpq hands over no SQLSTATE for an error while a connection starts, only the server's text
+# (in English unless the server's lc_messages says otherwise): the refusals it may carry.
+_STARTUP_REFUSALS = (
+    ("too many connections", "53300"),  # for the role, or for the database
+    ("too many clients already", "53300"),
+    ("remaining connection slots are reserved", "53300"),
+)
+
+
 def refusal_of(exc: BaseException) -> Refusal | None:
     """The refusal `exc` stands for, or None (a lost connection, or a bug)."""
-    if not isinstance(exc, psycopg.Error) or exc.sqlstate is None:
+    if not isinstance(exc, psycopg.Error):
         return None
+    if exc.sqlstate is None:
+        return _startup_refusal(exc)
     state = exc.sqlstate
     if state.startswith(_REFUSING_CLASSES) or state == _STATEMENT_TIMEOUT:
         return Refusal(state, exc.diag.message_primary or str(exc))
+    return None
+
+
+def _startup_refusal(exc: psycopg.Error) -> Refusal | None:
+    if not isinstance(exc, psycopg.OperationalError):
+        return None
+    text = str(exc)
+    for needle, state in _STARTUP_REFUSALS:
+        if needle in text:
+            fatal = text[text.find("FATAL:") :].removeprefix("FATAL:").strip() or text
+            return Refusal(state, fatal.splitlines()[0])
     return None
 
 
@@ -160,6 +184,7 @@ class DatabaseSession:
         self._on_refusal = on_refusal
         self._conn: _BoundedConnection | None = None
         self.connecting_since: float | None = None  # monotonic, while reconnecting
+        self.refused_by: Refusal | None = None  # what the last refused connection attempt said
 
     @property
     def reply_timeout_s(self) -> float:
@@ -186,7 +211,9 @@ class DatabaseSession:
             refusal = refusal_of(exc)
             if refusal is not None:  # too many connections, and the like
                 self._on_refusal(refusal)
+            self.refused_by = refusal
             raise
+        self.refused_by = None
         conn.reply_timeout_s = self.reply_timeout_s
         self._conn = conn
         return conn
@@ -208,7 +235,7 @@ class DatabaseSession:
         retrying = Retrying(
             retry=retry_if_exception_type(psycopg.OperationalError),
             stop=stop_after_attempt(RECONNECT_ATTEMPTS) | stop_when_event_set(self._stop),
-            wait=wait_exponential(multiplier=_FIRST_DELAY_S, max=_LONGEST_DELAY_S),
+            wait=_reconnect_wait,
             before_sleep=_log_attempt,
         )
         try:
@@ -254,7 +281,26 @@ class DatabaseSession:
     def reasons(self) -> list[str]:
         if self.connecting_since is None:
             return []
-        return [f"database unreachable for {time.monotonic() - self.connecting_since:.0f}s"]
+        waited = time.monotonic() - self.connecting_since
+        if self.refused_by is not None:
+            refusal = self.refused_by
+            return [
+                f"database refuses new connections for {waited:.0f}s "
+                f"({refusal.sqlstate}: {refusal.message})"
+            ]
+        return [f"database unreachable for {waited:.0f}s"]
+
+
+_wait_lost = wait_exponential(multiplier=_FIRST_DELAY_S, max=_LONGEST_DELAY_S)
+_wait_refused = wait_exponential(multiplier=_REFUSED_FIRST_DELAY_S, max=_REFUSED_LONGEST_DELAY_S)
+
+
+def _reconnect_wait(state: RetryCallState) -> float:
+    """A server that refuses connections (too many) is given longer between tries than one
+    that cannot be reached: each try takes a connection slot from someone else."""
+    error = state.outcome.exception() if state.outcome else None
+    refused = error is not None and refusal_of(error) is not None
+    return (_wait_refused if refused else _wait_lost)(state)
 
 
 def _log_attempt(state: RetryCallState) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import re
 import signal
+import threading
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -27,6 +28,7 @@ from spark_jobs.spark_session import build_session, checkpoint_progress_path
 log = logging.getLogger("bridge.produce")
 
 AVAILABLE_NOW = "available-now"
+_STOP_POLL_S = 1  # how soon a stop request is acted on
 _INTERVAL = re.compile(r"^\d+(\.\d+)?\s*(ms|milliseconds?|s|seconds?|m|minutes?|h|hours?)$")
 _FIELD = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*$")
 
@@ -101,9 +103,10 @@ def run(job: ProducerJob, spark: Any | None = None) -> SinkCounters:
     try:
         query = _start(spark, job)
         log.info("query %s started (checkpoint %s)", query.id, job.checkpoint)
-        if job.trigger != AVAILABLE_NOW:
-            _stop_on_signals(query)
-        query.awaitTermination()
+        if job.trigger == AVAILABLE_NOW:
+            query.awaitTermination()
+        else:
+            _await_or_stop_on_signal(query)
     finally:
         if own:
             spark.stop()
@@ -172,12 +175,20 @@ def _read(spark: Any, job: ProducerJob) -> Any:
     )
 
 
-def _stop_on_signals(query: Any) -> None:
-    """SIGTERM / SIGINT stop the query between epochs' work; Spark aborts a running one."""
+def _await_or_stop_on_signal(query: Any) -> None:
+    """Until the query ends on its own (raising its error if it failed), or SIGTERM / SIGINT
+    ask it to stop. The handler only flags the request: the main thread may be inside a Py4J
+    call, and a second call from a signal handler on the same connection breaks it (Py4J's
+    "reentrant call"), which killed the driver with an error instead of stopping it."""
+    requested = threading.Event()
 
-    def stop(signum: int, frame: FrameType | None) -> None:
+    def request_stop(signum: int, frame: FrameType | None) -> None:
         log.info("signal %d: stopping the query", signum)
-        query.stop()
+        requested.set()
 
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+    while not query.awaitTermination(_STOP_POLL_S):
+        if requested.is_set():
+            query.stop()  # Spark interrupts a running epoch; the next run replays it
+            return

@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import psycopg
 import pytest
-from psycopg.conninfo import conninfo_to_dict
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from bridge.kafka_admin import create_topic
 from consumers.service import ConsumerService
@@ -141,18 +141,36 @@ def read_only_database(stack: Endpoints) -> Iterator[Callable[[bool], None]]:
     switch(False)
 
 
-@pytest.mark.parametrize("fault", ["read-only database", "statement timeout"])
+@pytest.fixture
+def consumer_role(stack: Endpoints, names: dict[str, str]) -> Iterator[str]:
+    """A login role that is not a superuser (a connection limit binds only such a role), owning
+    this test's table and allowed to create its state schema; dropped at the end."""
+    role = f"r_{names['table']}"
+    database = str(conninfo_to_dict(stack.dsn).get("dbname"))
+    sql(stack, f"CREATE ROLE {role} LOGIN")
+    sql(stack, f'GRANT CREATE ON DATABASE "{database}" TO {role}')
+    yield role
+    sql(stack, f"DROP OWNED BY {role} CASCADE")
+    sql(stack, f"DROP ROLE {role}")
+
+
+@pytest.mark.parametrize(
+    "fault", ["read-only database", "statement timeout", "too many connections"]
+)
 def test_a_database_that_refuses_writes_is_retried_with_growing_delays_and_reported(
     stack: Endpoints,
     names: dict[str, str],
     fault: str,
     read_only_database: Callable[[bool], None],
+    consumer_role: str,
 ) -> None:
     switch_read_only = read_only_database
     create_topic(stack.bootstrap_servers, names["topic"], partitions=3)
     table = names["table"]
     sql(stack, f"CREATE TABLE public.{table} (id int NOT NULL)")
-    settings = settings_for(stack, names, consumer={"db_session_timeout_ms": 1_000})
+    sql(stack, f"ALTER TABLE public.{table} OWNER TO {consumer_role}")
+    as_role = replace(stack, dsn=make_conninfo(stack.dsn, user=consumer_role))
+    settings = settings_for(as_role, names, consumer={"db_session_timeout_ms": 1_000})
     stream = Stream(stack, names["topic"])
     blocker = psycopg.connect(stack.dsn)
     try:
@@ -161,13 +179,19 @@ def test_a_database_that_refuses_writes_is_retried_with_growing_delays_and_repor
             if fault == "read-only database":
                 switch_read_only(True)
                 expected = "25006"
-            else:
+            elif fault == "statement timeout":
                 # A maintenance job holding the table: reads go on, every write waits past
                 # statement_timeout.
                 blocker.execute(f"LOCK TABLE public.{table} IN EXCLUSIVE MODE")
                 expected = "57014"
-            eventually(lambda: "refuses writes" in " ".join(service.not_ready()), timeout=30)
-            assert expected in " ".join(service.not_ready())
+            else:
+                # The limit binds when a connection opens: its sessions end, it must reconnect.
+                sql(stack, f"ALTER ROLE {consumer_role} CONNECTION LIMIT 0")
+                sql(stack, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                           f"WHERE usename = '{consumer_role}'")  # fmt: skip
+                expected = "53300"
+            eventually(lambda: "database refuses" in " ".join(service.not_ready()), timeout=30)
+            assert expected in " ".join(service.not_ready()), service.not_ready()
             refused_at = rows(stack, table)[0]
             time.sleep(12)
             refusals = service.metrics.refusals(expected)._value.get()
@@ -176,8 +200,10 @@ def test_a_database_that_refuses_writes_is_retried_with_growing_delays_and_repor
             assert rows(stack, table)[0] == refused_at  # nothing written meanwhile
             if fault == "read-only database":
                 switch_read_only(False)
-            else:
+            elif fault == "statement timeout":
                 blocker.rollback()
+            else:
+                sql(stack, f"ALTER ROLE {consumer_role} CONNECTION LIMIT -1")
             healed = time.monotonic()
             eventually(lambda: rows(stack, table)[0] > refused_at, timeout=40)
             print(f"{refusals} refusals; resumed {time.monotonic() - healed:.1f}s after")

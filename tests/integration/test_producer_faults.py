@@ -76,7 +76,12 @@ def wait_for_marker(
 ) -> None:
     """Until (partition, epoch) is committed in Kafka: its marker says so. The sink's default
     prefix comes from the query id, which Spark keeps in the checkpoint's metadata file."""
-    query_id = json.loads((producer.checkpoint / "metadata").read_text())["id"]
+    deadline = time.monotonic() + timeout
+    metadata = producer.checkpoint / "metadata"
+    while not metadata.exists():  # written when the query starts
+        assert time.monotonic() < deadline, "the query never started"
+        time.sleep(0.2)
+    query_id = json.loads(metadata.read_text())["id"]
     reader = MarkerReader(
         {"bootstrap.servers": stack.bootstrap_servers},
         prefix=DEFAULT_TRANSACTIONAL_ID_HEAD + query_id,
@@ -84,7 +89,6 @@ def wait_for_marker(
         marker_topic=DEFAULT_MARKER_TOPIC,
     )
     try:
-        deadline = time.monotonic() + timeout
         while (marker := reader.read(timeout=10)) is None or marker.epoch < epoch:
             assert time.monotonic() < deadline, f"partition {partition} never committed {epoch}"
             time.sleep(0.2)
@@ -206,4 +210,26 @@ def test_driver_killed_at_random_moments_until_done(
     producer.run_to_end(timeout=300)
 
     assert kills >= 2, f"seed {seed}: the run finished before most kills"
+    assert_exactly(stack, topic_name, 3, expected)
+
+
+def test_a_streaming_producer_stopped_with_sigterm_exits_cleanly(
+    stack: Endpoints, topic_name: str, tmp_path: Path
+) -> None:
+    """How a supervisor stops it (systemd, Kubernetes, the soak): SIGTERM to the driver, while
+    its main thread waits on the query inside a Py4J call."""
+    create_topic(stack.bootstrap_servers, topic_name, partitions=3)
+    expected = write_orders(tmp_path / "in", files=2, rows_per_file=500)
+    producer = Producer(stack, tmp_path, topic_name, "--trigger", "1 second")
+    process = producer.start()
+    deadline = time.monotonic() + 120
+    while not (producer.checkpoint / "commits" / "0").exists():  # Spark committed epoch 0
+        assert process.poll() is None and time.monotonic() < deadline, producer.log.read_text()
+        time.sleep(0.2)
+    time.sleep(2)  # the query waits for its next trigger, with nothing new to read
+    process.send_signal(signal.SIGTERM)
+    code = process.wait(60)
+    output = producer.log.read_text()
+    assert code == 0, output[-3000:]
+    assert "stopping the query" in output and "produced 1000 rows" in output, output[-3000:]
     assert_exactly(stack, topic_name, 3, expected)

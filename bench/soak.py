@@ -1,0 +1,364 @@
+"""The soak: the whole pipeline under random faults for `--minutes`, then an exact account.
+
+    python -m bench.soak --minutes 60
+
+Runs, each a real process: PostgreSQL, one Kafka broker, Toxiproxy in front of both, the Spark
+producer job (`bridge produce` on the rate source, 1 s... epochs of `--trigger`), and two
+consumer instances in one group, each under a supervisor that restarts it when it exits. A
+scheduler injects one fault at a time from every class in `bench/soak_faults.py`, a few seconds
+apart. At the end it heals everything, stops the producer, lets the consumers drain, and checks
+(`bench/soak_checks.py`), without asking the service anything: every id Kafka committed is in
+PostgreSQL exactly once, Kafka itself holds each id once with no hole, no record of an aborted
+transaction reached the table, the dead letters are exactly the poison records, and no stored
+offset ever moved backwards. It prints a table and writes `bench/results/soak-*.json`.
+
+Exit status: 0 when the account is exact (and no stall beyond a fault exceeded `--max-stall`),
+1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import yaml
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
+
+from bench.common import RESULTS, write_results
+from bench.soak_checks import (
+    Progress,
+    committed_in_kafka,
+    longest_stall,
+    rate_rows_committed,
+    verdict,
+)
+from bench.soak_faults import CATALOGUE, Fault, Pipeline, heal_everything, inject
+from bench.soak_processes import Supervised, Supervisor, wait_for
+from bridge.kafka_admin import KafkaAdmin, create_topic
+from bridge.stack.kafka import KafkaPorts, KafkaServer, new_cluster_id
+from bridge.stack.postgres import PostgresServer
+from bridge.stack.process import free_port
+from tests.toxiproxy import Toxiproxy, toxiproxy_binary
+
+TOPIC = "soak"
+PARTITIONS = 3
+TABLE = "public.soak_rows"
+GROUP = "soak"
+STATE_SCHEMA = "soak_state"
+ROLE = "bridge_soak"  # the consumers' role: not a superuser, so a connection limit binds it
+TRANSACTION_TIMEOUT_MS = 20_000
+# What a user tunes for faster failover than Kafka's 45 s default: a dead member's partitions
+# wait this long before the group hands them on.
+CONSUMER_KAFKA = {"session.timeout.ms": 15_000, "heartbeat.interval.ms": 3_000}
+
+
+@dataclass(frozen=True)
+class Options:
+    minutes: float
+    seed: int
+    rows_per_second: int
+    trigger: str
+    gap_s: tuple[float, float]
+    max_stall_s: float
+    results_dir: Path
+    keep: bool
+
+
+def parse(argv: list[str] | None) -> Options:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.soak", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--minutes", type=float, default=30.0, help="how long faults are injected")
+    parser.add_argument("--seed", type=int, default=None, help="for the fault schedule")
+    parser.add_argument("--rows-per-second", type=int, default=300)
+    parser.add_argument("--trigger", default="2 seconds", help="the producer's epoch interval")
+    parser.add_argument(
+        "--gap", type=float, nargs=2, default=(2.0, 6.0), metavar=("MIN", "MAX"),
+        help="seconds between one fault's end and the next one's start",
+    )  # fmt: skip
+    parser.add_argument(
+        "--max-stall", type=float, default=60.0,
+        help="longest stall beyond a fault that still passes, in seconds",
+    )  # fmt: skip
+    parser.add_argument("--results-dir", type=Path, default=RESULTS)
+    parser.add_argument("--keep", action="store_true", help="keep the work directory and logs")
+    args = parser.parse_args(argv)
+    return Options(
+        minutes=args.minutes,
+        seed=args.seed if args.seed is not None else int(time.time()),
+        rows_per_second=args.rows_per_second,
+        trigger=args.trigger,
+        gap_s=(args.gap[0], args.gap[1]),
+        max_stall_s=args.max_stall,
+        results_dir=args.results_dir,
+        keep=args.keep,
+    )
+
+
+def say(message: str) -> None:
+    print(f"{datetime.now(UTC):%H:%M:%S} {message}", flush=True)
+
+
+class Soak:
+    def __init__(self, options: Options) -> None:
+        self.options = options
+        self.rng = random.Random(options.seed)  # noqa: S311 - a fault schedule, not a secret
+        self.work = Path(tempfile.mkdtemp(prefix="bridge-soak-"))
+        self.work.chmod(0o755)  # the postgres user must reach its data directory
+        self.notes: list[str] = []
+
+    def note(self, message: str) -> None:
+        self.notes.append(message)
+        say(message)
+
+    def run(self) -> dict[str, Any]:
+        toxiproxy = Toxiproxy(toxiproxy_binary(), self.work / "toxiproxy.log")
+        postgres = PostgresServer(home=self.work / "postgres", port=free_port())
+        broker, controller, front = free_port(), free_port(), free_port()
+        kafka = KafkaServer(
+            home=self.work / "kafka",
+            ports=KafkaPorts(broker=broker, controller=controller, advertised=front),
+            cluster_id=new_cluster_id(),
+        )
+        supervisor: Supervisor | None = None
+        progress: Progress | None = None
+        pipeline: Pipeline | None = None
+        try:
+            kafka_proxy = toxiproxy.proxy(
+                "kafka", f"127.0.0.1:{broker}", listen=f"127.0.0.1:{front}"
+            )
+            kafka.start()
+            postgres.start()
+            postgres_proxy = toxiproxy.proxy("postgres", f"127.0.0.1:{postgres.port}")
+            kafka.wait_ready(120)
+            bootstrap = kafka_proxy.listen
+            create_topic(bootstrap, TOPIC, partitions=PARTITIONS)
+            self._prepare_database(postgres.dsn)
+            consumer_dsn = make_conninfo(postgres.dsn, user=ROLE, port=postgres_proxy.port)
+            driver = self._driver(bootstrap)
+            consumers = [self._consumer(name, bootstrap, consumer_dsn) for name in ("a", "b")]
+            supervisor = Supervisor([driver, *consumers], self.note)
+            pipeline = Pipeline(
+                kafka=kafka, postgres=postgres, kafka_proxy=kafka_proxy,
+                postgres_proxy=postgres_proxy, driver=driver, consumers=consumers,
+                supervisor=supervisor, admin_dsn=postgres.dsn, consumer_role=ROLE, table=TABLE,
+                topic=TOPIC, bootstrap=bootstrap, note=self.note,
+            )  # fmt: skip
+            supervisor.start()
+            progress = Progress(postgres.dsn, STATE_SCHEMA, GROUP)
+            progress.start()
+            say(f"pipeline starting in {self.work}; seed {self.options.seed}")
+            if not wait_for(lambda: _rows(postgres.dsn) > 0, timeout=300):
+                raise RuntimeError(f"no row reached PostgreSQL in 300 s; logs in {self.work}")
+            return self._soak_and_check(pipeline, progress)
+        finally:
+            if progress is not None:
+                progress.close()
+            if supervisor is not None:
+                supervisor.close()
+                for process in supervisor.processes:
+                    process.held = True
+                    process.resume()
+                    process.kill()
+            if pipeline is not None:
+                try:
+                    heal_everything(pipeline)
+                except Exception as exc:  # noqa: BLE001 - tearing down regardless
+                    say(f"healing at teardown failed: {exc}")
+            kafka.stop()
+            postgres.stop()
+            toxiproxy.stop()
+            if self.options.keep:
+                say(f"work directory kept: {self.work}")
+            else:
+                shutil.rmtree(self.work, ignore_errors=True)
+
+    # -- the run --------------------------------------------------------------------------------
+
+    def _soak_and_check(self, p: Pipeline, progress: Progress) -> dict[str, Any]:
+        started = time.monotonic()
+        deadline = started + self.options.minutes * 60
+        faults: list[Fault] = []
+        classes = sorted(CATALOGUE)
+        say(f"flowing; injecting faults for {self.options.minutes:g} min")
+        while time.monotonic() < deadline:
+            time.sleep(self.rng.uniform(*self.options.gap_s))
+            cls = self.rng.choice(classes)
+            try:
+                fault = inject(p, cls, self.rng)
+            except Exception as exc:  # noqa: BLE001 - the harness's own trouble, healed and noted
+                self.note(f"injecting {cls} failed: {exc!r}; healing and going on")
+                heal_everything(p)
+                continue
+            faults.append(fault)
+            say(f"#{len(faults)} {fault.cls}/{fault.kind}: {fault.detail}")
+        heal_everything(p)
+        time.sleep(15)  # the flow after the last fault counts for stalls too
+        flow_end = time.monotonic()
+        stall = longest_stall(progress.moves, faults, started, flow_end)
+
+        code = p.driver.stop(timeout=120)
+        say(f"producer stopped (exit {code})")
+        settled = wait_for(lambda: _transactions_settled(p.bootstrap), timeout=120, interval=1)
+        if not settled:
+            self.note("a transaction was still open 120 s after the producer stopped")
+        kafka_ids, kafka_others = committed_in_kafka(p.bootstrap, TOPIC, PARTITIONS)
+        committed = sum(kafka_ids.values()) + len(kafka_others)
+        drained = wait_for(lambda: _rows(p.admin_dsn) >= committed, timeout=300, interval=1)
+        if not drained:
+            self.note(f"consumers did not drain in 300 s: {_rows(p.admin_dsn)} of {committed}")
+        time.sleep(5)  # a late duplicate would show now
+        for consumer in p.consumers:
+            consumer.stop(timeout=60)
+        complete_below = rate_rows_committed(self.work / "checkpoint", self.options.rows_per_second)
+        result = verdict(
+            dsn=p.admin_dsn, table=TABLE, schema=STATE_SCHEMA, group=GROUP, topic=TOPIC,
+            kafka_ids=kafka_ids, kafka_others=kafka_others, poison=p.poison,
+            aborted=p.aborted_values,
+            complete_below=complete_below,
+        )  # fmt: skip
+        by_class = Counter(f.cls for f in faults)
+        by_kind = Counter(f"{f.cls}/{f.kind}" for f in faults)
+        figures: dict[str, Any] = {
+            "minutes": self.options.minutes,
+            "seed": self.options.seed,
+            "rows_per_second": self.options.rows_per_second,
+            "trigger": self.options.trigger,
+            "faults": len(faults),
+            "faults_by_class": dict(sorted(by_class.items())),
+            "faults_by_kind": dict(sorted(by_kind.items())),
+            "produced": result.produced,
+            "epochs_complete_below": result.epochs_complete_below,
+            "lost": result.lost,
+            "doubled": result.doubled,
+            "kafka_doubled": result.kafka_doubled,
+            "kafka_gaps": result.kafka_gaps,
+            "aborted_in_table": result.aborted_in_table,
+            "aborted_records": len(p.aborted_values),
+            "dead_letters_expected": result.dead_letters_expected,
+            "dead_letters_found": result.dead_letters_found,
+            "dead_letters_wrong": result.dead_letters_wrong,
+            "offsets_backwards": progress.backwards,
+            "longest_stall_s": round(stall, 1),
+            "drained": drained,
+            "restarts_by_supervisor": {
+                proc.name: proc.exits for proc in p.supervisor.processes if proc.exits
+            },
+            "consumer_kafka_properties": CONSUMER_KAFKA,
+            "transaction_timeout_ms": TRANSACTION_TIMEOUT_MS,
+            "notes": self.notes,
+            "fault_log": [f.as_json(started) for f in faults],
+            "ok": result.ok and drained and not progress.backwards
+            and stall <= self.options.max_stall_s,
+        }  # fmt: skip
+        return figures
+
+    # -- set-up ---------------------------------------------------------------------------------
+
+    def _prepare_database(self, dsn: str) -> None:
+        role = sql.Identifier(ROLE)
+        database = sql.Identifier(str(psycopg.conninfo.conninfo_to_dict(dsn)["dbname"]))
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(role))
+            conn.execute(sql.SQL("GRANT CREATE ON DATABASE {} TO {}").format(database, role))
+            conn.execute(
+                f'CREATE TABLE {TABLE} (value bigint NOT NULL, "timestamp" timestamptz)'.encode()
+            )
+            conn.execute(sql.SQL("ALTER TABLE {} OWNER TO {}").format(sql.SQL(TABLE), role))
+
+    def _env(self) -> dict[str, str]:
+        return {k: v for k, v in os.environ.items() if not k.startswith("BRIDGE_")}
+
+    def _driver(self, bootstrap: str) -> Supervised:
+        argv = [
+            sys.executable, "-m", "bridge.cli", "produce", "--source", "rate",
+            "--rows-per-second", str(self.options.rows_per_second),
+            "--trigger", self.options.trigger, "--topic", TOPIC, "--key-field", "value",
+            "--checkpoint", str(self.work / "checkpoint"),
+            "--stack-dir", str(self.work / "no-stack"), "--bootstrap-servers", bootstrap,
+            "--transaction-timeout-ms", str(TRANSACTION_TIMEOUT_MS),
+        ]  # fmt: skip
+        return Supervised("driver", argv, self.work / "driver.log", self._env())
+
+    def _consumer(self, name: str, bootstrap: str, dsn: str) -> Supervised:
+        config = self.work / f"consumer-{name}.yaml"
+        config.write_text(yaml.safe_dump({
+            "kafka": {"bootstrap_servers": bootstrap, "properties": CONSUMER_KAFKA},
+            "postgres": {"dsn": dsn},
+            "consumer": {
+                "group_id": GROUP, "state_schema": STATE_SCHEMA,
+                "routes": [{"topic": TOPIC, "table": TABLE}],
+                "db_session_timeout_ms": 10_000, "http_port": 0,
+            },
+        }))  # fmt: skip
+        argv = [sys.executable, "-m", "consumers", "--config", str(config)]
+        return Supervised(f"consumer-{name}", argv, self.work / f"consumer-{name}.log", self._env())
+
+
+def _rows(dsn: str) -> int:
+    """Rows in the target table plus dead letters: what the consumers have written."""
+    try:
+        with psycopg.connect(dsn, autocommit=True, connect_timeout=3) as conn:
+            row = conn.execute(
+                f"SELECT (SELECT count(*) FROM {TABLE}) + "
+                f"(SELECT count(*) FROM {STATE_SCHEMA}.dead_letters)"
+            ).fetchone()
+    except psycopg.errors.UndefinedTable:
+        return 0
+    except psycopg.OperationalError:
+        return -1
+    return int(row[0]) if row else 0
+
+
+def _transactions_settled(bootstrap: str) -> bool:
+    """No transaction open on any partition: a read_committed reader then sees everything."""
+    admin = KafkaAdmin({"bootstrap.servers": bootstrap}, timeout=10)
+    ranges = admin.log_ranges((TOPIC, p) for p in range(PARTITIONS))
+    return all(r.last_stable == r.high_watermark for r in ranges.values())
+
+
+def report(figures: dict[str, Any]) -> str:
+    lines = [
+        f"soak: {figures['minutes']:g} min, seed {figures['seed']}, "
+        f"{figures['produced']} ids produced",
+        f"{'faults injected':<28}{figures['faults']:>8}",
+        *(f"  {cls:<26}{n:>8}" for cls, n in figures["faults_by_class"].items()),
+        f"{'rows lost':<28}{figures['lost']:>8}",
+        f"{'rows doubled':<28}{figures['doubled']:>8}",
+        f"{'ids doubled in Kafka':<28}{figures['kafka_doubled']:>8}",
+        f"{'ids missing in Kafka':<28}{figures['kafka_gaps']:>8}",
+        f"{'aborted ids in the table':<28}{figures['aborted_in_table']:>8}",
+        f"{'dead letters (expected)':<28}{figures['dead_letters_found']:>8} "
+        f"({figures['dead_letters_expected']}, {figures['dead_letters_wrong']} wrong)",
+        f"{'offsets moved backwards':<28}{len(figures['offsets_backwards']):>8}",
+        f"{'longest stall beyond a fault':<28}{figures['longest_stall_s']:>7}s",
+        f"{'verdict':<28}{'OK' if figures['ok'] else 'FAILED':>8}",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    options = parse(argv)
+    figures = Soak(options).run()
+    print(report(figures))
+    path = write_results("soak", figures, directory=options.results_dir)
+    print(f"figures written to {path}")
+    print(json.dumps({k: figures[k] for k in ("faults", "lost", "doubled", "longest_stall_s")}))
+    return 0 if figures["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
