@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -24,7 +25,12 @@ from bridge.errors import BridgeError
 
 
 class TopicError(BridgeError):
-    """A topic could not be created or described."""
+    """A topic could not be created or described. `retriable`: the cluster did not answer in
+    time or was briefly unable to; the same request may succeed later."""
+
+    def __init__(self, message: str, *, retriable: bool = False) -> None:
+        super().__init__(message)
+        self.retriable = retriable
 
 
 def create_topic(
@@ -50,7 +56,14 @@ def create_topic(
     except KafkaException as exc:
         error: KafkaError = exc.args[0]
         if error.code() != KafkaError.TOPIC_ALREADY_EXISTS:
-            raise TopicError(f"cannot create topic {name!r}: {error.str()}") from exc
+            raise TopicError(
+                f"cannot create topic {name!r}: {error.str()}", retriable=error.retriable()
+            ) from exc
+    except concurrent.futures.TimeoutError:
+        raise TopicError(
+            f"cannot create topic {name!r}: no answer from {bootstrap_servers} in {timeout:.0f}s",
+            retriable=True,
+        ) from None
 
 
 def offset_range(

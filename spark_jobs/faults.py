@@ -5,12 +5,13 @@ The rules file is a JSON list; each rule picks a point in a write task and what 
     {"point": "mid-produce" | "before-commit" | "after-commit",
      "prefix": "...", "partition": 0, "epoch": 3, "attempt": 0,   # filters; absent = any
      "after_rows": 500,                                          # mid-produce only
-     "action": "fail" | "hang" | "exit"}
+     "action": "fail" | "hang" | "exit" | "pause", "seconds": 10}   # seconds: pause only
 
 A rule fires once across all processes: firing creates `<rules file>.<index>.fired` exclusively,
 which is also how a test learns that the point was reached (useful with `hang`, after which the
 test kills the driver from outside). `fail` raises in the task (Spark retries it), `exit` kills
-the Python worker abruptly, `hang` sleeps until the process is killed.
+the Python worker abruptly, `hang` sleeps until the process is killed, `pause` sleeps for
+`seconds` and goes on (a test breaks something meanwhile: the broker, the link).
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ class TaskFaults:
     def reach(self, point: str) -> None:
         for index, rule in self.rules:
             if rule["point"] == point and self._claim(index):
-                _act(rule["action"], f"injected fault at {point} (rule {index})", point)
+                _act(rule, f"injected fault at {point} (rule {index})", point)
 
     def _claim(self, index: int) -> bool:
         try:
@@ -77,7 +78,11 @@ class TaskFaults:
         return True
 
 
-def _act(action: str, what: str, point: str) -> None:
+def _act(rule: dict[str, Any], what: str, point: str) -> None:
+    action = rule["action"]
+    if action == "pause":
+        time.sleep(float(rule.get("seconds", 10)))
+        return
     if action == "fail":
         raise InjectedFault(what, point=point)
     if action == "exit":

@@ -19,8 +19,9 @@ from typing import Any
 from pyspark import TaskContext
 from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
+from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_exponential
 
-from bridge.kafka_admin import create_topic
+from bridge.kafka_admin import TopicError, create_topic
 from bridge.names import DEFAULT_TRANSACTIONAL_ID_HEAD, SINK_FORMAT
 from spark_jobs.epoch_transaction import EpochOutcome, EpochTransaction, TaskCoordinates
 from spark_jobs.kafka_rows import check_schema, kafka_rows
@@ -30,6 +31,7 @@ from spark_jobs.sink_options import SinkOptions
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
 _FORMAT = logging.Formatter("%(asctime)s bridge-kafka %(levelname)s %(message)s")
+log = logging.getLogger("bridge.sink")
 
 
 @dataclass(frozen=True)
@@ -45,9 +47,37 @@ class BridgeKafkaSink(DataSource):
     def streamWriter(self, schema: StructType, overwrite: bool) -> BridgeKafkaStreamWriter:
         options = SinkOptions.parse(self.options)
         check_schema(schema, default_topic=options.topic)
-        # The marker topic only anchors the marker groups' offsets; nothing is produced to it.
-        create_topic(options.bootstrap_servers, options.marker_topic, config=options.kafka)
+        _ensure_marker_topic(options)
         return BridgeKafkaStreamWriter(options)
+
+
+# (bootstrap servers, topic) already known to exist in this process. Spark asks for a writer
+# every epoch, often in a reused Python worker: the topic is created once, not every epoch.
+_anchored: set[tuple[str, str]] = set()
+_MARKER_TOPIC_BUDGET_S = 120.0  # a broker restarting, or a leader moving, takes less
+
+
+def _ensure_marker_topic(options: SinkOptions) -> None:
+    """The marker topic only anchors the marker groups' offsets; nothing is produced to it.
+    A cluster that does not answer is given a bounded while (a broker restart) before the
+    epoch, and with it the query, fails with the error."""
+    key = (options.bootstrap_servers, options.marker_topic)
+    if key in _anchored:
+        return
+    _log_to_stderr()
+    for attempt in Retrying(
+        retry=retry_if_exception(lambda e: isinstance(e, TopicError) and e.retriable),
+        stop=stop_after_delay(_MARKER_TOPIC_BUDGET_S),
+        wait=wait_exponential(multiplier=1, max=10),
+        before_sleep=lambda state: log.warning(
+            "marker topic not confirmed (%s); trying again",
+            state.outcome.exception() if state.outcome else None,
+        ),
+        reraise=True,
+    ):
+        with attempt:
+            create_topic(options.bootstrap_servers, options.marker_topic, config=options.kafka)
+    _anchored.add(key)
 
 
 class BridgeKafkaStreamWriter(DataSourceStreamArrowWriter):
@@ -101,15 +131,12 @@ def _outcomes(messages: Sequence[WriterCommitMessage | None]) -> list[EpochOutco
 
 def _log_to_stderr() -> None:
     """Python workers start with no logging set up; send the sink's lines to stderr, once."""
-    sink_log = logging.getLogger("bridge.sink")
-    if not sink_log.handlers:
+    if not log.handlers:
         handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(
-            logging.Formatter("%(asctime)s bridge-kafka %(levelname)s %(message)s")
-        )
-        sink_log.addHandler(handler)
-        sink_log.setLevel(logging.INFO)
-        sink_log.propagate = False
+        handler.setFormatter(_FORMAT)
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        log.propagate = False
 
 
 def register(spark: Any) -> None:

@@ -12,9 +12,11 @@ from typing import Any
 
 import pytest
 
+from bridge.stack.kafka import KafkaPorts, KafkaServer, new_cluster_id
+from bridge.stack.process import free_port
 from consumers.state import StateTables, ensure_state
 from tests.harness import Endpoints, endpoints
-from tests.toxiproxy import Toxiproxy, ToxiproxyMissing, toxiproxy_binary
+from tests.toxiproxy import Proxy, Toxiproxy, ToxiproxyMissing, toxiproxy_binary
 
 _HERE = Path(__file__).parent
 
@@ -109,3 +111,25 @@ def toxiproxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Toxiproxy]:
     server = Toxiproxy(binary, tmp_path_factory.mktemp("toxiproxy") / "toxiproxy.log")
     yield server
     server.stop()
+
+
+@pytest.fixture
+def proxied_kafka(toxiproxy: Toxiproxy, tmp_path: Path, names: dict[str, str]) -> Iterator[Proxy]:
+    """A broker of this test's own that tells its clients to go through a Toxiproxy proxy: a
+    client follows the advertised address after its bootstrap, so every byte passes the proxy."""
+    broker, controller, front = free_port(), free_port(), free_port()
+    proxy = toxiproxy.proxy(
+        f"kafka-{names['group']}", f"127.0.0.1:{broker}", listen=f"127.0.0.1:{front}"
+    )
+    kafka = KafkaServer(
+        home=tmp_path / "kafka",
+        ports=KafkaPorts(broker=broker, controller=controller, advertised=front),
+        cluster_id=new_cluster_id(),
+    )
+    kafka.start()
+    try:
+        kafka.wait_ready(120)
+        yield proxy
+    finally:
+        proxy.delete()
+        kafka.stop()

@@ -8,7 +8,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -17,12 +16,10 @@ import yaml
 from confluent_kafka.admin import AdminClient
 
 from bridge.kafka_admin import TopicError, create_topic
-from bridge.stack.kafka import KafkaPorts, KafkaServer, new_cluster_id
-from bridge.stack.process import free_port
 from tests.consumer_helpers import eventually, produce, running, settings_for, sql
 from tests.harness import Endpoints
 from tests.integration.test_operator_tools import bridge, count
-from tests.toxiproxy import Proxy, Toxiproxy
+from tests.toxiproxy import Proxy
 
 pytestmark = pytest.mark.slow
 
@@ -109,28 +106,6 @@ def test_a_broker_that_never_comes_back_ends_the_consumer_with_a_clear_error(
     assert code != 0, output[-3000:]
     assert "Kafka unreachable" in output, output[-3000:]
     assert 15 <= waited <= 60
-
-
-@pytest.fixture
-def proxied_kafka(toxiproxy: Toxiproxy, tmp_path: Path, names: dict[str, str]) -> Iterator[Proxy]:
-    """A broker of this test's own that tells its clients to go through a Toxiproxy proxy: a
-    client follows the advertised address after its bootstrap, so every byte passes the proxy."""
-    broker, controller, front = free_port(), free_port(), free_port()
-    proxy = toxiproxy.proxy(
-        f"kafka-{names['group']}", f"127.0.0.1:{broker}", listen=f"127.0.0.1:{front}"
-    )
-    kafka = KafkaServer(
-        home=tmp_path / "kafka",
-        ports=KafkaPorts(broker=broker, controller=controller, advertised=front),
-        cluster_id=new_cluster_id(),
-    )
-    kafka.start()
-    try:
-        kafka.wait_ready(120)
-        yield proxy
-    finally:
-        proxy.delete()
-        kafka.stop()
 
 
 def test_a_silent_kafka_link_is_ridden_out_and_nothing_is_lost_or_doubled(

@@ -1,16 +1,20 @@
-"""The producer job's driver killed with SIGKILL (the whole process group: Python driver, JVM and
-Python workers) at chosen and at random moments, then restarted from its checkpoint."""
+"""Faults under the producer job, a real `bridge produce` process: its driver killed with SIGKILL
+(the whole process group: Python driver, JVM and Python workers) at chosen and at random
+moments, then restarted from its checkpoint; stopped with SIGTERM; the broker restarted
+mid-epoch; the link to Kafka silent past the transaction timeout."""
 
 from __future__ import annotations
 
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
 import time
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -21,6 +25,7 @@ from spark_jobs.epoch_markers import MarkerReader
 from tests.harness import Endpoints
 from tests.integration.test_sink import write_orders
 from tests.kafka_helpers import header_map, read_all, read_messages
+from tests.toxiproxy import Proxy
 
 pytestmark = pytest.mark.slow
 
@@ -108,6 +113,24 @@ def assert_exactly(stack: Endpoints, topic: str, partitions: int, expected: list
     assert set(seen) == set(expected), f"{len(set(expected) - set(seen))} records missing"
 
 
+def started_to_fault(
+    stack: Endpoints,
+    tmp_path: Path,
+    topic: str,
+    rule: dict[str, object],
+    *extra: str,
+    partitions: int = 3,
+) -> tuple[Producer, subprocess.Popen[bytes], list[bytes]]:
+    """8,000 orders in 4 files, 2 files per epoch, and a job started with `rule`, once the
+    rule has fired: the producer, its process and the records expected in the end."""
+    create_topic(stack.bootstrap_servers, topic, partitions=partitions)
+    expected = write_orders(tmp_path / "in", files=4, rows_per_file=2000)
+    producer = Producer(stack, tmp_path, topic, "--max-files-per-trigger", "2", *extra, *SPLITS)
+    process = producer.start([rule])
+    producer.wait_fired(process)
+    return producer, process, expected
+
+
 def test_driver_killed_after_kafka_commit_before_spark_commit_log(
     stack: Endpoints, topic_name: str, tmp_path: Path
 ) -> None:
@@ -137,18 +160,12 @@ def test_driver_killed_mid_epoch_replay_releases_read_committed_readers(
     stack: Endpoints, topic_name: str, tmp_path: Path, record_property: object
 ) -> None:
     # One Kafka partition: the dead attempt's open transaction holds back everything after it.
-    create_topic(stack.bootstrap_servers, topic_name, partitions=1)
-    expected = write_orders(tmp_path / "in", files=4, rows_per_file=2000)
     # A long transaction timeout, so that only the replay's fencing can release the readers.
-    producer = Producer(
-        stack, tmp_path, topic_name, "--max-files-per-trigger", "2",
-        "--transaction-timeout-ms", "600000", *SPLITS,
+    producer, process, expected = started_to_fault(
+        stack, tmp_path, topic_name,
+        {"point": "before-commit", "partition": 1, "epoch": 1, "action": "hang"},
+        "--transaction-timeout-ms", "600000", partitions=1,
     )  # fmt: skip
-
-    process = producer.start(
-        [{"point": "before-commit", "partition": 1, "epoch": 1, "action": "hang"}]
-    )
-    producer.wait_fired(process)
     wait_for_marker(stack, producer, partition=0, epoch=1)  # committed, while partition 1 is open
     kill_group(process)
     killed_at = time.monotonic()
@@ -233,3 +250,51 @@ def test_a_streaming_producer_stopped_with_sigterm_exits_cleanly(
     assert code == 0, output[-3000:]
     assert "stopping the query" in output and "produced 1000 rows" in output, output[-3000:]
     assert_exactly(stack, topic_name, 3, expected)
+
+
+def test_broker_restarted_mid_epoch_under_the_producer_job(
+    stack: Endpoints, topic_name: str, tmp_path: Path
+) -> None:
+    """The broker, which is also the transaction coordinator, SIGKILLed and started again while
+    a write task holds an open transaction with its records sent: the task commits against the
+    restarted broker, or fails and its retry fences it; either way each record once."""
+    kafka = stack.kafka
+    if kafka is None:
+        pytest.skip("needs the local stack's Kafka process to kill it")
+    producer, process, expected = started_to_fault(
+        stack, tmp_path, topic_name,
+        {"point": "before-commit", "partition": 0, "epoch": 1, "action": "pause", "seconds": 15},
+    )  # fmt: skip
+    kafka.kill()
+    time.sleep(3)
+    kafka.start()
+    kafka.wait_ready(120)
+    assert process.wait(240) == 0, producer.log.read_text()[-3000:]
+    assert_exactly(stack, topic_name, 3, expected)
+
+
+def test_kafka_link_silent_longer_than_the_transaction_timeout(
+    stack: Endpoints, topic_name: str, tmp_path: Path, proxied_kafka: Proxy
+) -> None:
+    """No byte between the job and the broker for longer than `transaction.timeout.ms`, and no
+    reset, while a task's transaction is open: the broker aborts it on its own; the task, back
+    in touch, finds itself fenced or its commit refused, fails, and Spark's retry writes the
+    partition again in a new transaction. Nothing is lost, nothing doubled, and the job ends."""
+    through = replace(stack, bootstrap_servers=proxied_kafka.listen)
+    producer, process, expected = started_to_fault(
+        through, tmp_path, topic_name,
+        {"point": "before-commit", "partition": 0, "epoch": 1, "action": "pause", "seconds": 3},
+        "--transaction-timeout-ms", "10000",
+    )  # fmt: skip
+    proxied_kafka.silence()
+    time.sleep(25)  # past the timeout and the broker's check for timed-out transactions (10 s)
+    proxied_kafka.heal()
+    healed = time.monotonic()
+    assert process.wait(240) == 0, producer.log.read_text()[-3000:]
+    print(f"the job ended {time.monotonic() - healed:.1f}s after the link healed")
+    output = producer.log.read_text()
+    # The paused task's first attempt failed (its transaction timed out on the broker) and a
+    # retry wrote the partition.
+    assert "partition 0 epoch 1 attempt 0" in output, output[-3000:]
+    assert re.search(r"\[batchId = 1\] Lost task 0\.0 ", output), output[-3000:]
+    assert_exactly(through, topic_name, 3, expected)

@@ -1,0 +1,36 @@
+"""Three minutes of the soak (`bench/soak.py`): the whole pipeline of real processes under random
+faults of every class, then the exact account. The long runs are the benchmark's; this one keeps
+the harness itself working and catches what only a mix of faults shows."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from bench.soak import Options, Soak, report
+
+pytestmark = pytest.mark.slow
+
+
+def test_three_minutes_of_random_faults_lose_and_double_nothing(tmp_path: Path) -> None:
+    seed = int(os.environ.get("BRIDGE_TEST_SEED", time.time()))
+    options = Options(
+        minutes=3,
+        seed=seed,
+        rows_per_second=300,
+        trigger="2 seconds",
+        gap_s=(1.0, 4.0),
+        max_stall_s=60.0,
+        results_dir=tmp_path,
+        keep=False,
+    )
+    figures = Soak(options).run()
+    table = report(figures)
+    print(table)
+    assert figures["faults"] >= 8, table
+    assert len(figures["faults_by_class"]) >= 4, table
+    assert (figures["lost"], figures["doubled"]) == (0, 0), table
+    assert figures["ok"], f"{table}\nnotes: {figures['notes']}"
