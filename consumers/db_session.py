@@ -291,6 +291,32 @@ class DatabaseSession:
         return [f"database unreachable for {waited:.0f}s"]
 
 
+def at_start(work: Callable[[], T], *, stop: threading.Event) -> T:
+    """`work` (creating the state tables, reading the target tables) against a database that
+    may be starting, restarting or refusing: retried with growing delays for at most
+    `_RUN_BUDGET_S`, then `DatabaseUnavailable`, one clear line for the supervisor's log rather
+    than a traceback on the first refused connection."""
+
+    def transient(exc: BaseException) -> bool:
+        cause = getattr(exc, "orig", None) or exc  # SQLAlchemy wraps the driver's error
+        return is_lost(cause) or refusal_of(cause) is not None
+
+    retrying = Retrying(
+        retry=retry_if_exception(transient),
+        stop=stop_after_delay(_RUN_BUDGET_S) | stop_when_event_set(stop),
+        wait=wait_exponential(multiplier=_REFUSED_FIRST_DELAY_S, max=_LONGEST_DELAY_S),
+        before_sleep=_log_attempt,
+        reraise=True,
+    )
+    try:
+        return retrying(work)
+    except Exception as exc:
+        if not transient(exc):
+            raise
+        cause = getattr(exc, "orig", None) or exc
+        raise DatabaseUnavailable(retrying.statistics["attempt_number"], str(cause)) from None
+
+
 _wait_lost = wait_exponential(multiplier=_FIRST_DELAY_S, max=_LONGEST_DELAY_S)
 _wait_refused = wait_exponential(multiplier=_REFUSED_FIRST_DELAY_S, max=_REFUSED_LONGEST_DELAY_S)
 

@@ -19,7 +19,7 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from bridge.settings import ConsumerSettings
 from consumers.committer import CommitResult
-from consumers.db_session import DatabaseSession
+from consumers.db_session import DatabaseSession, is_lost, refusal_of
 from consumers.offsets import Lease, OffsetStore, PartitionKey, StoredRow
 from consumers.partitions import PartitionState, PartitionTable, out_of_range_reason
 
@@ -70,7 +70,10 @@ class LeaseKeeper:
         if conn is not None and leases:
             try:
                 self._store.release(conn, leases)
-            except psycopg.OperationalError as exc:
+            except psycopg.Error as exc:
+                # Lost, or refused (read-only, a statement timeout): nothing to undo either way.
+                if not (is_lost(exc) or refusal_of(exc) is not None):
+                    raise
                 log.warning("could not mark revoked partitions unowned: %s", exc)
         consumer.incremental_unassign(partitions)
 

@@ -23,7 +23,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 from bridge.settings import BridgeSettings, ConsumerSettings, LibrdkafkaValue
 from consumers.applier import Applier
 from consumers.committer import Batch, CommitResult, Committer
-from consumers.db_session import DatabaseSession, RefusalBackoff
+from consumers.db_session import DatabaseSession, RefusalBackoff, at_start
 from consumers.kafka_health import KafkaHealth
 from consumers.leases import LeaseKeeper
 from consumers.metrics import ConsumerMetrics, HealthServer
@@ -93,13 +93,17 @@ class ConsumerService:
         """Create the state tables, check every route's table, join the group. Refuses a bad
         configuration (missing table or column) before consuming anything."""
         engine = sqlalchemy_engine(self._dsn)
-        try:
+
+        def prepare() -> dict[str, Target]:
             with engine.connect() as conn:
                 ensure_state_tables(conn, self._tables)
-            targets: dict[str, Target] = {
+            return {
                 route.topic: reflect_target(engine, route, index)
                 for index, route in enumerate(self._config.routes)
             }
+
+        try:
+            targets = at_start(prepare, stop=self._stop)
         finally:
             engine.dispose()
         self._committer = Committer(

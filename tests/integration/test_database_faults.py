@@ -17,7 +17,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from bridge.kafka_admin import create_topic
 from consumers.service import ConsumerService
-from tests.consumer_helpers import eventually, running, settings_for, sql
+from tests.consumer_helpers import eventually, produce, running, settings_for, sql
 from tests.harness import Endpoints
 from tests.kafka_helpers import transactional_producer
 from tests.toxiproxy import Proxy, Toxiproxy
@@ -238,3 +238,45 @@ def test_a_reset_or_slow_postgres_link_loses_and_doubles_nothing(
             assert service.ready, service.not_ready()
             pg_proxy.heal()
         finish(stack, service, stream, table)
+
+
+def test_a_consumer_started_while_postgres_is_unreachable_waits_for_it(
+    stack: Endpoints, names: dict[str, str], pg_proxy: Proxy
+) -> None:
+    """A supervisor starts the consumer before the database is back (a failover, a restart of
+    both): it keeps trying with growing delays, saying so, and comes up when the database does,
+    rather than dying on its first connection."""
+    create_topic(stack.bootstrap_servers, names["topic"])
+    table = names["table"]
+    sql(stack, f"CREATE TABLE public.{table} (id int NOT NULL)")
+    produce(stack, names["topic"], [(None, {"id": i}) for i in range(100)])
+    pg_proxy.reset_peer()
+    healer = threading.Timer(8, pg_proxy.heal)
+    healer.start()
+    started = time.monotonic()
+    try:
+        with running(settings_for(through(pg_proxy, stack), names)) as service:
+            waited = time.monotonic() - started
+            eventually(lambda: rows(stack, table) == (100, 100) and service.ready)
+    finally:
+        healer.cancel()
+    print(f"started {waited:.1f}s after the database became unreachable")
+    assert waited >= 7, "the start-up did not wait for the database"
+
+
+def test_a_member_leaving_while_the_database_refuses_writes_leaves_cleanly(
+    stack: Endpoints, names: dict[str, str], read_only_database: Callable[[bool], None]
+) -> None:
+    """Its partitions are revoked while the database is read-only: marking them unowned is
+    refused, which is no reason to crash (the next owner's claim fences this member anyway)."""
+    create_topic(stack.bootstrap_servers, names["topic"], partitions=2)
+    table = names["table"]
+    sql(stack, f"CREATE TABLE public.{table} (id int NOT NULL)")
+    produce(stack, names["topic"], [(None, {"id": i}) for i in range(100)])
+    with running(settings_for(stack, names)) as service:
+        eventually(lambda: rows(stack, table) == (100, 100) and service.ready)
+        read_only_database(True)
+    # Leaving the block stopped the member (its partitions revoked) and found no failure.
+    read_only_database(False)
+    owners = sql(stack, f"SELECT owner FROM {names['schema']}.offsets")
+    assert [owner for (owner,) in owners if owner is not None], "the release was not refused"
