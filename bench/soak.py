@@ -23,6 +23,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -30,6 +31,7 @@ from collections import Counter
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import psycopg
@@ -136,6 +138,7 @@ class Soak:
         supervisor: Supervisor | None = None
         progress: Progress | None = None
         pipeline: Pipeline | None = None
+        passed = False
         try:
             kafka_proxy = toxiproxy.proxy(
                 "kafka", f"127.0.0.1:{broker}", listen=f"127.0.0.1:{front}"
@@ -163,7 +166,9 @@ class Soak:
             say(f"pipeline starting in {self.work}; seed {self.options.seed}")
             if not wait_for(lambda: _rows(postgres.dsn) > 0, timeout=300):
                 raise RuntimeError(f"no row reached PostgreSQL in 300 s; logs in {self.work}")
-            return self._soak_and_check(pipeline, progress)
+            figures = self._soak_and_check(pipeline, progress)
+            passed = bool(figures["ok"])
+            return figures
         finally:
             if progress is not None:
                 progress.close()
@@ -181,7 +186,7 @@ class Soak:
             kafka.stop()
             postgres.stop()
             toxiproxy.stop()
-            if self.options.keep:
+            if self.options.keep or not passed:  # the logs of a failed run are the evidence
                 say(f"work directory kept: {self.work}")
             else:
                 shutil.rmtree(self.work, ignore_errors=True)
@@ -350,8 +355,20 @@ def report(figures: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _stop_on_signals() -> None:
+    """SIGTERM and SIGINT end the run through its clean-up, which stops every process it
+    started (a background job's SIGINT may be ignored: SIGTERM always works)."""
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        raise SystemExit(f"stopped by signal {signum}")
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+
+
 def main(argv: list[str] | None = None) -> int:
     options = parse(argv)
+    _stop_on_signals()
     figures = Soak(options).run()
     print(report(figures))
     path = write_results("soak", figures, directory=options.results_dir)

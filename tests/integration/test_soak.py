@@ -22,7 +22,7 @@ def test_three_minutes_of_random_faults_lose_and_double_nothing(tmp_path: Path) 
         seed=seed,
         rows_per_second=300,
         trigger="2 seconds",
-        gap_s=(1.0, 4.0),
+        gap_s=(0.5, 2.0),
         max_stall_s=60.0,
         results_dir=tmp_path,
         keep=False,
@@ -30,7 +30,8 @@ def test_three_minutes_of_random_faults_lose_and_double_nothing(tmp_path: Path) 
     figures = Soak(options).run()
     table = report(figures)
     print(table)
-    assert figures["faults"] >= 8, table
-    assert len(figures["faults_by_class"]) >= 4, table
+    # About 15 faults in 3 minutes; a schedule of long ones makes fewer.
+    assert figures["faults"] >= 6, table
+    assert len(figures["faults_by_class"]) >= 3, table
     assert (figures["lost"], figures["doubled"]) == (0, 0), table
     assert figures["ok"], f"{table}\nnotes: {figures['notes']}"

@@ -1,0 +1,112 @@
+"""The benchmarks' figures as pictures: `python -m bench.plot` reads `bench/results/*.json` and
+writes PNGs under `docs/plots/` for the README.
+
+- `consumer-ratio.png`: the consumer's throughput as a share of PostgreSQL's own COPY, insert and
+  upsert, run after run (each ratio measured against its baseline in the same run).
+- `producer-ratio.png`: the sink's throughput against Spark's built-in Kafka sink, run after run.
+- `soak.png`: the latest soak: faults injected per class, next to rows lost and doubled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display
+
+import matplotlib.pyplot as plt
+
+from bench.common import RESULTS
+
+PLOTS = Path(__file__).resolve().parents[1] / "docs" / "plots"
+
+
+def runs(name: str, results: Path) -> list[dict[str, Any]]:
+    """Every run of a benchmark, oldest first (the `-latest` copy left out)."""
+    found = []
+    for path in sorted(results.glob(f"{name}-2*.json")):
+        document = json.loads(path.read_text())
+        document["_when"] = datetime.strptime(document["at"], "%Y%m%dT%H%M%SZ")
+        found.append(document)
+    return found
+
+
+def consumer_ratios(results: Path, out: Path) -> Path | None:
+    found = [r for r in runs("consumer", results) if "insert" in r]
+    if not found:
+        return None
+    figure, axes = plt.subplots(figsize=(8, 4))
+    for mode in ("insert", "upsert"):
+        points = [(r["_when"], r[mode]["ratio_to_copy"]) for r in found if mode in r]
+        axes.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=mode)
+    axes.axhline(1.0, color="grey", linestyle="--", linewidth=1)
+    axes.set_ylim(0, 1.1)
+    axes.set_ylabel("rows/s as a share of COPY")
+    axes.set_title("Consumer against PostgreSQL's COPY of the same rows, per run")
+    axes.legend()
+    figure.autofmt_xdate()
+    return _save(figure, out / "consumer-ratio.png")
+
+
+def producer_ratios(results: Path, out: Path) -> Path | None:
+    found = [r for r in runs("producer", results) if "ratio" in r]
+    if not found:
+        return None
+    figure, axes = plt.subplots(figsize=(8, 4))
+    axes.plot([r["_when"] for r in found], [r["ratio"] for r in found], marker="o")
+    axes.axhline(1.0, color="grey", linestyle="--", linewidth=1)
+    axes.set_ylim(0, max(1.2, max(r["ratio"] for r in found) * 1.1))
+    axes.set_ylabel("rows/s against the built-in sink")
+    axes.set_title("bridge-kafka against Spark's Kafka sink, per run")
+    figure.autofmt_xdate()
+    return _save(figure, out / "producer-ratio.png")
+
+
+def soak(results: Path, out: Path) -> Path | None:
+    found = runs("soak", results)
+    if not found:
+        return None
+    latest = max(found, key=lambda r: (r["minutes"], r["_when"]))
+    by_class = latest["faults_by_class"]
+    figure, (faults, totals) = plt.subplots(
+        1, 2, figsize=(12, 4), gridspec_kw={"width_ratios": [4, 1]}
+    )
+    faults.barh(list(by_class), list(by_class.values()))
+    faults.set_xlabel("faults injected")
+    faults.set_title(
+        f"Soak: {latest['minutes']:g} min, {latest['faults']} faults, {latest['produced']:,} "
+        f"rows; longest stall beyond a fault {latest['longest_stall_s']} s"
+    )
+    values = [latest["lost"], latest["doubled"]]
+    bars = totals.bar(["lost", "doubled"], values, color=["tab:red", "tab:orange"])
+    totals.bar_label(bars, labels=[str(v) for v in values])
+    totals.set_ylim(0, max(1, *values) * 1.2)
+    totals.set_title("rows")
+    return _save(figure, out / "soak.png")
+
+
+def _save(figure: Any, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return path
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.plot", description=__doc__)
+    parser.add_argument("--results", type=Path, default=RESULTS)
+    parser.add_argument("--out", type=Path, default=PLOTS)
+    args = parser.parse_args(argv)
+    for draw in (consumer_ratios, producer_ratios, soak):
+        written = draw(args.results, args.out)
+        print(f"{draw.__name__}: {written or 'no results yet'}")
+
+
+if __name__ == "__main__":
+    main()
