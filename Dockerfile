@@ -1,11 +1,15 @@
 # One image for both halves of the pipeline: the Spark producer job needs a JVM, the consumer not.
-FROM python:3.11-slim
+# Debian 12 (bookworm) is pinned because it ships Java 17, which Spark 4 runs on; its python
+# images exist for amd64 and arm64, and so does its JRE package.
+FROM python:3.11-slim-bookworm
 
+# The JRE's directory is named after the architecture; the link gives both one name.
 RUN apt-get update \
     && apt-get install -y --no-install-recommends openjdk-17-jre-headless curl \
-    && rm -rf /var/lib/apt/lists/*
+    && rm -rf /var/lib/apt/lists/* \
+    && ln -s "/usr/lib/jvm/java-17-openjdk-$(dpkg --print-architecture)" /usr/lib/jvm/java-17
 
-ENV JAVA_HOME=/usr/lib/jvm/java-17-openjdk-amd64 \
+ENV JAVA_HOME=/usr/lib/jvm/java-17 \
     PYSPARK_PYTHON=/usr/local/bin/python \
     PYTHONUNBUFFERED=1
 
@@ -16,5 +20,8 @@ COPY spark_jobs ./spark_jobs
 COPY consumers ./consumers
 RUN pip install --no-cache-dir .
 
+# /data holds the producer's input and checkpoint. A named volume mounted there starts as a
+# copy of this directory, ownership included, so the unprivileged user can write it.
+RUN mkdir -p /data/input /data/checkpoint && chown -R 1000:1000 /data
 USER 1000:1000
 ENTRYPOINT ["bridge"]

@@ -12,6 +12,7 @@ PACKAGES := bridge spark_jobs consumers tests bench
 setup: $(STAMP)
 	@bash scripts/ensure-system-tools.sh
 	@bash scripts/ensure-toxiproxy.sh > /dev/null
+	@bash scripts/ensure-composecheck.sh > /dev/null
 	@$(BIN)/bridge stack prepare
 
 $(STAMP): pyproject.toml

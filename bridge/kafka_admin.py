@@ -38,11 +38,14 @@ def create_topic(
     name: str,
     *,
     partitions: int = 1,
-    replication_factor: int = 1,
+    replication_factor: int = -1,
     timeout: float = 30.0,
     config: Mapping[str, str] | None = None,
 ) -> None:
     """Create `name` and wait until it exists; an existing topic is left as it is.
+
+    `replication_factor`: -1 takes the cluster's `default.replication.factor` (1 on a single
+    node, 3 on a replicated cluster).
 
     `config`: extra client properties (security settings and the like)."""
     admin = AdminClient({**(config or {}), "bootstrap.servers": bootstrap_servers})

@@ -94,6 +94,7 @@ class EpochOutcome:
     transactional_id: str
     rows: int
     skipped: bool  # the marker said this (partition, epoch) was already committed
+    bytes: int = 0  # of keys and values written
     init_seconds: float
     marker_seconds: float
     produce_seconds: float
@@ -152,10 +153,10 @@ class EpochTransaction:
                     self._where,
                     marker.epoch,
                 )
-                return self._outcome(0, True, started, fenced_at, read_at, read_at, read_at)
+                return self._outcome(0, 0, True, started, fenced_at, read_at, read_at, read_at)
             producer.begin_transaction()
             try:
-                count = self._produce(producer, rows())
+                count, size = self._produce(producer, rows())
                 produced_at = time.monotonic()
                 self._reach("before-commit")
                 position = marker_position(
@@ -180,7 +181,7 @@ class EpochTransaction:
             committed_at = time.monotonic()
             self._reach("after-commit")
             return self._outcome(
-                count, False, started, fenced_at, read_at, produced_at, committed_at
+                count, size, False, started, fenced_at, read_at, produced_at, committed_at
             )
         finally:
             markers.close()
@@ -192,10 +193,11 @@ class EpochTransaction:
         config["transaction.timeout.ms"] = self._options.transaction_timeout_ms
         return config
 
-    def _produce(self, producer: Producer, rows: Iterator[KafkaRow]) -> int:
+    def _produce(self, producer: Producer, rows: Iterator[KafkaRow]) -> tuple[int, int]:
+        """Every row into the open transaction: how many, and their bytes of key and value."""
         produce = producer.produce
         fail_after = self._faults.after_rows() if self._faults else None
-        count = 0
+        count = size = 0
         for topic, value, key, partition, headers in rows:
             if count == fail_after:
                 # Fault injection only: put what this attempt wrote so far in the log, so that a
@@ -222,9 +224,10 @@ class EpochTransaction:
                         )
                     raise self._failure(what, error) from exc
             count += 1
+            size += len(value or b"") + len(key or b"")
             if count % _POLL_EVERY == 0:
                 producer.poll(0)
-        return count
+        return count, size
 
     def _call(self, what: str, action: Callable[[], T]) -> T:
         """Run a transactional call, retrying retriable errors until the transaction timeout."""
@@ -271,6 +274,7 @@ class EpochTransaction:
     def _outcome(
         self,
         rows: int,
+        size: int,
         skipped: bool,
         started: float,
         fenced_at: float,
@@ -285,6 +289,7 @@ class EpochTransaction:
             transactional_id=self._transactional_id,
             rows=rows,
             skipped=skipped,
+            bytes=size,
             init_seconds=fenced_at - started,
             marker_seconds=read_at - fenced_at,
             produce_seconds=produced_at - read_at,

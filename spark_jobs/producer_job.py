@@ -57,6 +57,8 @@ class ProducerJob:
     master: str | None = None
     spark_conf: dict[str, str] = field(default_factory=dict)
     jars: tuple[str, ...] = ()  # for the kafka source: Spark's connector
+    metrics_port: int | None = None  # Prometheus /metrics from the driver; 0: any free port
+    metrics_host: str = "0.0.0.0"  # noqa: S104 - scraped from elsewhere
 
     def check(self) -> None:
         """Refuse a job that cannot run, before a Spark session is started for it."""
@@ -83,6 +85,8 @@ class ProducerJob:
             problems.append(("--max-files-per-trigger", "must be at least 1"))
         if self.rows_per_second < 1:
             problems.append(("--rows-per-second", "must be at least 1"))
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65_535:
+            problems.append(("--metrics-port", f"{self.metrics_port} is not a TCP port"))
         if problems:
             raise ConfigError(problems, source="bridge produce")
 
@@ -101,6 +105,16 @@ def run(job: ProducerJob, spark: Any | None = None) -> SinkCounters:
             conf=job.spark_conf,
         )
     try:
+        if job.metrics_port is not None:
+            from spark_jobs.producer_metrics import serve_metrics
+
+            serve_metrics(
+                spark,
+                port=job.metrics_port,
+                host=job.metrics_host,
+                progress_path=checkpoint_progress_path(job.checkpoint),
+                query_name=job.topic,
+            )
         query = _start(spark, job)
         log.info("query %s started (checkpoint %s)", query.id, job.checkpoint)
         if job.trigger == AVAILABLE_NOW:

@@ -26,6 +26,7 @@ class EpochSummary:
     epoch: int
     rows: int
     partitions_written: tuple[int, ...]
+    bytes: int = 0
     partitions_skipped: tuple[int, ...]
     partitions_empty: int = 0
     partitions_missing: int = 0  # tasks that sent no outcome (only in an abort)
@@ -38,6 +39,7 @@ class EpochSummary:
         return cls(
             epoch=epoch,
             rows=sum(o.rows for o in done),
+            bytes=sum(o.bytes for o in done),
             partitions_written=tuple(
                 sorted(o.partition for o in done if not (o.skipped or o.empty))
             ),

@@ -7,7 +7,7 @@ import sys
 import typer
 from rich.console import Console
 
-from bridge.cli import consume, demo, offsets, produce, stack, txn
+from bridge.cli import consume, demo, offsets, produce, stack, status, txn
 from bridge.errors import BridgeError
 
 app = typer.Typer(
@@ -22,6 +22,8 @@ app.add_typer(txn.app, name="txn")
 app.command()(produce.produce)
 app.command()(consume.consume)
 app.command()(demo.demo)
+app.command(name="sample-orders")(demo.sample_orders)
+app.command()(status.status)
 
 
 def main() -> None:

@@ -32,3 +32,19 @@ def demo(
         raise typer.Exit(1) from None
     if not ok:
         raise typer.Exit(1)
+
+
+def sample_orders(
+    output: Annotated[Path, typer.Option("--output", help="Directory for the JSON-lines files.")],
+    count: Annotated[int, typer.Option("--count", min=1, help="How many orders.")] = 50_000,
+    files: Annotated[int, typer.Option("--files", min=1, help="Spread over this many files.")] = 10,
+    run: Annotated[
+        str, typer.Option("--run", help="Tags every order (`run_id`); seeds the values.")
+    ] = "sample",
+) -> None:
+    """Write the demo's sample orders (unique `order_id`s from 0) as JSON-lines files: the
+    input of the files source, for docker-compose and for trying the producer by hand."""
+    from bridge.demo import write_orders
+
+    write_orders(output, run, count, files)
+    output_console().print(f"{count} orders in {files} files under {output}")

@@ -65,6 +65,13 @@ def produce(
         list[str] | None,
         typer.Option("--spark-conf", help="KEY=VALUE for the Spark session; repeatable."),
     ] = None,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            "--metrics-port",
+            help="Serve Prometheus /metrics from the driver on this port (0: any free one).",
+        ),
+    ] = None,
     config: ConfigFile = None,
     stack_dir: StackDir = Path(DEFAULT_STACK_DIR),
 ) -> None:
@@ -97,6 +104,7 @@ def produce(
         master=master,
         spark_conf=_key_values(spark_conf or []),
         jars=tuple(spark_kafka_jars()) if chosen is Source.KAFKA else (),
+        metrics_port=metrics_port,
     )
     counters = run(job)
     Console(soft_wrap=True).print(

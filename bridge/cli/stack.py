@@ -43,9 +43,20 @@ def up(
         int | None, typer.Option(help="PostgreSQL's port; a free one when not given.")
     ] = None,
     timeout: Annotated[float, typer.Option(help="Seconds to wait for both servers.")] = 120.0,
+    brokers: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            max=9,
+            help="Kafka nodes of a new stack: 1 (the default), or 3 and more for a replicated "
+            "cluster (3 replicas, 2 in sync). An existing stack keeps its count.",
+        ),
+    ] = None,
 ) -> None:
     """Start Kafka and PostgreSQL (or leave them running) and write stack.env."""
-    stack = LocalStack(data_dir, kafka_port=kafka_port, postgres_port=postgres_port)
+    stack = LocalStack(
+        data_dir, kafka_port=kafka_port, postgres_port=postgres_port, brokers=brokers
+    )
     status = stack.up(timeout=timeout)
     _show(status)
     console.print(f"environment for clients: {stack.env_path}")
@@ -70,10 +81,11 @@ def _show(status: StackStatus) -> None:
     table = Table(title=f"stack in {status.data_dir}")
     for column in ("server", "state", "pid", "address"):
         table.add_column(column)
-    for name, running, pid, address in (
-        ("kafka", status.kafka_running, status.kafka_pid, status.bootstrap_servers),
-        ("postgres", status.postgres_running, status.postgres_pid, status.dsn),
-    ):
+    servers: list[tuple[str, bool, int | None, str | None]] = [
+        (f"kafka node {n.node_id}", n.running, n.pid, n.address) for n in status.kafka_nodes
+    ] or [("kafka", status.kafka_running, status.kafka_pid, status.bootstrap_servers)]
+    servers.append(("postgres", status.postgres_running, status.postgres_pid, status.dsn))
+    for name, running, pid, address in servers:
         state = "[green]running[/]" if running else "[red]stopped[/]"
         table.add_row(name, state, str(pid) if running else "-", address or "-")
     console.print(table)

@@ -1,4 +1,4 @@
-"""Apache Kafka from Maven Central: resolve the broker's jars, run one KRaft node on loopback."""
+"""Apache Kafka from Maven Central: resolve the broker's jars, run KRaft nodes on loopback."""
 
 from __future__ import annotations
 
@@ -20,27 +20,37 @@ from bridge.stack import process
 ENV_KAFKA_LIBS = "BRIDGE_KAFKA_LIBS"
 ENV_KAFKA_HEAP = "BRIDGE_KAFKA_HEAP"
 
-# Single-node settings: every internal topic with one replica, so that transactions
-# (__transaction_state) and group offsets (__consumer_offsets) work on one broker.
-_SINGLE_NODE = {
+# Every node is broker and controller (KRaft, a static quorum of all nodes).
+_NODE = {
     "process.roles": "broker,controller",
-    "node.id": "1",
     "controller.listener.names": "CONTROLLER",
     "inter.broker.listener.name": "PLAINTEXT",
     "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
     "num.partitions": "1",
-    "default.replication.factor": "1",
-    "min.insync.replicas": "1",
-    "offsets.topic.replication.factor": "1",
     "offsets.topic.num.partitions": "4",
-    "transaction.state.log.replication.factor": "1",
-    "transaction.state.log.min.isr": "1",
     "transaction.state.log.num.partitions": "4",
-    "share.coordinator.state.topic.replication.factor": "1",
-    "share.coordinator.state.topic.min.isr": "1",
     "group.initial.rebalance.delay.ms": "0",
     "auto.create.topics.enable": "true",
 }
+
+
+def replication_settings(nodes: int) -> dict[str, str]:
+    """One node: every topic, the internal ones included, with one replica, so that
+    transactions (__transaction_state) and group offsets (__consumer_offsets) work at all.
+    Three or more: three replicas and two in sync, so that a write acknowledged by all in-sync
+    replicas survives the loss of any one node, and the cluster goes on without it."""
+    replicas = str(min(nodes, 3))
+    in_sync = "1" if nodes < 3 else "2"
+    return {
+        "default.replication.factor": replicas,
+        "min.insync.replicas": in_sync,
+        "offsets.topic.replication.factor": replicas,
+        "transaction.state.log.replication.factor": replicas,
+        "transaction.state.log.min.isr": in_sync,
+        "share.coordinator.state.topic.replication.factor": replicas,
+        "share.coordinator.state.topic.min.isr": in_sync,
+    }
+
 
 _LOG4J2 = """\
 Configuration:
@@ -87,11 +97,25 @@ class KafkaServer:
     """One KRaft broker+controller whose files all live under `home`."""
 
     def __init__(
-        self, *, home: Path, ports: KafkaPorts, cluster_id: str, libs_dir: Path | None = None
+        self,
+        *,
+        home: Path,
+        ports: KafkaPorts,
+        cluster_id: str,
+        libs_dir: Path | None = None,
+        node_id: int = 1,
+        voters: str | None = None,
+        cluster_size: int = 1,
     ) -> None:
+        """`voters`: the quorum, `id@host:port,...` over every node's controller port (this
+        node alone when not given); `cluster_size`: how many nodes, for the replication
+        settings and for `wait_ready`."""
         self.home = home
         self.ports = ports
         self.cluster_id = cluster_id
+        self.node_id = node_id
+        self.voters = voters or f"{node_id}@127.0.0.1:{ports.controller}"
+        self.cluster_size = cluster_size
         self._libs_dir = libs_dir
         self.config_path = home / "server.properties"
         self.log_dir = home / "logs"
@@ -136,7 +160,7 @@ class KafkaServer:
         self.pid_path.write_text(f"{pid}\n")
 
     def wait_ready(self, timeout: float) -> None:
-        """Ready means an AdminClient sees the broker in the cluster metadata."""
+        """Ready means an AdminClient sees every broker of the cluster in its metadata."""
         deadline = time.monotonic() + timeout
 
         def listening() -> bool:
@@ -150,7 +174,7 @@ class KafkaServer:
 
             def sees_broker() -> bool:
                 try:
-                    return bool(admin.list_topics(timeout=2).brokers)
+                    return len(admin.list_topics(timeout=2).brokers) >= self.cluster_size
                 except KafkaException:
                     return False
 
@@ -178,9 +202,10 @@ class KafkaServer:
 
     def _write_config(self) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        settings = dict(_SINGLE_NODE)
+        settings = {**_NODE, **replication_settings(self.cluster_size)}
         settings.update(
             {
+                "node.id": str(self.node_id),
                 "listeners": (
                     f"PLAINTEXT://127.0.0.1:{self.ports.broker},"
                     f"CONTROLLER://127.0.0.1:{self.ports.controller}"
@@ -188,7 +213,7 @@ class KafkaServer:
                 "advertised.listeners": (
                     f"PLAINTEXT://127.0.0.1:{self.ports.advertised or self.ports.broker}"
                 ),
-                "controller.quorum.voters": f"1@127.0.0.1:{self.ports.controller}",
+                "controller.quorum.voters": self.voters,
                 "log.dirs": str(self.data_dir),
             }
         )

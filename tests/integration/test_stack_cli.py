@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -11,6 +12,8 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin._config import ConfigResource
 
 from bridge.kafka_admin import create_topic
 from bridge.settings import load_settings
@@ -123,3 +126,50 @@ def test_demo_verifies_every_order_exactly_once_and_stops_its_stack(data_dir: Pa
     assert "3,000 distinct ids, 0 missing, 0 duplicated, 0 dead letters" in output
     assert "offsets of group demo-" in output
     assert not _processes_mentioning(data_dir), "the demo stops the stack it started"
+
+
+def test_a_three_node_cluster_replicates_and_rides_out_a_lost_node(data_dir: Path) -> None:
+    """`--brokers 3`: three KRaft nodes, topics and the transaction log with three replicas and
+    two in sync; with one node SIGKILLed, transactions still commit and read back."""
+    started = bridge("stack", "up", "--data-dir", str(data_dir), "--brokers", "3")
+    assert started.returncode == 0, started.stdout + started.stderr
+    for node in (1, 2, 3):
+        assert f"kafka node {node}" in started.stdout, started.stdout
+    settings = load_settings(env_file=data_dir / "stack.env")
+    bootstrap = settings.kafka.bootstrap_servers
+    assert len(bootstrap.split(",")) == 3
+
+    create_topic(bootstrap, "replicated", partitions=3)
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    topics = admin.list_topics(timeout=10).topics
+    assert len(admin.list_topics(timeout=10).brokers) == 3
+    assert {len(p.replicas) for p in topics["replicated"].partitions.values()} == {3}
+    config = ConfigResource(ConfigResource.Type.TOPIC, "replicated")
+    described = admin.describe_configs([config])[config].result(30)
+    assert described["min.insync.replicas"].value == "2"
+
+    def commit(values: list[bytes]) -> None:
+        producer = transactional_producer(bootstrap)
+        producer.begin_transaction()
+        for value in values:
+            producer.produce("replicated", value)
+        producer.commit_transaction(60)
+
+    commit([b"before"])
+    state = json.loads((data_dir / "stack.json").read_text())
+    LocalStack(data_dir).kafka_nodes(LocalStack(data_dir).state())[2].kill()  # node 3
+    commit([b"after"])  # two of three in sync: still accepted
+    assert sorted(read_all(bootstrap, "replicated", partitions=3, timeout=60)) == [
+        b"after",
+        b"before",
+    ]
+    assert len(state["extra_nodes"]) == 2
+
+    status = bridge("stack", "status", "--data-dir", str(data_dir))
+    assert status.returncode == 1 and "stopped" in status.stdout, status.stdout
+    refused = bridge("stack", "up", "--data-dir", str(data_dir), "--brokers", "1")
+    assert refused.returncode != 0 and "3 Kafka node(s)" in refused.stdout + refused.stderr
+
+    assert bridge("stack", "down", "--data-dir", str(data_dir)).returncode == 0
+    nodes = LocalStack(data_dir).kafka_nodes(LocalStack(data_dir).state())
+    assert not any(node.running() for node in nodes)

@@ -1,0 +1,200 @@
+"""`bridge status`: the pipeline's health at a glance, gathered from the outside.
+
+Each part is asked the way an operator would: the brokers through Kafka's metadata, PostgreSQL
+with a query, each consumer through its `/readyz`, each consumer group through its stored
+offsets against Kafka's log, each producer through its epoch markers. Every question has a
+bound, so a dead part makes a red line, never a hang. `problems` is what makes the command
+exit non-zero, so it can serve as a probe.
+"""
+
+from __future__ import annotations
+
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient
+
+from bridge.errors import BridgeError
+from bridge.kafka_admin import KafkaAdmin, TopicError
+from bridge.names import MARKER_GROUP_INFIX
+from consumers.positions import Position, read_positions
+from spark_jobs.txn_admin import PartitionEpoch, committed_epochs
+
+_TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True)
+class Component:
+    name: str
+    ok: bool
+    detail: str
+
+
+@dataclass(frozen=True)
+class GroupStatus:
+    group: str
+    lag: int | None  # None: Kafka could not tell for some partition
+    partitions: int
+    stalled: tuple[str, ...]  # "topic[partition]: why"
+
+
+@dataclass(frozen=True)
+class ProducerStatus:
+    prefix: str
+    epochs: tuple[PartitionEpoch, ...]
+
+
+@dataclass
+class Status:
+    components: list[Component] = field(default_factory=list)
+    groups: list[GroupStatus] = field(default_factory=list)
+    producers: list[ProducerStatus] = field(default_factory=list)
+
+    @property
+    def problems(self) -> list[str]:
+        found = [f"{c.name}: {c.detail}" for c in self.components if not c.ok]
+        found += [f"group {g.group}: {s}" for g in self.groups for s in g.stalled]
+        found += [
+            f"producer {p.prefix} partition {e.partition}: {e.problem}"
+            for p in self.producers
+            for e in p.epochs
+            if e.problem
+        ]
+        return found
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "ok": not self.problems,
+            "problems": self.problems,
+            "components": [vars(c) for c in self.components],
+            "groups": [
+                {
+                    "group": g.group,
+                    "lag": g.lag,
+                    "partitions": g.partitions,
+                    "stalled": list(g.stalled),
+                }
+                for g in self.groups
+            ],
+            "producers": [
+                {
+                    "prefix": p.prefix,
+                    "epochs": [
+                        {"partition": e.partition, "epoch": e.epoch, "problem": e.problem}
+                        for e in p.epochs
+                    ],
+                }
+                for p in self.producers
+            ],
+        }
+
+
+def gather(
+    *,
+    kafka_config: dict[str, Any],
+    dsn: str,
+    schema: str,
+    consumers: list[str],
+    prefixes: list[str] | None,
+    marker_topic: str,
+    stall_after: timedelta,
+) -> Status:
+    status = Status()
+    kafka_ok = _brokers(status, kafka_config)
+    conn = _postgres(status, dsn)
+    for url in consumers:
+        status.components.append(_readiness(url))
+    admin = KafkaAdmin(kafka_config, timeout=_TIMEOUT_S) if kafka_ok else None
+    if conn is not None:
+        with conn:
+            if admin is not None:
+                try:
+                    positions = read_positions(conn, schema, admin, None)
+                except BridgeError as exc:  # no offsets table in that schema, and the like
+                    status.components.append(Component("consumer groups", False, str(exc)))
+                else:
+                    status.groups = _groups(positions, stall_after)
+    if admin is not None:
+        for prefix in prefixes if prefixes is not None else _prefixes(admin):
+            epochs = committed_epochs(admin, prefix, marker_topic)
+            status.producers.append(ProducerStatus(prefix, tuple(epochs)))
+    return status
+
+
+def _brokers(status: Status, config: dict[str, Any]) -> bool:
+    try:
+        metadata = AdminClient(config).list_topics(timeout=_TIMEOUT_S)
+    except KafkaException as exc:
+        status.components.append(Component("kafka", False, f"unreachable: {exc.args[0]}"))
+        return False
+    for broker in sorted(metadata.brokers.values(), key=lambda b: b.id):
+        where = f"{broker.host}:{broker.port}"
+        leader = "controller" if broker.id == metadata.controller_id else "broker"
+        status.components.append(Component(f"kafka broker {broker.id}", True, f"{leader} {where}"))
+    return True
+
+
+def _postgres(status: Status, dsn: str) -> psycopg.Connection[Any] | None:
+    try:
+        conn = psycopg.connect(dsn, autocommit=True, connect_timeout=int(_TIMEOUT_S))
+        row = conn.execute("SELECT current_setting('server_version')").fetchone()
+    except psycopg.Error as exc:
+        status.components.append(Component("postgresql", False, str(exc).strip().splitlines()[0]))
+        return None
+    status.components.append(Component("postgresql", True, f"version {row[0] if row else '?'}"))
+    return conn
+
+
+def _readiness(url: str) -> Component:
+    """A consumer's `/readyz`: 200 ready, 503 with its reasons, or not answering."""
+    name = f"consumer {url}"
+    if not url.startswith(("http://", "https://")):
+        return Component(name, False, "not an http:// or https:// address")
+    readyz = f"{url.rstrip('/')}/readyz"
+    try:
+        with urllib.request.urlopen(readyz, timeout=_TIMEOUT_S) as answer:  # noqa: S310 - checked
+            return Component(name, True, answer.read().decode().strip() or "ready")
+    except urllib.error.HTTPError as exc:
+        reasons = exc.read().decode().strip().replace("\n", "; ")
+        return Component(name, False, f"not ready: {reasons}")
+    except OSError as exc:
+        return Component(name, False, f"not answering: {getattr(exc, 'reason', exc)}")
+
+
+def _groups(positions: list[Position], stall_after: timedelta) -> list[GroupStatus]:
+    now = datetime.now(UTC)
+    groups = []
+    for group in sorted({p.group for p in positions}):
+        mine = [p for p in positions if p.group == group]
+        stalled = []
+        for p in mine:
+            where = f"{p.topic}[{p.partition}]"
+            if p.out_of_range:
+                stalled.append(f"{where}: stored offset {p.next_offset} is outside the log")
+            elif p.lag and now - p.updated_at > stall_after:
+                idle = (now - p.updated_at).total_seconds()
+                stalled.append(f"{where}: {p.lag} behind and nothing committed for {idle:.0f}s")
+        lags = [p.lag for p in mine]
+        groups.append(
+            GroupStatus(
+                group=group,
+                lag=None if None in lags else sum(lag or 0 for lag in lags),
+                partitions=len(mine),
+                stalled=tuple(stalled),
+            )
+        )
+    return groups
+
+
+def _prefixes(admin: KafkaAdmin) -> list[str]:
+    """Every producer that has committed an epoch: the prefixes of the marker groups."""
+    try:
+        groups = admin.group_ids("")
+    except TopicError:
+        return []
+    return sorted({g[: g.rindex(MARKER_GROUP_INFIX)] for g in groups if MARKER_GROUP_INFIX in g})

@@ -1,0 +1,86 @@
+"""`bridge status` against the real stack: healthy, a stalled partition, a consumer down."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any
+
+import pytest
+
+from bridge.kafka_admin import create_topic
+from spark_jobs.epoch_markers import MarkerReader, marker_position
+from tests.consumer_helpers import eventually, produce, running, settings_for, sql
+from tests.harness import Endpoints
+from tests.integration.test_operator_tools import bridge, count
+from tests.kafka_helpers import transactional_producer
+
+pytestmark = pytest.mark.slow
+
+
+def status(stack: Endpoints, *args: str) -> tuple[int, dict[str, Any]]:
+    result = bridge(stack, "status", "--format", "json", *args)
+    assert result.stdout, result.stderr
+    return result.returncode, json.loads(result.stdout)
+
+
+def commit_epoch_marker(stack: Endpoints, prefix: str, marker_topic: str, data: str) -> None:
+    """What a write task of the sink commits for Spark partition 0, epoch 3: a record and the
+    epoch's marker in one transaction."""
+    producer = transactional_producer(stack.bootstrap_servers, f"{prefix}-p0-e3")
+    reader = MarkerReader(
+        {"bootstrap.servers": stack.bootstrap_servers}, prefix=prefix, partition=0,
+        marker_topic=marker_topic,
+    )  # fmt: skip
+    producer.begin_transaction()
+    producer.produce(data, value=b'{"id": -1}')
+    producer.send_offsets_to_transaction(
+        marker_position(marker_topic, 3, {"rows": 1}), reader.group_metadata(), 30
+    )
+    producer.commit_transaction(30)
+    reader.close()
+
+
+def test_status_healthy_then_a_stalled_partition_then_a_consumer_down(
+    stack: Endpoints, names: dict[str, str]
+) -> None:
+    topic, table = names["topic"], names["table"]
+    prefix, markers = f"st-{uuid.uuid4().hex[:8]}", f"m-{topic}"
+    create_topic(stack.bootstrap_servers, topic, partitions=2)
+    create_topic(stack.bootstrap_servers, markers)
+    sql(stack, f"CREATE TABLE public.{table} (id int)")
+    produce(stack, topic, [(i, {"id": i}) for i in range(100)])
+    commit_epoch_marker(stack, prefix, markers, topic)
+    common = ("--schema", names["schema"], "--prefix", prefix, "--marker-topic", markers)
+
+    with running(settings_for(stack, names, consumer={"http_port": 0})) as service:
+        url = f"http://127.0.0.1:{service.http_port}"
+        eventually(lambda: count(stack, names) == 101 and service.ready)
+        code, healthy = status(stack, *common, "--consumer", url)
+        assert code == 0, healthy["problems"]
+        parts = {c["name"]: c for c in healthy["components"]}
+        assert parts["postgresql"]["ok"] and parts[f"consumer {url}"]["ok"]
+        assert any(name.startswith("kafka broker") for name in parts)
+        group = next(g for g in healthy["groups"] if g["group"] == names["group"])
+        assert (group["lag"], group["partitions"], group["stalled"]) == (0, 2, [])
+        assert healthy["producers"] == [
+            {"prefix": prefix, "epochs": [{"partition": 0, "epoch": 3, "problem": None}]}
+        ]
+
+    # The consumer is gone: new records wait, nothing is committed for them.
+    produce(stack, topic, [(i, {"id": i}) for i in range(100, 150)])
+    time.sleep(2)
+    code, stalled = status(stack, *common, "--stall-after", "1")
+    assert code == 1
+    group = next(g for g in stalled["groups"] if g["group"] == names["group"])
+    # Lag counts offsets: the 50 records and the transaction markers after them.
+    assert group["lag"] >= 50 and len(group["stalled"]) == 2, group
+    assert all("behind and nothing committed" in s for s in group["stalled"])
+
+    code, down = status(stack, *common, "--consumer", url, "--stall-after", "3600")
+    assert code == 1
+    assert len(down["problems"]) == 1, down["problems"]
+    assert down["problems"][0].startswith(f"consumer {url}: not answering"), down["problems"]
+    shown = bridge(stack, "status", *common, "--consumer", url)
+    assert shown.returncode == 1 and "problem(s)" in shown.stdout, shown.stdout
