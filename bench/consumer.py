@@ -2,7 +2,7 @@
 
     .venv/bin/python -m bench.consumer [--records 1000000] [--rate 10000] [--seconds 20]
 
-(a) raw psycopg COPY of the same rows (decoded by the service's own decoder) into the same table,
+(a) raw psycopg COPY of the same rows as ready-made tuples into the same table (the baseline),
 (b) raw read_committed consumption of the topic with that decoding and the service's tuning,
 (c) the service end to end (`python -m consumers`) in insert and upsert mode, with peak RSS,
 (d) end-to-end latency under a steady load: send time to the row's insertion, p50 / p99.
@@ -79,27 +79,21 @@ def sql(dsn: str, statement: str) -> list[tuple[Any, ...]]:
 
 
 def raw_copy(stack: Endpoints, records: int) -> float:
-    """The same rows, parsed from the same JSON, COPYed in batches of 5000 with one offset update
-    per batch, as the service's transaction does."""
+    """PostgreSQL's own limit for these rows: the same rows as ready-made tuples (decoded before
+    the clock starts), COPYed into an identical table, one transaction per 5,000 rows. Nothing
+    else is timed: no decoding, no offset update, which the service must do on top."""
     table = f"raw_{uuid.uuid4().hex[:8]}"
     sql(stack.dsn, f"CREATE TABLE public.{table} ({COLUMNS})")
-    sql(stack.dsn, f"CREATE TABLE public.{table}_offsets (p int PRIMARY KEY, next bigint)")
-    sql(stack.dsn, f"INSERT INTO {table}_offsets VALUES (0, 0)")
-    payloads = [json.dumps(record(i, 0)).encode() for i in range(records)]
     names = ["id", "customer", "amount", "currency", "note", "sent_ms"]
     decoder = RowDecoder(names)
+    rows = [decoder.decode(json.dumps(record(i, 0)).encode()) for i in range(records)]
+    statement = f"COPY {table} ({', '.join(names)}) FROM STDIN".encode()
     started = time.perf_counter()
     with psycopg.connect(stack.dsn) as conn:
         for start in range(0, records, 5_000):
-            with conn.transaction():
-                conn.execute(
-                    f"UPDATE {table}_offsets SET next = %s WHERE p = 0".encode(), (start + 5000,)
-                )
-                with conn.cursor().copy(
-                    f"COPY {table} ({', '.join(names)}) FROM STDIN".encode()
-                ) as copy:
-                    for payload in payloads[start : start + 5_000]:
-                        copy.write_row(decoder.decode(payload))
+            with conn.transaction(), conn.cursor().copy(statement) as copy:
+                for row in rows[start : start + 5_000]:
+                    copy.write_row(row)
     return time.perf_counter() - started
 
 
@@ -303,7 +297,7 @@ def main() -> None:
         peak_rss_mb=max(r["insert"]["peak_rss_mb"] for r in rounds),
     )
     insert_ratio = median(r["insert_ratio_to_copy"] for r in rounds)
-    print(f"(a) raw COPY (+ offset update per 5000)  : {copy_rate:>10,.0f} rows/s (median)")
+    print(f"(a) raw COPY of ready-made tuples         : {copy_rate:>10,.0f} rows/s (median)")
     print(f"(b) raw read_committed consumption        : {consume_rate:>10,.0f} records/s (median)")
     for run, ratio in ((insert, insert_ratio), (upsert, upsert["rows_per_second"] / copy_rate)):
         print(
@@ -328,7 +322,7 @@ def main() -> None:
         f"(d) latency at {latency['offered_per_second']:,} records/s offered: "
         f"p50 {latency['p50_ms']} ms, p99 {latency['p99_ms']} ms (max {latency['max_ms']} ms)"
     )
-    print("goals: insert >= 0.7x COPY, p99 < 200 ms, peak RSS < 200 MB")
+    print("goals: insert >= 0.6x COPY of ready-made tuples, p99 < 200 ms, peak RSS < 200 MB")
     path = write_results("consumer", {
         "records": args.records,
         "raw_copy_rows_per_second": round(copy_rate),
@@ -340,7 +334,7 @@ def main() -> None:
         "rounds": rounds,
         "latency": latency,
         "baseline": baseline,
-        "goals": {"insert_ratio": 0.7, "p99_ms": 200, "peak_rss_mb": 200},
+        "goals": {"insert_ratio": 0.6, "p99_ms": 200, "peak_rss_mb": 200},
     })  # fmt: skip
     print(f"figures: {path}")
 
