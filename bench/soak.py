@@ -3,7 +3,7 @@
     python -m bench.soak --minutes 60
 
 Runs, each a real process: PostgreSQL, one Kafka broker, Toxiproxy in front of both, the Spark
-producer job (`bridge produce` on the rate source, 1 s... epochs of `--trigger`), and two
+producer job (`bridge produce` on the rate source, an epoch every `--trigger`), and two
 consumer instances in one group, each under a supervisor that restarts it when it exits. A
 scheduler injects one fault at a time from every class in `bench/soak_faults.py`, a few seconds
 apart. At the end it heals everything, stops the producer, lets the consumers drain, and checks
