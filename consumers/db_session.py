@@ -45,7 +45,7 @@ from consumers.offsets import application_name
 
 log = logging.getLogger("bridge.consumer")
 
-RECONNECT_ATTEMPTS = 60  # about five minutes at the longest delay, then give up loudly
+RECONNECT_ATTEMPTS = 60  # about 5 min for a lost link, longer while refused (30 s waits)
 CONNECT_TIMEOUT_S = 10  # libpq's bound on opening a connection, handshake included
 _FIRST_DELAY_S = 0.2
 _LONGEST_DELAY_S = 5.0
