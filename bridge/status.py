@@ -120,9 +120,12 @@ def gather(
                 else:
                     status.groups = _groups(positions, stall_after)
     if admin is not None:
-        for prefix in prefixes if prefixes is not None else _prefixes(admin):
-            epochs = committed_epochs(admin, prefix, marker_topic)
-            status.producers.append(ProducerStatus(prefix, tuple(epochs)))
+        try:
+            for prefix in prefixes if prefixes is not None else _prefixes(admin):
+                epochs = committed_epochs(admin, prefix, marker_topic)
+                status.producers.append(ProducerStatus(prefix, tuple(epochs)))
+        except TopicError as exc:  # the groups could not be listed: say so, never "healthy"
+            status.components.append(Component("producers", False, str(exc)))
     return status
 
 
@@ -140,10 +143,13 @@ def _brokers(status: Status, config: dict[str, Any]) -> bool:
 
 
 def _postgres(status: Status, dsn: str) -> psycopg.Connection[Any] | None:
+    conn = None
     try:
         conn = psycopg.connect(dsn, autocommit=True, connect_timeout=int(_TIMEOUT_S))
         row = conn.execute("SELECT current_setting('server_version')").fetchone()
     except psycopg.Error as exc:
+        if conn is not None:
+            conn.close()
         status.components.append(Component("postgresql", False, str(exc).strip().splitlines()[0]))
         return None
     status.components.append(Component("postgresql", True, f"version {row[0] if row else '?'}"))
@@ -193,8 +199,5 @@ def _groups(positions: list[Position], stall_after: timedelta) -> list[GroupStat
 
 def _prefixes(admin: KafkaAdmin) -> list[str]:
     """Every producer that has committed an epoch: the prefixes of the marker groups."""
-    try:
-        groups = admin.group_ids("")
-    except TopicError:
-        return []
+    groups = admin.group_ids("")
     return sorted({g[: g.rindex(MARKER_GROUP_INFIX)] for g in groups if MARKER_GROUP_INFIX in g})
