@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import tempfile
+import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -19,6 +20,13 @@ from pathlib import Path
 from spark_jobs.epoch_transaction import EpochOutcome
 
 log = logging.getLogger("bridge.sink")
+
+# The steps of a write task that opened a transaction, in order (EpochOutcome's *_seconds).
+STEPS = ("first_batch", "setup", "init", "marker", "produce", "commit")
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1000, 2)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -30,12 +38,21 @@ class EpochSummary:
     partitions_skipped: tuple[int, ...]
     partitions_empty: int = 0
     partitions_missing: int = 0  # tasks that sent no outcome (only in an abort)
-    # Per task that opened a transaction: init + marker read + commit, the cost of exactly-once.
+    # Per task that opened a transaction: setup + init + marker read + commit, the cost of
+    # exactly-once; and each step of the task's time (see STEPS) for the benchmark's breakdown.
     transaction_overhead_ms: tuple[float, ...] = ()
+    steps_ms: dict[str, tuple[float, ...]] = field(default_factory=dict)
+    # Wall clock: the first task's start, the last task's end, and this record (the driver's
+    # commit hook), so that the time Spark takes around the tasks can be told apart.
+    tasks_started_at: float | None = None
+    tasks_finished_at: float | None = None
+    recorded_at: float | None = None
 
     @classmethod
     def of(cls, epoch: int, outcomes: Sequence[EpochOutcome | None]) -> EpochSummary:
         done = [o for o in outcomes if o is not None]
+        written = [o for o in done if not o.empty]
+        timed = [o for o in done if o.started_at > 0]
         return cls(
             epoch=epoch,
             rows=sum(o.rows for o in done),
@@ -46,10 +63,15 @@ class EpochSummary:
             partitions_skipped=tuple(sorted(o.partition for o in done if o.skipped)),
             partitions_empty=sum(1 for o in done if o.empty),
             transaction_overhead_ms=tuple(
-                round((o.init_seconds + o.marker_seconds + o.commit_seconds) * 1000, 2)
-                for o in done
-                if not o.empty
+                _ms(o.setup_seconds + o.init_seconds + o.marker_seconds + o.commit_seconds)
+                for o in written
             ),
+            steps_ms={
+                step: tuple(_ms(getattr(o, f"{step}_seconds")) for o in written) for step in STEPS
+            },
+            tasks_started_at=min((o.started_at for o in timed), default=None),
+            tasks_finished_at=max((o.finished_at for o in timed), default=None),
+            recorded_at=time.time(),
             partitions_missing=len(outcomes) - len(done),
         )
 

@@ -12,8 +12,9 @@ from __future__ import annotations
 import itertools
 import logging
 import sys
+import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pyspark import TaskContext
@@ -103,18 +104,27 @@ class BridgeKafkaStreamWriter(DataSourceStreamArrowWriter):
             attempt=context.attemptNumber(),
         )
         _log_to_stderr()
-        batches = (batch for batch in iterator if batch.num_rows > 0)
-        first = next(batches, None)
-        if first is None:
-            return EpochCommitMessage(EpochOutcome.of_empty_input(where))
-        outcome = EpochTransaction(self.options, where).write(
-            lambda: kafka_rows(
-                itertools.chain([first], batches),
-                default_topic=self.options.topic,
-                provenance=where.provenance(),
+        started_at, started = time.time(), time.monotonic()
+        with EpochTransaction(self.options, where) as transaction:
+            batches = (batch for batch in iterator if batch.num_rows > 0)
+            first = next(batches, None)
+            first_batch_seconds = time.monotonic() - started
+            if first is None:
+                return EpochCommitMessage(EpochOutcome.of_empty_input(where))
+            outcome = transaction.write(
+                lambda: kafka_rows(
+                    itertools.chain([first], batches),
+                    default_topic=self.options.topic,
+                    provenance=where.provenance(),
+                )
             )
+        timed = replace(
+            outcome,
+            first_batch_seconds=first_batch_seconds,
+            started_at=started_at,
+            finished_at=time.time(),
         )
-        return EpochCommitMessage(outcome)
+        return EpochCommitMessage(timed)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         _log_to_stderr()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,7 @@ from spark_jobs.epoch_markers import (
     marker_position,
     partition_of_marker_group,
 )
-from spark_jobs.epoch_transaction import TaskCoordinates
+from spark_jobs.epoch_transaction import EpochOutcome, TaskCoordinates
 from spark_jobs.faults import ENV_FAULTS, InjectedFault, TaskFaults
 from spark_jobs.kafka_rows import check_schema, kafka_rows
 from spark_jobs.progress import EpochSummary, SinkCounters
@@ -145,6 +146,24 @@ def test_counters_count_a_replayed_epoch_once() -> None:
         10,
         2,
     )
+
+
+def test_an_epoch_summary_keeps_each_written_tasks_steps_and_the_tasks_window() -> None:
+    where = TaskCoordinates(query_id="q", prefix="orders", partition=1, epoch=3, attempt=0)
+    written = EpochOutcome(
+        partition=0, epoch=3, attempt=0, transactional_id="orders-p0-e3", rows=7, skipped=False,
+        setup_seconds=0.010, init_seconds=0.004, marker_seconds=0.001, produce_seconds=0.2,
+        commit_seconds=0.005, first_batch_seconds=0.03, started_at=100.0, finished_at=100.25,
+    )  # fmt: skip
+    empty = replace(EpochOutcome.of_empty_input(where), started_at=99.5, finished_at=99.6)
+    summary = EpochSummary.of(3, [written, empty])
+
+    steps = {"first_batch": 30.0, "setup": 10.0, "init": 4.0, "marker": 1.0, "produce": 200.0,
+             "commit": 5.0}  # fmt: skip
+    assert summary.steps_ms == {step: (ms,) for step, ms in steps.items()}
+    assert summary.transaction_overhead_ms == (20.0,)  # setup + init + marker + commit
+    assert (summary.tasks_started_at, summary.tasks_finished_at) == (99.5, 100.25)
+    assert summary.partitions_empty == 1 and summary.recorded_at is not None
 
 
 def test_fault_rules_fire_once_and_only_where_asked(
