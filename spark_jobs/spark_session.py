@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -9,6 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from spark_jobs.sink import register
+from spark_jobs.spark_home import precompiled_spark_home
+
+log = logging.getLogger("bridge.spark")
 
 # Two cores, and up to four attempts per task as on a cluster (plain local[N] never retries).
 DEFAULT_MASTER = "local[2,4]"
@@ -27,13 +31,24 @@ def build_session(
     kafka source (the shell resolves them; under spark-submit, `--jars` or `--packages` do).
     Under spark-submit the master and the Python interpreter come from spark-submit; run as a plain
     Python program, the workers must use this interpreter (the virtualenv's), or they import from
-    the system Python and fail.
+    the system Python and fail, and Spark runs from a home whose PySpark is compiled (see
+    spark_home.py) unless SPARK_HOME names another.
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    under_spark_submit = "PYSPARK_GATEWAY_PORT" in os.environ
+    if not under_spark_submit and "SPARK_HOME" not in os.environ:
+        # Before the JVM starts: it hands SPARK_HOME to every Python process it launches.
+        try:
+            home = precompiled_spark_home()
+        except OSError as exc:  # a cache that cannot be written: slower, not wrong
+            log.warning("Spark runs from its installed home (%s); its Python processes "
+                        "compile PySpark as they start", exc)  # fmt: skip
+            home = None
+        if home is not None:
+            os.environ["SPARK_HOME"] = str(home)
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.appName(app_name)
-    under_spark_submit = "PYSPARK_GATEWAY_PORT" in os.environ
     if master is not None or not under_spark_submit:
         builder = builder.master(master or DEFAULT_MASTER)
     settings = {
