@@ -10,6 +10,7 @@ applied.
 
 from __future__ import annotations
 
+import hashlib
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -275,16 +276,30 @@ def _copy_steps(table: sql.Composable, target: Target, puts: list[Put]) -> list[
     return [_copy(table, columns, rows) for columns, rows in _column_runs(target, puts)]
 
 
+def stage_name(target: Target) -> str:
+    """The staging table of one upsert target: named after the table, and told apart from a
+    table of the same name in another schema by a digest of the qualified name."""
+    digest = hashlib.sha1(target.qualified.encode(), usedforsecurity=False).hexdigest()[:8]
+    return f"{UPSERT_STAGE_PREFIX}{target.name[:40]}_{digest}"
+
+
 def _merge_steps(target: Target, puts: list[Put]) -> list[Step]:
     """Upsert through a staging table: each run of rows names the columns it carries, so a
-    column a record lacks takes its default in a new row and stays as it is in an old one."""
-    stage = sql.Identifier(f"{UPSERT_STAGE_PREFIX}{target.name}")
+    column a record lacks takes its default in a new row and stays as it is in an old one.
+
+    The staging table lives as long as the session (made per transaction, ON COMMIT DROP, its
+    creation and drop cost each batch a dozen catalog writes). Each upsert takes its rows out of
+    it as it reads them (DELETE ... RETURNING), so that the next run, or the halves of a batch
+    split to find a refused record, start from an empty table within one transaction; ON COMMIT
+    DELETE ROWS then truncates its file at commit, without a catalog change."""
+    stage = sql.Identifier(stage_name(target))
     table = sql.SQL(target.qualified)
     keys = sql.SQL(", ").join(map(sql.Identifier, target.route.key_columns))
     steps = [
         Step(
             sql.SQL(
-                "CREATE TEMP TABLE IF NOT EXISTS {} (LIKE {} INCLUDING DEFAULTS) ON COMMIT DROP"
+                "CREATE TEMP TABLE IF NOT EXISTS {} (LIKE {} INCLUDING DEFAULTS) "
+                "ON COMMIT DELETE ROWS"
             ).format(stage, table)
         )
     ]
@@ -305,12 +320,12 @@ def _merge_steps(target: Target, puts: list[Put]) -> list[Step]:
             # the upsert does the same rather than refuse it (428C9).
             Step(
                 sql.SQL(
+                    "WITH staged AS (DELETE FROM {} RETURNING {}) "
                     "INSERT INTO {} ({}) OVERRIDING SYSTEM VALUE "
-                    "SELECT {} FROM {} ON CONFLICT ({}) "
-                ).format(table, names, names, stage, keys)
+                    "SELECT {} FROM staged ON CONFLICT ({}) "
+                ).format(stage, names, table, names, names, keys)
                 + action
             ),
-            Step(sql.SQL("TRUNCATE {}").format(stage)),  # empty for the next run
         ]
     return steps
 

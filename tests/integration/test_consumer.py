@@ -215,3 +215,53 @@ def test_upsert_last_record_wins_and_tombstone_deletes(
         (3, "back"),
         (4, "text"),
     ]
+
+
+def test_upserts_into_tables_of_one_name_in_two_schemas_keep_apart_across_batches(
+    stack: Endpoints, names: dict[str, str]
+) -> None:
+    """Each upsert target stages its rows in a table of its own, kept for the session: two
+    tables named alike (different columns) never share it, and rows carrying different columns
+    in one batch, or a later batch, never meet the rows of another."""
+    other_topic, other_schema = f"{names['topic']}-b", f"{names['schema']}_b"
+    for topic in (names["topic"], other_topic):
+        create_topic(stack.bootstrap_servers, topic)
+    sql(stack, f"CREATE TABLE public.{names['table']} (id int PRIMARY KEY, v text, n int)")
+    sql(stack, f"CREATE SCHEMA {other_schema}")
+    sql(stack, f"CREATE TABLE {other_schema}.{names['table']} (k text PRIMARY KEY, w int)")
+    settings = settings_for(
+        stack,
+        names,
+        consumer={
+            "routes": [
+                {"topic": names["topic"], "table": f"public.{names['table']}",
+                 "mode": "upsert", "key_columns": ["id"]},
+                {"topic": other_topic, "table": f"{other_schema}.{names['table']}",
+                 "mode": "upsert", "key_columns": ["k"]},
+            ]
+        },
+    )  # fmt: skip
+    # Alternating column sets: several runs of rows, hence several stagings, in one batch.
+    first = [(None, {"id": i, "v": f"v{i}"} if i % 2 else {"id": i, "n": i}) for i in range(20)]
+    produce(stack, names["topic"], first)
+    produce(stack, other_topic, [(None, {"k": f"k{i}", "w": i}) for i in range(10)])
+    with running(settings):
+        eventually(lambda: sql(stack, f"SELECT count(*) FROM {names['table']}")[0][0] == 20)
+        produce(stack, names["topic"], [(None, {"id": i, "v": "again"}) for i in range(0, 20, 2)])
+        produce(stack, other_topic, [(None, {"k": "k0", "w": 100})])
+        eventually(
+            lambda: (
+                sql(stack, f"SELECT count(*) FROM {names['table']} WHERE v = 'again'")[0][0] == 10
+            )
+        )
+        eventually(
+            lambda: (
+                sql(stack, f"SELECT w FROM {other_schema}.{names['table']} WHERE k = 'k0'")
+                == [(100,)]
+            )
+        )
+    rows = sql(stack, f"SELECT id, v, n FROM public.{names['table']} ORDER BY id")
+    assert rows == [(i, "again", i) if i % 2 == 0 else (i, f"v{i}", None) for i in range(20)]
+    assert sql(stack, f"SELECT count(*), sum(w) FROM {other_schema}.{names['table']}") == [
+        (10, 100 + sum(range(1, 10)))
+    ]
