@@ -42,6 +42,15 @@ _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]*$")
 LibrdkafkaValue = str | int | float | bool
 
 
+def schema_name(value: str) -> str:
+    """`value`, if it names a schema as it is; else ValueError, saying what a name may hold."""
+    if not _IDENTIFIER.match(value):
+        raise ValueError(
+            f"{value!r} is not a schema name (letters, digits, _ and $, not starting with a digit)"
+        )
+    return value
+
+
 class _Section(BaseModel):
     """A nested settings section: frozen, and strict about unknown keys."""
 
@@ -158,9 +167,7 @@ class ConsumerSettings(_Section):
     @field_validator("state_schema")
     @classmethod
     def _check_schema(cls, value: str) -> str:
-        if not _IDENTIFIER.match(value):
-            raise ValueError(f"{value!r} is not a schema name")
-        return value
+        return schema_name(value)
 
     @field_validator("routes")
     @classmethod

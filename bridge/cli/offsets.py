@@ -10,10 +10,17 @@ import psycopg
 import typer
 from rich.table import Table
 
-from bridge.cli.options import ConfigFile, Format, OutputFormat, StackDir, output_console
+from bridge.cli.options import (
+    ConfigFile,
+    Format,
+    OutputFormat,
+    StackDir,
+    output_console,
+    state_schema,
+)
 from bridge.errors import BridgeError
 from bridge.kafka_admin import KafkaAdmin
-from bridge.names import DEFAULT_STACK_DIR, DEFAULT_STATE_SCHEMA, STACK_ENV_FILE
+from bridge.names import DEFAULT_STACK_DIR, STACK_ENV_FILE
 from bridge.settings import BridgeSettings, load_settings
 from bridge.tables import or_dash, positions_table
 
@@ -32,12 +39,6 @@ Schema = Annotated[
 
 def _settings(config: Path | None, stack_dir: Path) -> BridgeSettings:
     return load_settings(config, env_file=stack_dir / STACK_ENV_FILE)
-
-
-def _state_schema(settings: BridgeSettings, schema: str | None) -> str:
-    if schema is not None:
-        return schema
-    return settings.consumer.state_schema if settings.consumer else DEFAULT_STATE_SCHEMA
 
 
 def _connect(settings: BridgeSettings) -> psycopg.Connection[Any]:
@@ -60,11 +61,12 @@ def show(
     from consumers.positions import read_positions
 
     settings = _settings(config, stack_dir)
+    schema = state_schema(settings, schema)
     if group is None and settings.consumer is not None:
         group = settings.consumer.group_id
     admin = KafkaAdmin(settings.kafka.client_config())
     with _connect(settings) as conn:
-        positions = read_positions(conn, _state_schema(settings, schema), admin, group)
+        positions = read_positions(conn, schema, admin, group)
     if output is Format.JSON:
         print(json.dumps([p.as_json() for p in positions], indent=2))
         return
@@ -104,18 +106,18 @@ def reset(
     from consumers.state import ensure_state
 
     settings = _settings(config, stack_dir)
+    schema = state_schema(settings, schema)
     if group is None:
         if settings.consumer is None:
             raise BridgeError("--group is required (or a configuration with consumer.group_id)")
         group = settings.consumer.group_id
     target = parse_reset_target(to)
-    state_schema = _state_schema(settings, schema)
     # A group may be positioned before it first runs.
-    ensure_state(settings.postgres.dsn.get_secret_value(), state_schema)
+    ensure_state(settings.postgres.dsn.get_secret_value(), schema)
     admin = KafkaAdmin(settings.kafka.client_config())
     with _connect(settings) as conn:
         steps = plan_reset(
-            conn, state_schema, admin, group=group, topic=topic, partition=partition, target=target
+            conn, schema, admin, group=group, topic=topic, partition=partition, target=target
         )
         table = Table(title=f"reset of group {group}, topic {topic}, to {target.text}")
         for name in ("partition", "old next offset", "new next offset", "owner", "live member"):
@@ -132,10 +134,8 @@ def reset(
         if not execute:
             console.print("dry run: nothing changed; add --execute to apply")
             return
-        epochs = execute_reset(
-            conn, state_schema, group=group, steps=steps, target=target, force=force
-        )
+        epochs = execute_reset(conn, schema, group=group, steps=steps, target=target, force=force)
     console.print(
         f"reset applied to {len(steps)} partition(s); owner epochs now {epochs}; "
-        f'audit rows in "{state_schema}".{OFFSET_RESETS_TABLE}'
+        f'audit rows in "{schema}".{OFFSET_RESETS_TABLE}'
     )

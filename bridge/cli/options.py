@@ -10,7 +10,9 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from bridge.names import ENV_STACK_DIR
+from bridge.errors import ConfigError
+from bridge.names import DEFAULT_STATE_SCHEMA, ENV_STACK_DIR
+from bridge.settings import BridgeSettings, schema_name
 
 ConfigFile = Annotated[
     Path | None,
@@ -41,3 +43,14 @@ def output_console() -> Console:
     """Standard output for tables: on a pipe or in a log, as wide as a table needs (rich would
     wrap at 80 columns), on a terminal as wide as the terminal."""
     return Console(width=None if sys.stdout.isatty() else 200)
+
+
+def state_schema(settings: BridgeSettings, schema: str | None) -> str:
+    """The consumer's state schema: `--schema` if given (refused unless it is a plain name,
+    as the configuration's is), else the configuration's, else the default."""
+    if schema is not None:
+        try:
+            return schema_name(schema)
+        except ValueError as exc:
+            raise ConfigError([("--schema", str(exc))], source="the command line") from None
+    return settings.consumer.state_schema if settings.consumer else DEFAULT_STATE_SCHEMA

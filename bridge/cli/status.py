@@ -10,11 +10,17 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.table import Table
 
-from bridge.cli.options import ConfigFile, Format, OutputFormat, StackDir, output_console
+from bridge.cli.options import (
+    ConfigFile,
+    Format,
+    OutputFormat,
+    StackDir,
+    output_console,
+    state_schema,
+)
 from bridge.names import (
     DEFAULT_MARKER_TOPIC,
     DEFAULT_STACK_DIR,
-    DEFAULT_STATE_SCHEMA,
     STACK_ENV_FILE,
 )
 from bridge.settings import load_settings
@@ -66,8 +72,7 @@ def status(
     consumers = list(consumer or [])
     if not consumers and settings.consumer is not None and settings.consumer.http_port:
         consumers = [f"http://127.0.0.1:{settings.consumer.http_port}"]
-    if schema is None:
-        schema = settings.consumer.state_schema if settings.consumer else DEFAULT_STATE_SCHEMA
+    schema = state_schema(settings, schema)
     found = gather(
         kafka_config=settings.kafka.client_config(),
         dsn=settings.postgres.dsn.get_secret_value(),

@@ -201,3 +201,16 @@ def test_config_file_from_environment(tmp_path: Path, monkeypatch: pytest.Monkey
 def test_require_consumer_refuses_when_absent() -> None:
     with pytest.raises(ConfigError, match="consumer"):
         load_settings().require_consumer()
+
+
+def test_a_state_schema_from_the_command_line_must_be_a_plain_name(tmp_path: Path) -> None:
+    from bridge.cli.options import state_schema
+    from bridge.names import DEFAULT_STATE_SCHEMA
+
+    settings = load_settings(write(tmp_path, GOOD))
+    with pytest.raises(ConfigError) as raised:
+        state_schema(settings, 'bridge"; DROP TABLE public.orders; --')
+    [(where, why)] = raised.value.problems
+    assert where == "--schema" and "is not a schema name" in why
+    assert state_schema(settings, "audit_2") == "audit_2"
+    assert state_schema(settings, None) == DEFAULT_STATE_SCHEMA
