@@ -44,10 +44,17 @@ def test_the_driver_exports_epochs_rows_bytes_overhead_and_spark_rates(
     try:
 
         def both_epochs_counted() -> bool:
+            # The listener reads the sink's counters when Spark reports an epoch's progress,
+            # so they can show epoch 1 at the report of epoch 0, before Spark's own report of
+            # epoch 1 has arrived: wait for both.
             try:
-                return scrape(port).get(("bridge_producer_last_committed_epoch", ())) == 1
+                now = scrape(port)
             except OSError:
                 return False  # not serving yet
+            return (
+                now.get(("bridge_producer_last_committed_epoch", ())) == 1
+                and now.get(("bridge_producer_batch_duration_seconds_count", ()), 0) >= 2
+            )
 
         eventually(both_epochs_counted, timeout=180)
         metrics = scrape(port)
