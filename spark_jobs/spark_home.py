@@ -60,6 +60,7 @@ def precompiled_spark_home(cache: Path | None = None) -> Path | None:
     try:
         _link_entries(installed, building)
         _write_compiled_zip(shipped, building / _ZIP)
+        building.chmod(0o755)  # mkdtemp's 0700 would hide it from other users (a Docker image)
         os.rename(building, home)
     except OSError:
         if not (home / _ZIP).is_file():

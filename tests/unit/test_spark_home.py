@@ -66,3 +66,4 @@ def test_the_real_home_is_built_once_and_reused(tmp_path: Path) -> None:
     assert zipped.stat().st_mtime_ns == stamp
     assert (first / "bin" / "spark-submit").is_file()
     assert [p.name for p in tmp_path.iterdir()] == [first.name]  # no half-built leftovers
+    assert first.stat().st_mode & 0o777 == 0o755  # readable by the users a process runs as
