@@ -138,20 +138,27 @@ def _run_step(console: Console, what: str, command: list[str], log: Path) -> Non
     console.print(f"[green]✓[/] {what} ({time.monotonic() - started:.0f} s)")
 
 
-def run_demo(console: Console, *, stack_dir: Path, records: int, keep_stack: bool) -> bool:
+def run_demo(console: Console, *, stack: LocalStack, records: int, keep_stack: bool) -> bool:
     """Returns True when every id arrived exactly once."""
     begun = time.monotonic()
     run = f"{datetime.now(UTC):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}"
-    work = stack_dir.resolve() / "demo" / run
+    stack_dir = stack.data_dir
+    work = stack_dir / "demo" / run
     work.mkdir(parents=True, exist_ok=True)
-    stack = LocalStack(stack_dir)
     was_running = stack.status().running
     try:
-        with console.status("starting the local stack (Kafka, PostgreSQL) ...", spinner="dots"):
+        with console.status("starting the local stack ...", spinner="dots"):
             status = stack.up()
         assert status.bootstrap_servers and status.dsn  # noqa: S101 - up() waits for both
+        nodes = len(status.kafka_nodes)
+        spark = (
+            f", Spark {status.spark_master} ({len(status.spark_daemons) - 1} workers)"
+            if status.spark_master
+            else ""
+        )
         console.print(
-            f"[green]✓[/] local stack: Kafka {status.bootstrap_servers}, PostgreSQL {status.dsn}"
+            f"[green]✓[/] local stack: Kafka {status.bootstrap_servers} ({nodes} "
+            f"node{'s' if nodes > 1 else ''}), PostgreSQL {status.dsn}{spark}"
         )
         return _pipeline(console, stack_dir, work, run, records, status.bootstrap_servers,
                          status.dsn, begun)  # fmt: skip

@@ -112,6 +112,27 @@ class PostgresSettings(_Section):
         return SecretStr(raw)
 
 
+_SPARK_MASTER = re.compile(r"^(local(\[[0-9*]+(,\s*[0-9]+)?\])?|spark://\S+|yarn|k8s://\S+)$")
+
+
+class SparkSettings(_Section):
+    """Where the producer job runs. `master`: a Spark master URL (local[...] when not set);
+    `executor_python`: the interpreter the executors of a cluster run (see
+    spark_jobs/executor_env.py), by default the one this Python was made from."""
+
+    master: str | None = None
+    executor_python: str | None = None
+
+    @field_validator("master")
+    @classmethod
+    def _check_master(cls, value: str | None) -> str | None:
+        if value is not None and not _SPARK_MASTER.match(value.strip()):
+            raise ValueError(
+                f"{value!r} is not a Spark master: local[N], spark://host:port, yarn or k8s://..."
+            )
+        return value.strip() if value else None
+
+
 class RouteSettings(_Section):
     topic: str = Field(min_length=1)
     table: str = Field(min_length=1)
@@ -223,6 +244,7 @@ class BridgeSettings(BaseSettings):
 
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
     postgres: PostgresSettings = Field(default_factory=PostgresSettings)
+    spark: SparkSettings = Field(default_factory=SparkSettings)
     consumer: ConsumerSettings | None = None
 
     @classmethod

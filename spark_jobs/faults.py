@@ -9,9 +9,12 @@ The rules file is a JSON list; each rule picks a point in a write task and what 
 
 A rule fires once across all processes: firing creates `<rules file>.<index>.fired` exclusively,
 which is also how a test learns that the point was reached (useful with `hang`, after which the
-test kills the driver from outside). `fail` raises in the task (Spark retries it), `exit` kills
-the Python worker abruptly, `hang` sleeps until the process is killed, `pause` sleeps for
-`seconds` and goes on (a test breaks something meanwhile: the broker, the link).
+test kills the driver from outside). The file holds the pid of the Python worker it fired in, so
+that a test on a cluster finds the executor running the task.
+
+`fail` raises in the task (Spark retries it), `exit` kills the Python worker abruptly, `hang`
+sleeps until the process is killed, `pause` sleeps for `seconds` and goes on (a test breaks
+something meanwhile: the broker, the link).
 """
 
 from __future__ import annotations
@@ -74,7 +77,10 @@ class TaskFaults:
             fd = os.open(f"{self.rules_path}.{index}.fired", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
         except FileExistsError:
             return False
-        os.close(fd)
+        try:
+            os.write(fd, f"{os.getpid()}\n".encode())
+        finally:
+            os.close(fd)
         return True
 
 

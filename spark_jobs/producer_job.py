@@ -22,8 +22,9 @@ from typing import Any
 
 from bridge.errors import ConfigError
 from bridge.names import SINK_FORMAT
+from spark_jobs.locations import local_path, progress_path, spark_location
 from spark_jobs.progress import SinkCounters
-from spark_jobs.spark_session import build_session, checkpoint_progress_path
+from spark_jobs.spark_session import build_session
 
 log = logging.getLogger("bridge.produce")
 
@@ -43,10 +44,10 @@ class Source(StrEnum):
 class ProducerJob:
     source: Source
     topic: str
-    checkpoint: Path
+    checkpoint: Path | str  # a local directory or a Hadoop URI (s3a://, hdfs://, ...)
     bootstrap_servers: str
     kafka_properties: dict[str, str] = field(default_factory=dict)
-    input: Path | None = None
+    input: Path | str | None = None  # the same
     source_topic: str | None = None
     rows_per_second: int = 1000
     key_field: str | None = None
@@ -55,18 +56,25 @@ class ProducerJob:
     transactional_id_prefix: str | None = None
     transaction_timeout_ms: int | None = None
     master: str | None = None
+    executor_python: str | None = None  # on a cluster; see spark_jobs/executor_env.py
     spark_conf: dict[str, str] = field(default_factory=dict)
     jars: tuple[str, ...] = ()  # for the kafka source: Spark's connector
     metrics_port: int | None = None  # Prometheus /metrics from the driver; 0: any free port
     metrics_host: str = "0.0.0.0"  # noqa: S104 - scraped from elsewhere
+    progress_file: Path | None = None  # default: see locations.progress_path
+
+    @property
+    def progress_path(self) -> Path:
+        return self.progress_file or progress_path(self.checkpoint)
 
     def check(self) -> None:
         """Refuse a job that cannot run, before a Spark session is started for it."""
         problems: list[tuple[str, str]] = []
         if self.source is Source.FILES:
+            local_input = local_path(self.input) if self.input is not None else None
             if self.input is None:
                 problems.append(("--input", "the files source needs a directory"))
-            elif not self.input.is_dir():
+            elif local_input is not None and not local_input.is_dir():
                 problems.append(("--input", f"{self.input} is not a directory"))
         elif self.input is not None:
             problems.append(("--input", f"only the files source reads files, not {self.source}"))
@@ -103,6 +111,7 @@ def run(job: ProducerJob, spark: Any | None = None) -> SinkCounters:
             master=job.master,
             jars=job.jars,
             conf=job.spark_conf,
+            executor_python=job.executor_python,
         )
     try:
         if job.metrics_port is not None:
@@ -112,7 +121,7 @@ def run(job: ProducerJob, spark: Any | None = None) -> SinkCounters:
                 spark,
                 port=job.metrics_port,
                 host=job.metrics_host,
-                progress_path=checkpoint_progress_path(job.checkpoint),
+                progress_path=job.progress_path,
                 query_name=job.topic,
             )
         query = _start(spark, job)
@@ -124,7 +133,7 @@ def run(job: ProducerJob, spark: Any | None = None) -> SinkCounters:
     finally:
         if own:
             spark.stop()
-    return SinkCounters.load(checkpoint_progress_path(job.checkpoint))
+    return SinkCounters.load(job.progress_path)
 
 
 def _start(spark: Any, job: ProducerJob) -> Any:
@@ -144,8 +153,8 @@ def _start(spark: Any, job: ProducerJob) -> Any:
         .writeStream.format(SINK_FORMAT)
         .option("kafka.bootstrap.servers", job.bootstrap_servers)
         .option("topic", job.topic)
-        .option("checkpointLocation", str(job.checkpoint))
-        .option("progress.path", str(checkpoint_progress_path(job.checkpoint)))
+        .option("checkpointLocation", spark_location(job.checkpoint))
+        .option("progress.path", str(job.progress_path))
     )
     for key_name, setting in job.kafka_properties.items():
         writer = writer.option(f"kafka.{key_name}", setting)
@@ -167,7 +176,8 @@ def _read(spark: Any, job: ProducerJob) -> Any:
     if job.source is Source.FILES:
         if job.max_files_per_trigger is not None:
             reader = reader.option("maxFilesPerTrigger", job.max_files_per_trigger)
-        lines = reader.text(str(job.input))
+        assert job.input is not None  # noqa: S101 - check() refuses a files job without one
+        lines = reader.text(spark_location(job.input))
         return lines.where(F.length(F.trim(F.col("value"))) > 0)
     if job.source is Source.RATE:
         return reader.format("rate").option("rowsPerSecond", job.rows_per_second).load()

@@ -6,9 +6,9 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
+from spark_jobs.executor_env import build_executor_env, default_executor_python
 from spark_jobs.sink import register
 from spark_jobs.spark_home import precompiled_spark_home
 
@@ -24,6 +24,7 @@ def build_session(
     master: str | None = None,
     jars: Sequence[str] = (),
     conf: dict[str, str] | None = None,
+    executor_python: str | None = None,
 ) -> Any:
     """A session with the bridge-kafka sink registered.
 
@@ -33,9 +34,16 @@ def build_session(
     Python program, the workers must use this interpreter (the virtualenv's), or they import from
     the system Python and fail, and Spark runs from a home whose PySpark is compiled (see
     spark_home.py) unless SPARK_HOME names another.
+
+    On a cluster master (not local[...]) the job ships what its executors need (see
+    executor_env.py): they run `executor_python` (default: the interpreter this one was made
+    from) unless PYSPARK_PYTHON names another. Under spark-submit, its own options do that.
     """
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     under_spark_submit = "PYSPARK_GATEWAY_PORT" in os.environ
+    shipped: dict[str, str] = {}
+    if master is not None and on_cluster(master) and not under_spark_submit:
+        shipped = _shipped_environment(executor_python)
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     if not under_spark_submit and "SPARK_HOME" not in os.environ:
         # Before the JVM starts: it hands SPARK_HOME to every Python process it launches.
         try:
@@ -52,6 +60,7 @@ def build_session(
     if master is not None or not under_spark_submit:
         builder = builder.master(master or DEFAULT_MASTER)
     settings = {
+        **shipped,
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.shuffle.partitions": "2",
@@ -59,6 +68,9 @@ def build_session(
         "spark.python.worker.faulthandler.enabled": "true",
         **(conf or {}),
     }
+    if conf and "spark.archives" in conf and "spark.archives" in shipped:
+        # The user's archives and ours both travel.
+        settings["spark.archives"] = f"{conf['spark.archives']},{shipped['spark.archives']}"
     if jars:
         settings["spark.jars"] = ",".join(jars)
     for key, value in settings.items():
@@ -69,6 +81,19 @@ def build_session(
     return spark
 
 
-def checkpoint_progress_path(checkpoint: Path) -> Path:
-    """Where the producer job keeps the sink's per-epoch counters: beside Spark's own logs."""
-    return checkpoint / "bridge-sink-progress.json"
+def on_cluster(master: str) -> bool:
+    """Whether executors run apart from the driver (anything but local[...])."""
+    return not master.startswith("local")
+
+
+def _shipped_environment(executor_python: str | None) -> dict[str, str]:
+    """The settings that ship the executors' environment, and the driver's own environment
+    for it: Spark starts some of the sink's Python processes beside the driver (creating the
+    writer, committing an epoch) with the executors' interpreter, so they get the same files
+    on their path, from the unpacked copy here."""
+    env = build_executor_env()
+    python = os.environ.get("PYSPARK_PYTHON") or executor_python or default_executor_python()
+    os.environ["PYSPARK_PYTHON"] = python
+    path = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = f"{env.directory}{os.pathsep}{path}" if path else str(env.directory)
+    return env.spark_conf(python)

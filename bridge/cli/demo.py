@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from bridge.cli.options import StackDir, output_console
+from bridge.cli.options import Brokers, SparkWorkers, StackDir, output_console
 from bridge.names import DEFAULT_STACK_DIR
 
 
@@ -18,15 +18,19 @@ def demo(
     keep_stack: Annotated[
         bool, typer.Option("--keep-stack", help="Leave the stack running afterwards.")
     ] = False,
+    brokers: Brokers = None,
+    spark_workers: SparkWorkers = None,
     stack_dir: StackDir = Path(DEFAULT_STACK_DIR),
 ) -> None:
     """Sample orders through Spark, Kafka and the consumer into PostgreSQL; verify that every
     order id arrived exactly once; print the offsets and a summary."""
     from bridge.demo import DemoFailed, run_demo
+    from bridge.stack import LocalStack
 
     console = output_console()
+    stack = LocalStack(stack_dir, brokers=brokers, spark_workers=spark_workers)
     try:
-        ok = run_demo(console, stack_dir=stack_dir, records=records, keep_stack=keep_stack)
+        ok = run_demo(console, stack=stack, records=records, keep_stack=keep_stack)
     except DemoFailed as exc:
         console.print(f"[bold red]demo failed:[/] {exc}", highlight=False)
         raise typer.Exit(1) from None

@@ -14,6 +14,25 @@ from bridge.errors import ConfigError
 from bridge.names import DEFAULT_STATE_SCHEMA, ENV_STACK_DIR
 from bridge.settings import BridgeSettings, schema_name
 
+Brokers = Annotated[
+    int | None,
+    typer.Option(
+        min=1,
+        max=9,
+        help="Kafka nodes of a new stack: 1 (the default), or 3 and more for a replicated "
+        "cluster (3 replicas, 2 in sync). An existing stack keeps its count.",
+    ),
+]
+SparkWorkers = Annotated[
+    int | None,
+    typer.Option(
+        min=0,
+        max=8,
+        help="Spark standalone workers, with their master (stack.env gains its URL, and the "
+        "producer runs there); 0 for none. Default: a new stack has none, an existing one keeps "
+        "its own.",
+    ),
+]
 ConfigFile = Annotated[
     Path | None,
     typer.Option("--config", envvar="BRIDGE_CONFIG", show_envvar=True, help="The YAML file."),

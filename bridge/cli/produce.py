@@ -17,13 +17,23 @@ from bridge.settings import load_settings
 def produce(
     topic: Annotated[str, typer.Option("--topic", help="The Kafka topic to write.")],
     checkpoint: Annotated[
-        Path, typer.Option("--checkpoint", help="Spark's checkpoint directory for this query.")
+        str,
+        typer.Option(
+            "--checkpoint",
+            help="Spark's checkpoint directory for this query: a local path or a Hadoop URI "
+            "(hdfs://, s3a://, ...); on a cluster, one that the driver can reach after a restart.",
+        ),
     ],
     source: Annotated[
         str, typer.Option("--source", help="files (JSON lines), rate, or kafka.")
     ] = "files",
     input_dir: Annotated[
-        Path | None, typer.Option("--input", help="The directory of the files source.")
+        str | None,
+        typer.Option(
+            "--input",
+            help="The directory of the files source: a local path or a Hadoop URI; on a "
+            "cluster, one every executor can read.",
+        ),
     ] = None,
     source_topic: Annotated[
         str | None, typer.Option("--source-topic", help="The topic of the kafka source.")
@@ -59,7 +69,28 @@ def produce(
         typer.Option("--bootstrap-servers", help="Default: the settings, then stack.env."),
     ] = None,
     master: Annotated[
-        str | None, typer.Option("--master", help="Spark master; default local[2,4].")
+        str | None,
+        typer.Option(
+            "--master",
+            help="Spark master: local[N], spark://host:port, yarn, k8s://...; default: the "
+            "settings' spark.master (stack.env has the stack's), then local[2,4].",
+        ),
+    ] = None,
+    executor_python: Annotated[
+        str | None,
+        typer.Option(
+            "--executor-python",
+            help="On a cluster: the Python the executors run (default: spark.executor_python, "
+            "then the interpreter this one was made from).",
+        ),
+    ] = None,
+    progress_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--progress-file",
+            help="The sink's per-epoch counters on the driver's machine; default: in a local "
+            "checkpoint, else under ~/.local/state/bridge/progress/.",
+        ),
     ] = None,
     spark_conf: Annotated[
         list[str] | None,
@@ -78,6 +109,7 @@ def produce(
     """Run a Spark streaming query into Kafka, one transaction per partition and epoch."""
     from bridge.errors import ConfigError
     from bridge.maven import spark_kafka_jars
+    from spark_jobs.locations import spark_location
     from spark_jobs.producer_job import ProducerJob, Source, run
 
     logs.configure()
@@ -90,10 +122,10 @@ def produce(
     job = ProducerJob(
         source=chosen,
         topic=topic,
-        checkpoint=checkpoint.resolve(),
+        checkpoint=spark_location(checkpoint),
         bootstrap_servers=settings.kafka.bootstrap_servers,
         kafka_properties={k: str(v) for k, v in settings.kafka.properties.items()},
-        input=input_dir.resolve() if input_dir else None,
+        input=spark_location(input_dir) if input_dir else None,
         source_topic=source_topic,
         rows_per_second=rows_per_second,
         key_field=key_field,
@@ -101,7 +133,9 @@ def produce(
         max_files_per_trigger=max_files_per_trigger,
         transactional_id_prefix=transactional_id_prefix,
         transaction_timeout_ms=transaction_timeout_ms,
-        master=master,
+        master=master or settings.spark.master,
+        executor_python=executor_python or settings.spark.executor_python,
+        progress_file=progress_file.resolve() if progress_file else None,
         spark_conf=_key_values(spark_conf or []),
         jars=tuple(spark_kafka_jars()) if chosen is Source.KAFKA else (),
         metrics_port=metrics_port,

@@ -9,10 +9,14 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from bridge.cli.options import Brokers, SparkWorkers
 from bridge.names import DEFAULT_STACK_DIR, ENV_STACK_DIR
 from bridge.stack import LocalStack, StackStatus
 
-app = typer.Typer(help="A local stack: Apache Kafka (KRaft) and PostgreSQL on loopback.")
+app = typer.Typer(
+    help="A local stack: Apache Kafka (KRaft), PostgreSQL and optionally a Spark standalone "
+    "cluster, on loopback."
+)
 console = Console()
 
 DataDir = Annotated[
@@ -43,19 +47,17 @@ def up(
         int | None, typer.Option(help="PostgreSQL's port; a free one when not given.")
     ] = None,
     timeout: Annotated[float, typer.Option(help="Seconds to wait for both servers.")] = 120.0,
-    brokers: Annotated[
-        int | None,
-        typer.Option(
-            min=1,
-            max=9,
-            help="Kafka nodes of a new stack: 1 (the default), or 3 and more for a replicated "
-            "cluster (3 replicas, 2 in sync). An existing stack keeps its count.",
-        ),
-    ] = None,
+    brokers: Brokers = None,
+    spark_workers: SparkWorkers = None,
 ) -> None:
-    """Start Kafka and PostgreSQL (or leave them running) and write stack.env."""
+    """Start Kafka and PostgreSQL, and a Spark cluster if asked (or leave them running), and
+    write stack.env."""
     stack = LocalStack(
-        data_dir, kafka_port=kafka_port, postgres_port=postgres_port, brokers=brokers
+        data_dir,
+        kafka_port=kafka_port,
+        postgres_port=postgres_port,
+        brokers=brokers,
+        spark_workers=spark_workers,
     )
     status = stack.up(timeout=timeout)
     _show(status)
@@ -85,6 +87,11 @@ def _show(status: StackStatus) -> None:
         (f"kafka node {n.node_id}", n.running, n.pid, n.address) for n in status.kafka_nodes
     ] or [("kafka", status.kafka_running, status.kafka_pid, status.bootstrap_servers)]
     servers.append(("postgres", status.postgres_running, status.postgres_pid, status.dsn))
+    servers += [
+        ("spark master" if d.node_id == 0 else f"spark worker {d.node_id}", d.running, d.pid,
+         status.spark_master if d.node_id == 0 else d.address)
+        for d in status.spark_daemons
+    ]  # fmt: skip
     for name, running, pid, address in servers:
         state = "[green]running[/]" if running else "[red]stopped[/]"
         table.add_row(name, state, str(pid) if running else "-", address or "-")

@@ -170,7 +170,8 @@ class KafkaServer:
 
         # Wait for the socket first: a client created earlier floods stderr with refusals.
         if process.wait_until(listening, timeout=timeout, interval=0.2):
-            admin = AdminClient({"bootstrap.servers": self.bootstrap_servers})
+            # Quiet: refusals from the nodes still starting are expected here, not news.
+            admin = AdminClient({"bootstrap.servers": self.bootstrap_servers, "log_level": 2})
 
             def sees_broker() -> bool:
                 try:
@@ -186,10 +187,7 @@ class KafkaServer:
         )
 
     def stop(self, *, grace: float = 30.0) -> None:
-        pid = self.pid
-        if pid is not None:
-            process.terminate(pid, str(self.config_path), grace=grace)
-        self.pid_path.unlink(missing_ok=True)
+        stop_kafka_nodes([self], grace=grace)
 
     def kill(self) -> None:
         """SIGKILL, for fault-injection tests: no controlled shutdown, no flush."""
@@ -233,6 +231,17 @@ class KafkaServer:
             raise ServerStartError(
                 "Kafka", f"storage format failed: {result.stderr.strip()[-1000:]}"
             )
+
+
+def stop_kafka_nodes(nodes: list[KafkaServer], *, grace: float = 30.0) -> None:
+    """Stop the nodes of one cluster together (SIGTERM to all, SIGKILL to any still running
+    after `grace`)."""
+    targets = [(node.pid, str(node.config_path)) for node in nodes]
+    process.terminate_together(
+        [(pid, marker) for pid, marker in targets if pid is not None], grace=grace
+    )
+    for node in nodes:
+        node.pid_path.unlink(missing_ok=True)
 
 
 def new_cluster_id() -> str:

@@ -1,5 +1,5 @@
-"""The local stack: Kafka (one KRaft node, or a cluster of several) and one PostgreSQL cluster
-under a data directory.
+"""The local stack: Kafka (one KRaft node, or a cluster of several), one PostgreSQL cluster, and
+optionally a Spark standalone master with workers, under a data directory.
 
 `up` is idempotent: ports and the cluster id are chosen once and kept in `stack.json`, so a
 restarted stack keeps its addresses and its data; `stack.env` tells clients where to connect.
@@ -9,14 +9,27 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from bridge.errors import StackError
-from bridge.names import ENV_KAFKA_BOOTSTRAP, ENV_POSTGRES_DSN, STACK_ENV_FILE, STACK_STATE_FILE
+from bridge.names import (
+    ENV_KAFKA_BOOTSTRAP,
+    ENV_POSTGRES_DSN,
+    ENV_SPARK_MASTER,
+    STACK_ENV_FILE,
+    STACK_STATE_FILE,
+)
 from bridge.stack import process
-from bridge.stack.kafka import KafkaPorts, KafkaServer, new_cluster_id, resolve_kafka_libs
+from bridge.stack.kafka import (
+    KafkaPorts,
+    KafkaServer,
+    new_cluster_id,
+    resolve_kafka_libs,
+    stop_kafka_nodes,
+)
 from bridge.stack.postgres import PostgresServer, find_bindir
+from bridge.stack.spark import DaemonPorts, SparkCluster
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -29,10 +42,21 @@ class StackState:
     cluster_id: str
     # Nodes 2..N of a Kafka cluster: [broker port, controller port] each.
     extra_nodes: list[list[int]] = field(default_factory=list)
+    # A Spark standalone cluster: the master's [rpc port, web UI port], and each worker's.
+    spark_master: list[int] = field(default_factory=list)
+    spark_workers: list[list[int]] = field(default_factory=list)
 
     @property
     def brokers(self) -> int:
         return 1 + len(self.extra_nodes)
+
+    def with_spark_workers(self, count: int) -> StackState:
+        """This state with `count` Spark workers (and a master when there are any): ports kept
+        for those there were, new ones for those added."""
+        workers = self.spark_workers[:count]
+        workers += [[process.free_port(), process.free_port()] for _ in range(count - len(workers))]
+        master = (self.spark_master or [process.free_port(), process.free_port()]) if count else []
+        return replace(self, spark_master=master, spark_workers=workers)
 
     @classmethod
     def load(cls, path: Path) -> StackState | None:
@@ -67,10 +91,13 @@ class StackStatus:
     postgres_pid: int | None
     dsn: str | None
     kafka_nodes: tuple[NodeStatus, ...] = ()
+    spark_master: str | None = None  # the master URL, when the stack has a Spark cluster
+    spark_daemons: tuple[NodeStatus, ...] = ()  # the master (node 0) and the workers (1..N)
 
     @property
     def running(self) -> bool:
-        return self.kafka_running and self.postgres_running
+        spark_running = all(daemon.running for daemon in self.spark_daemons)
+        return self.kafka_running and self.postgres_running and spark_running
 
 
 class LocalStack:
@@ -81,13 +108,17 @@ class LocalStack:
         kafka_port: int | None = None,
         postgres_port: int | None = None,
         brokers: int | None = None,
+        spark_workers: int | None = None,
     ) -> None:
         """`brokers`: Kafka nodes for a new stack (1 unless given); an existing stack keeps
-        its own count, and asking for another is refused."""
+        its own count, and asking for another is refused. `spark_workers`: Spark standalone
+        workers (none unless given); an existing stack keeps its count unless given, and may
+        change it, since a Spark cluster keeps no data."""
         self.data_dir = data_dir.resolve()
         self._requested_kafka_port = kafka_port
         self._requested_postgres_port = postgres_port
         self._requested_brokers = brokers
+        self._requested_spark_workers = spark_workers
         self.state_path = self.data_dir / STACK_STATE_FILE
         self.env_path = self.data_dir / STACK_ENV_FILE
 
@@ -164,6 +195,27 @@ class LocalStack:
     def postgres(self, state: StackState) -> PostgresServer:
         return PostgresServer(home=self.data_dir / "postgres", port=state.postgres_port)
 
+    def spark(self, state: StackState) -> SparkCluster | None:
+        if not state.spark_master:
+            return None
+        rpc, web_ui = state.spark_master
+        return SparkCluster(
+            home=self.data_dir / "spark",
+            master=DaemonPorts(rpc=rpc, web_ui=web_ui),
+            workers=[DaemonPorts(rpc=r, web_ui=w) for r, w in state.spark_workers],
+        )
+
+    def _resize_spark(self, state: StackState) -> StackState:
+        wanted = self._requested_spark_workers
+        if wanted is None or wanted == len(state.spark_workers):
+            return state
+        current = self.spark(state)
+        if current is not None:
+            current.stop()  # workers keep the master URL they were started with: restart all
+        resized = state.with_spark_workers(wanted)
+        resized.save(self.state_path)
+        return resized
+
     # -- commands ------------------------------------------------------------------------------
 
     @staticmethod
@@ -175,30 +227,42 @@ class LocalStack:
     def up(self, *, timeout: float = 120.0) -> StackStatus:
         state = self._state(create=True)
         assert state is not None  # noqa: S101 - create=True always yields a state
-        nodes, postgres = self.kafka_nodes(state), self.postgres(state)
+        state = self._resize_spark(state)
+        nodes, postgres, spark = self.kafka_nodes(state), self.postgres(state), self.spark(state)
         started = time.monotonic()
-        # Kafka takes seconds to start: launch it first and bring PostgreSQL up meanwhile.
+
+        def remaining() -> float:
+            return max(5.0, timeout - (time.monotonic() - started))
+
+        # Kafka and Spark take seconds to start: launch them first, PostgreSQL meanwhile.
         try:
             for node in nodes:
                 node.start()
+            if spark is not None:
+                spark.start()
             postgres.start(timeout=timeout)
             for node in nodes:
-                node.wait_ready(timeout=max(5.0, timeout - (time.monotonic() - started)))
+                node.wait_ready(timeout=remaining())
+            if spark is not None:
+                spark.wait_ready(timeout=remaining())
         except BaseException:
-            for node in nodes:
-                node.stop()
+            stop_kafka_nodes(nodes)
+            if spark is not None:
+                spark.stop()
             postgres.stop()
             raise
-        self._write_env(nodes, postgres)
+        self._write_env(nodes, postgres, spark)
         return self.status()
 
     def down(self) -> StackStatus:
         state = self._state(create=False)
         if state is not None:
             # Stop all even if one refuses: `down` must leave no process behind.
+            spark = self.spark(state)
             try:
-                for node in self.kafka_nodes(state):
-                    node.stop()
+                if spark is not None:
+                    spark.stop()
+                stop_kafka_nodes(self.kafka_nodes(state))
             finally:
                 self.postgres(state).stop()
         self.env_path.unlink(missing_ok=True)
@@ -216,7 +280,7 @@ class LocalStack:
                 postgres_pid=None,
                 dsn=None,
             )
-        nodes, postgres = self.kafka_nodes(state), self.postgres(state)
+        nodes, postgres, spark = self.kafka_nodes(state), self.postgres(state), self.spark(state)
         return StackStatus(
             data_dir=self.data_dir,
             kafka_running=all(node.running() for node in nodes),
@@ -234,13 +298,27 @@ class LocalStack:
                 )
                 for node in nodes
             ),
+            spark_master=spark.master_url if spark else None,
+            spark_daemons=tuple(
+                NodeStatus(
+                    node_id=n,
+                    running=daemon.running(),
+                    pid=daemon.pid,
+                    address=f"127.0.0.1:{daemon.ports.rpc} (web UI :{daemon.ports.web_ui})",
+                )
+                for n, daemon in enumerate(spark.daemons() if spark else [])
+            ),
         )
 
-    def _write_env(self, nodes: list[KafkaServer], postgres: PostgresServer) -> None:
+    def _write_env(
+        self, nodes: list[KafkaServer], postgres: PostgresServer, spark: SparkCluster | None
+    ) -> None:
         text = (
             f"{ENV_KAFKA_BOOTSTRAP}={self.bootstrap_servers(nodes)}\n"
             f"{ENV_POSTGRES_DSN}={postgres.dsn}\n"
         )
+        if spark is not None:
+            text += f"{ENV_SPARK_MASTER}={spark.master_url}\n"
         tmp = self.env_path.with_suffix(".tmp")
         tmp.write_text(text)
         tmp.replace(self.env_path)

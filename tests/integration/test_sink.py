@@ -126,7 +126,7 @@ def test_replayed_epoch_writes_nothing(
     first = run(job, spark)
     assert first.epochs_committed == 2
     for entry in ("1", ".1.crc"):  # the entry and the checksum Hadoop's file system keeps
-        (job.checkpoint / "commits" / entry).unlink(missing_ok=True)
+        (Path(job.checkpoint) / "commits" / entry).unlink(missing_ok=True)
 
     again = run(job, spark)
 

@@ -173,3 +173,20 @@ def test_a_three_node_cluster_replicates_and_rides_out_a_lost_node(data_dir: Pat
     assert bridge("stack", "down", "--data-dir", str(data_dir)).returncode == 0
     nodes = LocalStack(data_dir).kafka_nodes(LocalStack(data_dir).state())
     assert not any(node.running() for node in nodes)
+
+
+def test_demo_runs_on_a_kafka_cluster_and_a_spark_cluster_and_stops_both(data_dir: Path) -> None:
+    """`bridge demo --brokers 3 --spark-workers 2`: the same verified pipeline with the producer
+    on a Spark standalone cluster (a master and two worker JVMs) and three Kafka nodes."""
+    result = bridge(
+        "demo", "--records", "3000", "--brokers", "3", "--spark-workers", "2",
+        "--stack-dir", str(data_dir),
+    )  # fmt: skip
+    output = " ".join(result.stdout.split())
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "(3 nodes)" in output and "(2 workers)" in output, output
+    assert "3,000 distinct ids, 0 missing, 0 duplicated, 0 dead letters" in output
+    # The write tasks ran in executors the workers started, not in the driver.
+    logs = [path.read_text() for path in data_dir.glob("spark/worker-*/work/app-*/*/stderr")]
+    assert any("Committed partition" in log for log in logs), "no executor wrote"
+    assert not _processes_mentioning(data_dir), "the demo stops the stack it started"
