@@ -39,7 +39,7 @@ def build_session(
     executor_env.py): they run `executor_python` (default: the interpreter this one was made
     from) unless PYSPARK_PYTHON names another. Under spark-submit, its own options do that.
     """
-    under_spark_submit = "PYSPARK_GATEWAY_PORT" in os.environ
+    under_spark_submit = started_by_spark_submit()
     shipped: dict[str, str] = {}
     if master is not None and on_cluster(master) and not under_spark_submit:
         shipped = _shipped_environment(executor_python)
@@ -79,6 +79,11 @@ def build_session(
     spark.sparkContext.setLogLevel(os.environ.get("BRIDGE_SPARK_LOG_LEVEL", "WARN"))
     register(spark)
     return spark
+
+
+def started_by_spark_submit() -> bool:
+    """Whether spark-submit started this Python (its JVM is already up, its options rule)."""
+    return "PYSPARK_GATEWAY_PORT" in os.environ
 
 
 def on_cluster(master: str) -> bool:

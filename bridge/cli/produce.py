@@ -111,6 +111,7 @@ def produce(
     from bridge.maven import spark_kafka_jars
     from spark_jobs.locations import spark_location
     from spark_jobs.producer_job import ProducerJob, Source, run
+    from spark_jobs.spark_session import started_by_spark_submit
 
     logs.configure()
     overrides = {"kafka": {"bootstrap_servers": bootstrap_servers}} if bootstrap_servers else {}
@@ -133,7 +134,8 @@ def produce(
         max_files_per_trigger=max_files_per_trigger,
         transactional_id_prefix=transactional_id_prefix,
         transaction_timeout_ms=transaction_timeout_ms,
-        master=master or settings.spark.master,
+        # Under spark-submit its own --master rules, not the one stack.env names.
+        master=master or (None if started_by_spark_submit() else settings.spark.master),
         executor_python=executor_python or settings.spark.executor_python,
         progress_file=progress_file.resolve() if progress_file else None,
         spark_conf=_key_values(spark_conf or []),
@@ -145,6 +147,37 @@ def produce(
         f"produced {counters.rows_written} rows in {counters.epochs_committed} epochs "
         f"({counters.partitions_skipped} partition-epochs skipped as already committed)"
     )
+
+
+def executor_env(
+    output: Annotated[
+        Path,
+        typer.Option(
+            "--output",
+            help="Writes OUTPUT.tar.gz (for --archives) and OUTPUT/ (for the driver's own Python "
+            "processes: run spark-submit where it is, named bridge-env).",
+        ),
+    ] = Path("bridge-env"),
+    executor_python: Annotated[
+        str | None,
+        typer.Option("--executor-python", help="The Python the executors run."),
+    ] = None,
+) -> None:
+    """Pack what a cluster's executors need to run the sink (our code, confluent-kafka, pyarrow,
+    tenacity) for a plain spark-submit, and print the options that ship it."""
+    from spark_jobs.executor_env import ARCHIVE_ALIAS, default_executor_python, write_executor_env
+
+    env = write_executor_env(output.resolve())
+    conf = env.spark_conf(executor_python or default_executor_python())
+    console = Console(soft_wrap=True)
+    console.print(f"wrote {env.archive} and {env.directory}/", highlight=False)
+    if env.directory.name != ARCHIVE_ALIAS:
+        console.print(f"note: the driver finds it only as ./{ARCHIVE_ALIAS}/ in its working "
+                      "directory", highlight=False)  # fmt: skip
+    console.print("spark-submit options:", highlight=False)
+    options = [f"--archives {conf['spark.archives']}"]
+    options += [f"--conf {key}={conf[key]}" for key in sorted(conf) if key != "spark.archives"]
+    console.print(" ".join(options), highlight=False)
 
 
 def _key_values(pairs: list[str]) -> dict[str, str]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +20,8 @@ from bridge.kafka_admin import create_topic
 from bridge.stack import process
 from bridge.stack.spark import DaemonPorts, SparkCluster
 from spark_jobs.executor_env import default_executor_python
+from spark_jobs.spark_home import installed_spark_home
+from tests.cli import run_bridge
 from tests.harness import Endpoints
 from tests.integration.test_producer_faults import (
     Producer,
@@ -154,4 +157,37 @@ def test_the_driver_killed_mid_epoch_restarts_from_its_checkpoint_on_the_cluster
         time.sleep(0.5)
 
     producer.run_to_end()
+    assert_exactly(stack, topic_name, 3, expected)
+
+
+def test_plain_spark_submit_runs_the_job_with_the_environment_bridge_packs(
+    cluster: SparkCluster, stack: Endpoints, topic_name: str, tmp_path: Path
+) -> None:
+    """The README's standalone command line: `bridge executor-env`, then spark-submit with the
+    options it prints, from the directory that holds the unpacked copy."""
+    packed = run_bridge("executor-env", "--output", str(tmp_path / "bridge-env"))
+    assert packed.returncode == 0, packed.stdout + packed.stderr
+    options = packed.stdout.strip().splitlines()[-1].split()
+    assert options[0] == "--archives", packed.stdout
+
+    create_topic(stack.bootstrap_servers, topic_name, partitions=3)
+    expected = write_orders(tmp_path / "in", files=2, rows_per_file=2500)
+    home = installed_spark_home()
+    assert home is not None
+    repo = Path(__file__).resolve().parents[2]
+    argv = [
+        str(home / "bin" / "spark-submit"), "--master", cluster.master_url, *options,
+        "--conf", f"spark.pyspark.driver.python={sys.executable}",
+        str(repo / "bridge" / "cli" / "spark_submit.py"),
+        "--source", "files", "--input", str(tmp_path / "in"), "--topic", topic_name,
+        "--key-field", "id", "--checkpoint", str(tmp_path / "checkpoint"),
+        "--bootstrap-servers", stack.bootstrap_servers, "--stack-dir", str(tmp_path / "none"),
+    ]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("BRIDGE_", "PYSPARK_"))}
+    env["SPARK_HOME"] = str(home)
+    submitted = subprocess.run(
+        argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert submitted.returncode == 0, submitted.stdout[-2000:] + submitted.stderr[-3000:]
+    assert "produced 5000 rows" in submitted.stdout, submitted.stdout
     assert_exactly(stack, topic_name, 3, expected)
