@@ -184,6 +184,9 @@ class ConsumerSettings(_Section):
     # Every broker unreachable for this long ends the service with an error (and a non-zero
     # exit), rather than a member that waits forever without a word.
     kafka_unavailable_timeout_ms: int = Field(default=300_000, ge=5_000, le=86_400_000)
+    # Kafka's group protocol: `classic` (cooperative-sticky assignment on the client), or
+    # `consumer` (KIP-848: the broker assigns; its session and heartbeat settings rule).
+    group_protocol: Literal["classic", "consumer"] = "classic"
 
     @field_validator("state_schema")
     @classmethod
@@ -203,6 +206,11 @@ class ConsumerSettings(_Section):
 # The files a load reads: set by `load_settings`, read by `settings_customise_sources`, which
 # pydantic-settings calls as a classmethod and so cannot take per-call arguments.
 _config_file: ContextVar[Path | None] = ContextVar("bridge_config_file", default=None)
+_BROKER_OWNED_WITH_CONSUMER_PROTOCOL = frozenset(
+    {"session.timeout.ms", "heartbeat.interval.ms", "partition.assignment.strategy",
+     "group.protocol.type"}
+)  # fmt: skip
+
 _env_file: ContextVar[Path | None] = ContextVar("bridge_env_file", default=None)
 
 
@@ -265,6 +273,19 @@ class BridgeSettings(BaseSettings):
         if env_file is not None and env_file.is_file():
             sources.append(DotEnvSettingsSource(settings_cls, env_file=env_file))
         return tuple(sources)
+
+    @model_validator(mode="after")
+    def _group_protocol_settings(self) -> BridgeSettings:
+        # Under KIP-848 the broker owns these; librdkafka refuses them when the consumer starts,
+        # which is later and less clear than here.
+        if self.consumer is not None and self.consumer.group_protocol == "consumer":
+            owned = sorted(set(self.kafka.properties) & _BROKER_OWNED_WITH_CONSUMER_PROTOCOL)
+            if owned:
+                raise ValueError(
+                    f"kafka.properties {', '.join(owned)}: with consumer.group_protocol "
+                    "'consumer' the broker sets these (group.consumer.* in its configuration)"
+                )
+        return self
 
     def require_consumer(self) -> ConsumerSettings:
         if self.consumer is None:

@@ -143,10 +143,15 @@ class ConsumerService:
             "isolation.level": "read_committed",
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,
-            "partition.assignment.strategy": "cooperative-sticky",
             "auto.offset.reset": "error",
             "statistics.interval.ms": _STATISTICS_INTERVAL_MS,
         }
+        # Both protocols hand partitions over incrementally, which the leases rely on: a member
+        # keeps what it is not asked to give up, with its batch in flight.
+        if self._config.group_protocol == "consumer":
+            overrides["group.protocol"] = "consumer"
+        else:
+            overrides["partition.assignment.strategy"] = "cooperative-sticky"
         config: dict[str, Any] = self._settings.kafka.client_config(
             defaults=CONSUMER_FETCH_DEFAULTS, **overrides
         )

@@ -81,14 +81,15 @@ def _get(url: str) -> tuple[int, str]:
         return exc.code, ""
 
 
+@pytest.mark.parametrize("protocol", ["classic", "consumer"])
 def test_two_instances_with_forced_rebalances_apply_each_record_once(
-    stack: Endpoints, names: dict[str, str]
+    stack: Endpoints, names: dict[str, str], protocol: str
 ) -> None:
     total, chunk = 30_000, 1_000
     create_topic(stack.bootstrap_servers, names["topic"], partitions=4)
     # No key: a record applied twice would be a second row.
     sql(stack, f"CREATE TABLE public.{names['table']} (id int NOT NULL, body text)")
-    settings = settings_for(stack, names)
+    settings = settings_for(stack, names, consumer={"group_protocol": protocol})
 
     def feed(start: int) -> None:
         # Keyed, so that every partition gets records and both members have work.

@@ -214,3 +214,23 @@ def test_a_state_schema_from_the_command_line_must_be_a_plain_name(tmp_path: Pat
     assert where == "--schema" and "is not a schema name" in why
     assert state_schema(settings, "audit_2") == "audit_2"
     assert state_schema(settings, None) == DEFAULT_STATE_SCHEMA
+
+
+def test_the_new_group_protocol_refuses_the_settings_the_broker_owns(tmp_path: Path) -> None:
+    consumer = {"group_id": "g", "group_protocol": "consumer",
+                "routes": [{"topic": "t", "table": "public.t"}]}  # fmt: skip
+    with pytest.raises(ConfigError) as raised:
+        load_settings(
+            env_file=tmp_path / "none",
+            kafka={"properties": {"session.timeout.ms": 6000}},
+            consumer=consumer,
+        )
+    assert "session.timeout.ms" in str(raised.value) and "group.consumer" in str(raised.value)
+    # Under the classic protocol the member sets its own session, as before.
+    classic = {**consumer, "group_protocol": "classic"}
+    loaded = load_settings(
+        env_file=tmp_path / "none",
+        kafka={"properties": {"session.timeout.ms": 6000}},
+        consumer=classic,
+    )
+    assert loaded.require_consumer().group_protocol == "classic"
