@@ -1,0 +1,131 @@
+"""Faults of a replicated Kafka cluster (three KRaft nodes, three replicas, two in sync, as
+`bridge stack up --brokers 3` runs it) under both sides of the pipeline: the node that is the
+transaction coordinator of a write task SIGKILLed mid-epoch, the leader of a partition it writes
+SIGKILLed mid-epoch, and a leader SIGKILLed under the consumer mid-stream. The killed node stays
+down until the job is done. Totals are exact, read by an independent read_committed reader and
+counted in PostgreSQL."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from confluent_kafka.admin import AdminClient
+
+from bridge.kafka_admin import create_topic
+from bridge.stack.kafka import KafkaServer, new_cluster_id, stop_kafka_nodes
+from bridge.stack.local import LocalStack, StackState
+from bridge.stack.process import free_port
+from tests.harness import Endpoints
+from tests.integration.test_consumer_operations import stream_through_fault
+from tests.integration.test_producer_faults import SPLITS, Producer, assert_exactly
+from tests.integration.test_sink import write_orders
+
+pytestmark = pytest.mark.slow
+
+TRANSACTION_LOG_PARTITIONS = 4  # transaction.state.log.num.partitions of the stack's nodes
+
+
+@pytest.fixture(scope="module")
+def nodes() -> Iterator[list[KafkaServer]]:
+    home = Path(tempfile.mkdtemp(prefix="bridge-test-kafka-cluster-"))
+    state = StackState(
+        kafka_port=free_port(), controller_port=free_port(), postgres_port=0,
+        cluster_id=new_cluster_id(), extra_nodes=[[free_port(), free_port()] for _ in range(2)],
+    )  # fmt: skip
+    servers = LocalStack(home).kafka_nodes(state)
+    try:
+        for server in servers:
+            server.start()
+        for server in servers:
+            server.wait_ready(timeout=180)
+        yield servers
+    finally:
+        stop_kafka_nodes(servers)
+        shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.fixture
+def cluster(nodes: list[KafkaServer], stack: Endpoints) -> Iterator[Endpoints]:
+    """The cluster with every node up, and the session's PostgreSQL; a node a test killed
+    comes back afterwards."""
+    yield Endpoints(
+        bootstrap_servers=",".join(node.bootstrap_servers for node in nodes),
+        dsn=stack.dsn,
+        origin="kafka cluster",
+    )
+    for node in nodes:
+        node.start()
+    for node in nodes:
+        node.wait_ready(timeout=180)
+
+
+def java_hash(text: str) -> int:
+    """Java's String.hashCode, which Kafka uses to place a transactional id."""
+    value = 0
+    for unit in text.encode("utf-16-be").hex(" ", 2).split():
+        value = (31 * value + int(unit, 16)) & 0xFFFFFFFF
+    return value - (1 << 32) if value & 0x80000000 else value
+
+
+def leader_of(cluster: Endpoints, topic: str, partition: int) -> int:
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap_servers})
+    leader: int = admin.list_topics(topic, timeout=30).topics[topic].partitions[partition].leader
+    return leader
+
+
+def coordinator_of(cluster: Endpoints, transactional_id: str) -> int:
+    """The node leading the transaction log partition of `transactional_id` (Kafka's
+    TransactionStateManager.partitionFor: abs(hashCode) % partitions)."""
+    hashed = java_hash(transactional_id)
+    partition = 0 if hashed == -(1 << 31) else abs(hashed) % TRANSACTION_LOG_PARTITIONS
+    return leader_of(cluster, "__transaction_state", partition)
+
+
+def kill_mid_epoch(
+    cluster: Endpoints, nodes: list[KafkaServer], tmp_path: Path, topic: str, victim: str
+) -> None:
+    """Partition 0 of epoch 1 pauses mid-transaction; `victim` (its coordinator or the leader
+    of the topic's partition 0) is SIGKILLed meanwhile; the job must finish exactly once."""
+    prefix = f"cluster-faults-{topic}"  # the cluster's markers outlive a test: one per test
+    create_topic(cluster.bootstrap_servers, topic, partitions=3)
+    expected = write_orders(tmp_path / "in", files=4, rows_per_file=2000)
+    producer = Producer(cluster, tmp_path, topic, "--max-files-per-trigger", "2",
+                        "--transactional-id-prefix", prefix, *SPLITS)  # fmt: skip
+    rule = {"point": "mid-produce", "partition": 0, "epoch": 1, "after_rows": 200,
+            "action": "pause", "seconds": 15}  # fmt: skip
+    job = producer.start([rule])
+    producer.wait_fired(job)
+    if victim == "coordinator":
+        node_id = coordinator_of(cluster, f"{prefix}-p0-e1")
+    else:
+        node_id = leader_of(cluster, topic, 0)
+    nodes[node_id - 1].kill()
+
+    assert job.wait(240) == 0, producer.log.read_text()[-3000:]
+    assert_exactly(cluster, topic, 3, expected)
+
+
+def test_the_transaction_coordinator_killed_mid_epoch(
+    cluster: Endpoints, nodes: list[KafkaServer], tmp_path: Path, topic_name: str
+) -> None:
+    kill_mid_epoch(cluster, nodes, tmp_path, topic_name, "coordinator")
+
+
+def test_a_partition_leader_killed_mid_epoch(
+    cluster: Endpoints, nodes: list[KafkaServer], tmp_path: Path, topic_name: str
+) -> None:
+    kill_mid_epoch(cluster, nodes, tmp_path, topic_name, "leader")
+
+
+def test_a_leader_killed_under_the_consumer_mid_stream(
+    cluster: Endpoints, nodes: list[KafkaServer], names: dict[str, str]
+) -> None:
+    def kill_a_leader() -> None:
+        nodes[leader_of(cluster, names["topic"], 0) - 1].kill()
+
+    rows, distinct, applied = stream_through_fault(cluster, names, kill_a_leader, total=20_000)
+    assert (rows, distinct, applied) == (20_000, 20_000, 20_000)
