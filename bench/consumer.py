@@ -54,8 +54,8 @@ def record(i: int, sent_ms: int) -> dict[str, Any]:
             "currency": "EUR", "note": "n" * 40, "sent_ms": sent_ms}  # fmt: skip
 
 
-def fill_topic(stack: Endpoints, topic: str, records: int) -> float:
-    create_topic(stack.bootstrap_servers, topic, partitions=PARTITIONS)
+def fill_topic(stack: Endpoints, topic: str, records: int, partitions: int = PARTITIONS) -> float:
+    create_topic(stack.bootstrap_servers, topic, partitions=partitions)
     producer = Producer({"bootstrap.servers": stack.bootstrap_servers, "linger.ms": 20,
                          "transactional.id": f"bench-{uuid.uuid4().hex}"})  # fmt: skip
     producer.init_transactions(30)
@@ -168,21 +168,26 @@ class Service:
         scratch: Path,
         tree: Path | None = None,
         batch_max_wait_ms: int | None = 20,  # None: the service's default
+        group: str | None = None,  # several instances of one group share it
+        http_port: int | None = None,  # serve /metrics there
     ) -> None:
-        self.stack, self.group = stack, f"bench-{uuid.uuid4().hex[:8]}"
+        self.stack, self.group = stack, group or f"bench-{uuid.uuid4().hex[:8]}"
         route: dict[str, Any] = {"topic": topic, "table": f"public.{table}", "mode": mode}
         if mode == "upsert":
             route["key_columns"] = ["id"]
         consumer: dict[str, Any] = {"group_id": self.group, "routes": [route]}
         if batch_max_wait_ms is not None:
             consumer["batch_max_wait_ms"] = batch_max_wait_ms
-        config = scratch / f"{self.group}.yaml"
+        if http_port is not None:
+            consumer["http_port"] = http_port
+        name = f"{self.group}-{uuid.uuid4().hex[:6]}"
+        config = scratch / f"{name}.yaml"
         config.write_text(yaml.safe_dump({
             "kafka": {"bootstrap_servers": stack.bootstrap_servers},
             "postgres": {"dsn": stack.dsn},
             "consumer": consumer,
         }))  # fmt: skip
-        self.log = scratch / f"{self.group}.log"
+        self.log = scratch / f"{name}.log"
         env = {k: v for k, v in os.environ.items() if not k.startswith("BRIDGE_")}
         if tree is not None:  # that tree's packages come first on the path
             env["PYTHONPATH"] = str(tree)
@@ -213,9 +218,9 @@ class Service:
         self.process.wait(60)
 
 
-def caught_up(stack: Endpoints, topic: str) -> int:
+def caught_up(stack: Endpoints, topic: str, partitions: int = PARTITIONS) -> int:
     admin = KafkaAdmin({"bootstrap.servers": stack.bootstrap_servers})
-    return caught_up_position(admin, topic, PARTITIONS)
+    return caught_up_position(admin, topic, partitions)
 
 
 def service_run(

@@ -2,6 +2,7 @@
 
     .venv/bin/python -m bench.producer [--rows 1000000] [--files 20] [--files-per-epoch 2]
         [--rounds 3] [--rate 10000] [--trigger-seconds 45] [--triggers '1 second' ...]
+        [--cluster-workers N]
 
 Each run is a whole process, start-up included: `bridge produce` (the command users run), or
 the plain PySpark script `bench/baseline_job.py` (same source, same master) with Spark's
@@ -21,6 +22,12 @@ slower, and the baseline is the faster of the two.
 (d) the rate source at --rate rows/s with each processing-time trigger, each sink for
     --trigger-seconds: epoch durations p50/p99 and the difference.
 Figures go to bench/results/producer-*.json.
+
+With --cluster-workers N, every run goes to a Spark standalone cluster of N workers started for
+the benchmark (bridge/stack/spark.py, as `bridge stack up --spark-workers N` starts it), each
+worker with 2 cores: the same input, the same master for all; bridge ships its executors'
+environment as a user's job would (spark_jobs/executor_env.py). No trigger runs unless asked.
+Figures go to bench/results/producer-cluster-*.json.
 """
 
 from __future__ import annotations
@@ -34,7 +41,8 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -44,6 +52,8 @@ from typing import Any
 from bench.common import Endpoints, percentile, running_stack, write_results
 from bridge.kafka_admin import create_topic
 from bridge.maven import spark_kafka_jars
+from bridge.stack.process import free_port
+from bridge.stack.spark import DaemonPorts, SparkCluster
 from spark_jobs.progress import STEPS
 from spark_jobs.spark_home import precompiled_spark_home
 from spark_jobs.spark_session import DEFAULT_MASTER
@@ -117,6 +127,7 @@ class Bench:
     scratch: Path
     jars: str
     env: dict[str, str]
+    master: str | None = None  # a cluster's; each command's own default otherwise
 
     def run(
         self,
@@ -143,6 +154,8 @@ class Bench:
         common += ["--bootstrap-servers", self.stack.bootstrap_servers, *source]
         if trigger is not None:
             common += ["--trigger", trigger]
+        if self.master is not None:
+            common += ["--master", self.master]
         if sink == "bridge":
             command = [str(Path(sys.executable).with_name("bridge")), "produce", *common]
             command += [f"--spark-conf={k}={v}" for k, v in conf.items()]
@@ -290,6 +303,27 @@ def trigger_runs(
     return result
 
 
+@contextmanager
+def spark_cluster(scratch: Path, workers: int) -> Iterator[str | None]:
+    """A standalone master and `workers` workers for the runs (None: no cluster, local runs)."""
+    if not workers:
+        yield None
+        return
+
+    def ports() -> DaemonPorts:
+        return DaemonPorts(rpc=free_port(), web_ui=free_port())
+
+    cluster = SparkCluster(
+        home=scratch / "spark", master=ports(), workers=[ports() for _ in range(workers)]
+    )
+    cluster.start()
+    try:
+        cluster.wait_ready(timeout=180)
+        yield cluster.master_url
+    finally:
+        cluster.stop()
+
+
 def _rotated(round_number: int) -> list[str]:
     """Who goes first turns round by round: the machine's drift then weighs on all alike."""
     shift = round_number % len(SINKS)
@@ -305,8 +339,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--rate", type=int, default=10_000)
     parser.add_argument("--trigger-seconds", type=float, default=45)
-    parser.add_argument("--triggers", nargs="*", default=["1 second", "250 milliseconds"])
+    parser.add_argument("--triggers", nargs="*", default=None)
+    parser.add_argument("--cluster-workers", type=int, default=0)
     args = parser.parse_args()
+    if args.triggers is None:
+        args.triggers = [] if args.cluster_workers else ["1 second", "250 milliseconds"]
 
     scratch = Path(tempfile.mkdtemp(prefix="bridge-bench-producer-"))
     data = scratch / "in"
@@ -316,8 +353,8 @@ def main() -> None:
     home = precompiled_spark_home()
     if home is not None:
         env["SPARK_HOME"] = str(home)
-    with running_stack() as stack:
-        bench = Bench(stack, scratch, ",".join(spark_kafka_jars()), env)
+    with running_stack() as stack, spark_cluster(scratch, args.cluster_workers) as master:
+        bench = Bench(stack, scratch, ",".join(spark_kafka_jars()), env, master)
         files = ["--input", str(data), "--max-files-per-trigger", str(args.files_per_epoch)]
         rounds: list[Round] = []
         for round_number in range(args.rounds):
@@ -338,15 +375,16 @@ def main() -> None:
     overhead = per_epoch_overhead(rounds, "bridge", "builtin")
     own = per_epoch_overhead(rounds, "bridge", "python-noop")
     where = breakdown([done["bridge"] for done in rounds])
-    report(args, rounds, ratios, overhead, own, where, triggers)
+    report(args, rounds, ratios, overhead, own, where, triggers, master or DEFAULT_MASTER)
     path = write_results(
-        "producer",
+        "producer-cluster" if master else "producer",
         {
             "rows": args.rows,
             "row_bytes": args.row_bytes,
             "files": args.files,
             "files_per_epoch": args.files_per_epoch,
-            "master": DEFAULT_MASTER,
+            "master": master or DEFAULT_MASTER,
+            "cluster_workers": args.cluster_workers,
             "spark_home": "compiled" if home is not None else "installed",
             "rounds": [{sink: run.figures() for sink, run in done.items()} for done in rounds],
             "ratio": round(median(ratios), 3),
@@ -369,9 +407,10 @@ def report(
     own: dict[str, Any],
     where: dict[str, Any],
     triggers: Sequence[dict[str, Any]],
+    master: str,
 ) -> None:
     epochs = rounds[0]["bridge"].figures()["epochs"]
-    print(f"\n{args.rows:,} rows of ~{args.row_bytes} bytes, {epochs} epochs, {DEFAULT_MASTER}")
+    print(f"\n{args.rows:,} rows of ~{args.row_bytes} bytes, {epochs} epochs, {master}")
     print("whole processes, available-now (seconds, start-up included; phases):")
     for done in rounds:
         for sink in SINKS:

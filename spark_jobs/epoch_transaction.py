@@ -17,6 +17,9 @@ fail the task. No error is swallowed: each one reaches Spark with the task's coo
 from __future__ import annotations
 
 import logging
+import os
+import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -52,6 +55,39 @@ _CONNECT_WAIT_S = 10.0
 
 # Serve delivery reports this often so librdkafka's queue never fills with finished messages.
 _POLL_EVERY = 10_000
+
+# librdkafka's send_offsets_to_transaction can block past its own timeout while the group
+# coordinator is down (librdkafka issues #5456 and #5511, open): seen here when the node that was
+# both coordinators of a task was SIGKILLed, and the task waited on, 12 minutes and counting.
+# So no blocking call of a write task may outlast its own timeout by more than this; one that
+# does ends the Python worker, Spark retries the task, and the retry's init_transactions fences
+# what the stuck attempt left open.
+_STUCK_GRACE_S = 30.0
+STUCK_EXIT_CODE = 70
+
+
+def call_within(seconds: float, action: Callable[[], T], *, on_stuck: Callable[[], None]) -> T:
+    """`action()`'s result or exception, if it ends within `seconds`; else `on_stuck()`, then
+    TimeoutError (the action's thread is left behind: a C call cannot be interrupted)."""
+    outcome: list[T] = []
+    failure: list[BaseException] = []
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            outcome.append(action())
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller below
+            failure.append(exc)
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="bridge-kafka-call", daemon=True).start()
+    if not done.wait(seconds):
+        on_stuck()
+        raise TimeoutError(f"no answer in {seconds:.0f} s")
+    if failure:
+        raise failure[0]
+    return outcome[0]
 
 
 def _retriable(exc: BaseException) -> bool:
@@ -287,6 +323,12 @@ class EpochTransaction:
             error = state.outcome.exception() if state.outcome else None
             log.warning("%s: %s failed, retrying: %s", self._where, what, error)
 
+        def bounded() -> T:
+            return call_within(self._timeout + _STUCK_GRACE_S, action, on_stuck=stuck)
+
+        def stuck() -> None:
+            self._end_stuck_worker(what)
+
         try:
             return Retrying(
                 retry=retry_if_exception(_retriable),
@@ -294,7 +336,7 @@ class EpochTransaction:
                 wait=wait_exponential(multiplier=0.1, max=2.0),
                 before_sleep=retrying,
                 reraise=True,
-            )(action)
+            )(bounded)
         except KafkaException as exc:
             raise self._failure(what, exc.args[0]) from exc
 
@@ -314,9 +356,27 @@ class EpochTransaction:
         if isinstance(cause, EpochWriteError) and cause.fatal:
             return
         try:
-            producer.abort_transaction(self._timeout)
+            call_within(
+                self._timeout + _STUCK_GRACE_S,
+                lambda: producer.abort_transaction(self._timeout),
+                on_stuck=lambda: self._end_stuck_worker("abort_transaction"),
+            )
         except KafkaException as exc:
             log.error("%s: abort after %r failed too: %s", self._where, cause, exc)
+
+    def _end_stuck_worker(self, what: str) -> None:
+        """A call blocked past its own timeout: say so, and end this Python worker so that the
+        task fails now rather than never; its retry fences this attempt's transaction."""
+        log.error(
+            "%s: %s has not returned %.0f s after its own timeout of %.0f s (librdkafka "
+            "issues #5456, #5511: a coordinator that went away); ending this Python worker "
+            "(exit %d) so that Spark retries the task, and the retry fences this attempt",
+            self._where, what, _STUCK_GRACE_S, self._timeout, STUCK_EXIT_CODE,
+        )  # fmt: skip
+        for handler in logging.getLogger().handlers + log.handlers:
+            handler.flush()
+        sys.stderr.flush()
+        os._exit(STUCK_EXIT_CODE)
 
     def _reach(self, point: str) -> None:
         if self._faults is not None:

@@ -75,17 +75,21 @@ def build_executor_env(cache: Path | None = None) -> ExecutorEnv:
     if not (directory.is_dir() and archive.is_file()):
         root.mkdir(parents=True, exist_ok=True)
         _prune(root, keep=key)
-        _write_directory(members, directory)
+        # The driver's copy only links to the files here: it serves this machine alone.
+        _write_directory(members, directory, link=True)
         _write_archive(members, archive)
+    for used in (directory, archive):  # what a job used lately is never pruned
+        os.utime(used)
     return ExecutorEnv(directory=directory, archive=archive)
 
 
 def _prune(root: Path, *, keep: str) -> None:
-    """Remove environments of older code (each source change makes a new one) once they are a
-    day old: a job started from another checkout in the meantime may still ship one."""
-    day_ago = time.time() - 86_400
+    """Remove the environments of older code (each change of our sources makes a new one) that
+    no job has started with for a week: a streaming job runs for long, and Spark serves the
+    archive again to each executor that replaces a lost one."""
+    week_ago = time.time() - 7 * 86_400
     for entry in root.glob("executor-env-*"):
-        if keep not in entry.name and entry.stat().st_mtime < day_ago:
+        if keep not in entry.name and entry.stat().st_mtime < week_ago:
             if entry.is_dir():
                 shutil.rmtree(entry, ignore_errors=True)
             else:
@@ -147,7 +151,7 @@ def _content_key(members: dict[str, Path]) -> str:
 # -- how it is written ---------------------------------------------------------------------------
 
 
-def _write_directory(members: dict[str, Path], directory: Path) -> None:
+def _write_directory(members: dict[str, Path], directory: Path, *, link: bool = False) -> None:
     # Built aside and renamed into place: a concurrent run never sees half of it.
     directory.parent.mkdir(parents=True, exist_ok=True)
     building = Path(tempfile.mkdtemp(prefix=f"{directory.name}.", dir=directory.parent))
@@ -155,7 +159,10 @@ def _write_directory(members: dict[str, Path], directory: Path) -> None:
         for inside, path in members.items():
             target = building / inside
             target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(path, target)
+            if link:
+                target.symlink_to(path)
+            else:
+                shutil.copy2(path, target)
         building.chmod(0o755)
         if directory.exists():
             shutil.rmtree(directory)

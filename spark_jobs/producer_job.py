@@ -54,6 +54,7 @@ class ProducerJob:
     trigger: str = AVAILABLE_NOW
     max_files_per_trigger: int | None = None
     transactional_id_prefix: str | None = None
+    transactional_id_naming: str | None = None  # the sink's default (per-epoch) when not set
     transaction_timeout_ms: int | None = None
     master: str | None = None
     executor_python: str | None = None  # on a cluster; see spark_jobs/executor_env.py
@@ -160,6 +161,8 @@ def _start(spark: Any, job: ProducerJob) -> Any:
         writer = writer.option(f"kafka.{key_name}", setting)
     if job.transactional_id_prefix:
         writer = writer.option("transactional.id.prefix", job.transactional_id_prefix)
+    if job.transactional_id_naming:
+        writer = writer.option("transactional.id.naming", job.transactional_id_naming)
     if job.transaction_timeout_ms is not None:
         writer = writer.option("transaction.timeout.ms", job.transaction_timeout_ms)
     if job.trigger == AVAILABLE_NOW:

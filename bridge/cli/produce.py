@@ -57,6 +57,14 @@ def produce(
             help="Unique per query and stable across its restarts; default: from the query id.",
         ),
     ] = None,
+    transactional_id_naming: Annotated[
+        str | None,
+        typer.Option(
+            "--transactional-id-naming",
+            help="per-epoch (the default: one id per partition and epoch) or per-partition "
+            "(one id per partition for the query's life); see docs/capacity.md.",
+        ),
+    ] = None,
     transaction_timeout_ms: Annotated[
         int | None,
         typer.Option(
@@ -133,6 +141,7 @@ def produce(
         trigger=trigger,
         max_files_per_trigger=max_files_per_trigger,
         transactional_id_prefix=transactional_id_prefix,
+        transactional_id_naming=transactional_id_naming,
         transaction_timeout_ms=transaction_timeout_ms,
         # Under spark-submit its own --master rules, not the one stack.env names.
         master=master or (None if started_by_spark_submit() else settings.spark.master),

@@ -16,17 +16,19 @@ import pytest
 from confluent_kafka.admin import AdminClient
 
 from bridge.kafka_admin import create_topic
+from bridge.names import MARKER_GROUP_INFIX
 from bridge.stack.kafka import KafkaServer, new_cluster_id, stop_kafka_nodes
 from bridge.stack.local import LocalStack, StackState
 from bridge.stack.process import free_port
 from tests.harness import Endpoints
 from tests.integration.test_consumer_operations import stream_through_fault
-from tests.integration.test_producer_faults import SPLITS, Producer, assert_exactly
+from tests.integration.test_producer_faults import SPLITS, Producer, assert_exactly, kill_group
 from tests.integration.test_sink import write_orders
 
 pytestmark = pytest.mark.slow
 
 TRANSACTION_LOG_PARTITIONS = 4  # transaction.state.log.num.partitions of the stack's nodes
+OFFSETS_TOPIC_PARTITIONS = 4  # offsets.topic.num.partitions
 
 
 @pytest.fixture(scope="module")
@@ -77,12 +79,18 @@ def leader_of(cluster: Endpoints, topic: str, partition: int) -> int:
     return leader
 
 
-def coordinator_of(cluster: Endpoints, transactional_id: str) -> int:
-    """The node leading the transaction log partition of `transactional_id` (Kafka's
-    TransactionStateManager.partitionFor: abs(hashCode) % partitions)."""
-    hashed = java_hash(transactional_id)
-    partition = 0 if hashed == -(1 << 31) else abs(hashed) % TRANSACTION_LOG_PARTITIONS
-    return leader_of(cluster, "__transaction_state", partition)
+def coordinator_of(cluster: Endpoints, key: str, *, group: bool = False) -> int:
+    """The node leading the internal partition that holds `key`: a transactional id's in the
+    transaction log, or a group's in __consumer_offsets (Kafka places both by
+    abs(hashCode) % partitions)."""
+    topic, partitions = (
+        ("__consumer_offsets", OFFSETS_TOPIC_PARTITIONS)
+        if group
+        else ("__transaction_state", TRANSACTION_LOG_PARTITIONS)
+    )
+    hashed = java_hash(key)
+    partition = 0 if hashed == -(1 << 31) else abs(hashed) % partitions
+    return leader_of(cluster, topic, partition)
 
 
 def kill_mid_epoch(
@@ -98,14 +106,20 @@ def kill_mid_epoch(
     rule = {"point": "mid-produce", "partition": 0, "epoch": 1, "after_rows": 200,
             "action": "pause", "seconds": 15}  # fmt: skip
     job = producer.start([rule])
-    producer.wait_fired(job)
-    if victim == "coordinator":
-        node_id = coordinator_of(cluster, f"{prefix}-p0-e1")
-    else:
-        node_id = leader_of(cluster, topic, 0)
-    nodes[node_id - 1].kill()
-
-    assert job.wait(240) == 0, producer.log.read_text()[-3000:]
+    try:
+        producer.wait_fired(job)
+        if victim == "coordinator":
+            node_id = coordinator_of(cluster, f"{prefix}-p0-e1")
+        elif victim == "group coordinator":
+            node_id = coordinator_of(cluster, f"{prefix}{MARKER_GROUP_INFIX}0", group=True)
+        else:
+            node_id = leader_of(cluster, topic, 0)
+        nodes[node_id - 1].kill()
+        # A call librdkafka leaves blocked past its timeout ends its worker after 60 + 30 s.
+        assert job.wait(300) == 0, producer.log.read_text()[-3000:]
+    finally:
+        if job.poll() is None:
+            kill_group(job)
     assert_exactly(cluster, topic, 3, expected)
 
 
@@ -113,6 +127,14 @@ def test_the_transaction_coordinator_killed_mid_epoch(
     cluster: Endpoints, nodes: list[KafkaServer], tmp_path: Path, topic_name: str
 ) -> None:
     kill_mid_epoch(cluster, nodes, tmp_path, topic_name, "coordinator")
+
+
+def test_the_marker_group_coordinator_killed_mid_epoch(
+    cluster: Endpoints, nodes: list[KafkaServer], tmp_path: Path, topic_name: str
+) -> None:
+    """The task adds its marker to the transaction through the group's coordinator; librdkafka
+    may then block past its timeout (issues #5456, #5511), which the sink bounds."""
+    kill_mid_epoch(cluster, nodes, tmp_path, topic_name, "group coordinator")
 
 
 def test_a_partition_leader_killed_mid_epoch(

@@ -86,28 +86,6 @@ def fired_pid(producer: Producer) -> int:
     return int(Path(f"{producer.rules}.0.fired").read_text())
 
 
-def test_executors_get_the_sink_and_its_libraries_shipped_with_the_job(
-    cluster: SparkCluster, stack: Endpoints, topic_name: str, tmp_path: Path
-) -> None:
-    """The executors run a Python that has none of the sink's libraries: everything comes in
-    the archive the job ships."""
-    bare = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    probe = [default_executor_python(), "-c", "import confluent_kafka"]
-    assert subprocess.run(probe, env=bare, capture_output=True, check=False).returncode != 0
-
-    create_topic(stack.bootstrap_servers, topic_name, partitions=3)
-    expected = write_orders(tmp_path / "in", files=4, rows_per_file=2500)
-    producer = Producer(
-        stack, tmp_path, topic_name, "--max-files-per-trigger", "2", *on_cluster(cluster, tmp_path)
-    )
-    producer.run_to_end()
-
-    assert_exactly(stack, topic_name, 3, expected)
-    logs = [path.read_text() for path in cluster.home.glob("worker-*/work/app-*/*/stderr")]
-    assert any("Committed partition" in log for log in logs), "no write task ran on an executor"
-    assert list(cluster.home.glob("worker-*/work/app-*/*/bridge-env/spark_jobs/sink.py"))
-
-
 def test_an_executor_killed_mid_epoch_is_replaced_and_the_retried_task_writes_once(
     cluster: SparkCluster, stack: Endpoints, topic_name: str, tmp_path: Path
 ) -> None:
@@ -121,6 +99,10 @@ def test_an_executor_killed_mid_epoch_is_replaced_and_the_retried_task_writes_on
     assert_exactly(stack, topic_name, 3, expected)
     # The hung attempt went with its executor: nothing of it is left running.
     assert process.wait_until(lambda: process.cmdline(worker) is None, timeout=30)
+    # The write tasks ran in executors, from the environment the job shipped them.
+    logs = [path.read_text() for path in cluster.home.glob("worker-*/work/app-*/*/stderr")]
+    assert any("Committed partition" in log for log in logs), "no write task ran on an executor"
+    assert list(cluster.home.glob("worker-*/work/app-*/*/bridge-env/spark_jobs/sink.py"))
 
 
 def test_a_worker_lost_with_its_executor_mid_epoch_leaves_the_job_to_the_other(
@@ -165,6 +147,11 @@ def test_plain_spark_submit_runs_the_job_with_the_environment_bridge_packs(
 ) -> None:
     """The README's standalone command line: `bridge executor-env`, then spark-submit with the
     options it prints, from the directory that holds the unpacked copy."""
+    # The executors' Python has none of the sink's libraries: all comes in the archive.
+    bare = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    probe = [default_executor_python(), "-c", "import confluent_kafka"]
+    assert subprocess.run(probe, env=bare, capture_output=True, check=False).returncode != 0
+
     packed = run_bridge("executor-env", "--output", str(tmp_path / "bridge-env"))
     assert packed.returncode == 0, packed.stdout + packed.stderr
     options = packed.stdout.strip().splitlines()[-1].split()

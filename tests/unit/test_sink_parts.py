@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from dataclasses import replace
 from pathlib import Path
 
@@ -24,7 +25,7 @@ from spark_jobs.epoch_markers import (
     marker_position,
     partition_of_marker_group,
 )
-from spark_jobs.epoch_transaction import EpochOutcome, TaskCoordinates
+from spark_jobs.epoch_transaction import EpochOutcome, TaskCoordinates, call_within
 from spark_jobs.faults import ENV_FAULTS, InjectedFault, TaskFaults
 from spark_jobs.kafka_rows import check_schema, kafka_rows
 from spark_jobs.progress import EpochSummary, SinkCounters
@@ -181,3 +182,17 @@ def test_fault_rules_fire_once_and_only_where_asked(
     faults.reach("before-commit")  # fired already
     monkeypatch.delenv(ENV_FAULTS)
     assert TaskFaults.for_task(prefix="p", partition=0, epoch=2, attempt=0) is None
+
+
+def test_a_call_is_bounded_even_when_the_library_ignores_its_own_timeout() -> None:
+    assert call_within(5, lambda: 42, on_stuck=lambda: None) == 42
+    with pytest.raises(ValueError, match="'refused'"):
+        call_within(5, lambda: int("refused"), on_stuck=lambda: None)
+    release = threading.Event()
+    stuck: list[bool] = []
+    try:
+        with pytest.raises(TimeoutError):
+            call_within(0.2, lambda: release.wait(30), on_stuck=lambda: stuck.append(True))
+        assert stuck == [True]
+    finally:
+        release.set()  # the abandoned call's thread ends too
