@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import re
+import struct
 import subprocess
 import sys
 import tempfile
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from bench.common import Endpoints, write_results
@@ -45,22 +47,44 @@ from bench.consumer import (
     sql,
 )
 from bridge.kafka_admin import create_topic
-from bridge.maven import java_binary
 from bridge.names import DEFAULT_STATE_SCHEMA, MARKER_GROUP_INFIX, METRIC_BATCHES
 from bridge.stack import LocalStack
-from bridge.stack.kafka import KafkaServer, resolve_kafka_libs
+from bridge.stack.kafka import KafkaServer
 from bridge.stack.process import free_port
 
 CONSUMER_PARTITIONS = 12
 
 
 def transactional_ids(bootstrap: str, prefix: str) -> int:
-    """How many transactional ids of `prefix` the brokers hold, as Kafka's own tool lists them."""
-    tool = "org.apache.kafka.tools.TransactionsCommand"
-    argv = [java_binary(), "-cp", f"{resolve_kafka_libs()}/*", tool,
-            "--bootstrap-server", bootstrap, "list"]  # fmt: skip
-    listed = subprocess.run(argv, capture_output=True, text=True, check=True, timeout=120)
-    return sum(1 for line in listed.stdout.splitlines() if line.startswith(prefix))
+    """How many transactional ids of `prefix` the brokers hold: the live keys of the transaction
+    log itself (key: int16 version, then the id as an int16-length string; a tombstone is an
+    id the coordinator expired)."""
+    reader = Consumer({"bootstrap.servers": bootstrap, "group.id": f"capacity-{uuid.uuid4()}",
+                       "enable.auto.commit": False, "enable.partition.eof": True})  # fmt: skip
+    try:
+        topic = "__transaction_state"
+        partitions = reader.list_topics(topic, timeout=30).topics[topic].partitions
+        reader.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
+        live: dict[str, bool] = {}
+        ended: set[int] = set()
+        deadline = time.monotonic() + 120
+        while len(ended) < len(partitions) and time.monotonic() < deadline:
+            message = reader.poll(1.0)
+            if message is None:
+                continue
+            error = message.error()
+            if error is not None:
+                partition = message.partition()
+                if error.code() == KafkaError._PARTITION_EOF and partition is not None:
+                    ended.add(partition)
+                continue
+            key = message.key() or b""
+            (length,) = struct.unpack(">h", key[2:4])
+            transactional_id = key[4 : 4 + length].decode()
+            live[transactional_id] = message.value() is not None
+    finally:
+        reader.close()
+    return sum(1 for name, alive in live.items() if alive and name.startswith(prefix))
 
 
 def log_bytes(nodes: list[KafkaServer], topic: str) -> int:

@@ -163,7 +163,7 @@ def executor_env(
         Path,
         typer.Option(
             "--output",
-            help="Writes OUTPUT.tar.gz (for --archives) and OUTPUT/ (for the driver's own Python "
+            help="Writes OUTPUT.tar (for --archives) and OUTPUT/ (for the driver's own Python "
             "processes: run spark-submit where it is, named bridge-env).",
         ),
     ] = Path("bridge-env"),

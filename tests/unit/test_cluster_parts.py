@@ -92,8 +92,8 @@ def test_the_shipped_environment_holds_the_sink_and_its_libraries_only() -> None
 
 
 def test_the_spark_settings_ship_the_archive_under_its_alias(tmp_path: Path) -> None:
-    env = ExecutorEnv(directory=tmp_path / "env", archive=tmp_path / "env.tar.gz")
+    env = ExecutorEnv(directory=tmp_path / "env", archive=tmp_path / "env.tar")
     conf = env.spark_conf("/usr/bin/python3.11")
-    assert conf["spark.archives"] == f"{tmp_path / 'env.tar.gz'}#{ARCHIVE_ALIAS}"
+    assert conf["spark.archives"] == f"{tmp_path / 'env.tar'}#{ARCHIVE_ALIAS}"
     assert conf["spark.executorEnv.PYTHONPATH"] == ARCHIVE_ALIAS
     assert conf["spark.pyspark.python"] == "/usr/bin/python3.11"
