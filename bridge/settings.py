@@ -35,6 +35,7 @@ from pydantic_settings import (
 
 from bridge.errors import ConfigError
 from bridge.names import DEFAULT_STATE_SCHEMA, ENV_CONFIG_FILE, ENV_NESTED_DELIMITER, ENV_PREFIX
+from bridge.secrets import masked, resolve_file_reference
 
 _HOST_PORT = re.compile(r"^[A-Za-z0-9._\-\[\]:]+:\d{1,5}$")
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]*$")
@@ -77,7 +78,21 @@ class KafkaSettings(_Section):
     def _check_properties(cls, value: dict[str, LibrdkafkaValue]) -> dict[str, LibrdkafkaValue]:
         if "bootstrap.servers" in value:
             raise ValueError("set kafka.bootstrap_servers instead of bootstrap.servers")
-        return value
+        resolved: dict[str, LibrdkafkaValue] = {}
+        for key, setting in value.items():
+            if isinstance(setting, str):
+                try:
+                    setting = resolve_file_reference(setting)
+                except OSError as exc:
+                    # The path is not the secret; the file's content would be.
+                    raise ValueError(f"{key}: cannot read {exc.filename}: {exc.strerror}") from None
+            resolved[key] = setting
+        return resolved
+
+    def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
+        # Secrets among the client properties (sasl.password, ...) never show in a repr.
+        for name, value in super().__repr_args__():
+            yield name, masked(value) if name == "properties" else value
 
     def client_config(
         self,
@@ -96,13 +111,17 @@ class KafkaSettings(_Section):
 
 
 class PostgresSettings(_Section):
-    # The DSN may carry a password, so it is secret: it never shows in logs or reprs.
+    # The DSN may carry a password, so it is secret: it never shows in logs or reprs. It may
+    # also name a file that holds it: `${file:/run/secrets/dsn}`.
     dsn: SecretStr = SecretStr("postgresql://bridge@127.0.0.1:5432/bridge")
 
     @field_validator("dsn")
     @classmethod
     def _check_dsn(cls, value: SecretStr) -> SecretStr:
-        raw = value.get_secret_value().strip()
+        try:
+            raw = resolve_file_reference(value.get_secret_value()).strip()
+        except OSError as exc:
+            raise ValueError(f"cannot read {exc.filename}: {exc.strerror}") from None
         if not raw:
             raise ValueError("must not be empty")
         is_url = raw.startswith(("postgresql://", "postgres://"))

@@ -46,7 +46,8 @@ class ProducerJob:
     topic: str
     checkpoint: Path | str  # a local directory or a Hadoop URI (s3a://, hdfs://, ...)
     bootstrap_servers: str
-    kafka_properties: dict[str, str] = field(default_factory=dict)
+    # Never in a repr: it may hold secrets (sasl.password, ...).
+    kafka_properties: dict[str, str] = field(default_factory=dict, repr=False)
     input: Path | str | None = None  # the same
     source_topic: str | None = None
     rows_per_second: int = 1000

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 from bridge.errors import ConfigError
@@ -57,7 +57,7 @@ class IdNaming(StrEnum):
 
 @dataclass(frozen=True, kw_only=True)
 class SinkOptions:
-    kafka: dict[str, str]
+    kafka: dict[str, str] = field(repr=False)  # may hold secrets (sasl.password, ...)
     topic: str | None
     prefix: str | None  # None: derived from the query id in each task
     naming: IdNaming = IdNaming.PER_EPOCH

@@ -166,8 +166,9 @@ def test_plain_spark_submit_runs_the_job_with_the_environment_bridge_packs(
         str(home / "bin" / "spark-submit"), "--master", cluster.master_url, *options,
         "--conf", f"spark.pyspark.driver.python={sys.executable}",
         str(repo / "bridge" / "cli" / "spark_submit.py"),
-        "--source", "files", "--input", str(tmp_path / "in"), "--topic", topic_name,
-        "--key-field", "id", "--checkpoint", str(tmp_path / "checkpoint"),
+        # Hadoop URIs, as a cluster's storage would be named (file: is the one here).
+        "--source", "files", "--input", (tmp_path / "in").as_uri(), "--topic", topic_name,
+        "--key-field", "id", "--checkpoint", (tmp_path / "checkpoint").as_uri(),
         "--bootstrap-servers", stack.bootstrap_servers, "--stack-dir", str(tmp_path / "none"),
     ]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if not k.startswith(("BRIDGE_", "PYSPARK_"))}
@@ -178,3 +179,4 @@ def test_plain_spark_submit_runs_the_job_with_the_environment_bridge_packs(
     assert submitted.returncode == 0, submitted.stdout[-2000:] + submitted.stderr[-3000:]
     assert "produced 5000 rows" in submitted.stdout, submitted.stdout
     assert_exactly(stack, topic_name, 3, expected)
+    assert (tmp_path / "checkpoint" / "commits" / "0").exists()  # the URI's checkpoint

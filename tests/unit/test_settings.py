@@ -234,3 +234,40 @@ def test_the_new_group_protocol_refuses_the_settings_the_broker_owns(tmp_path: P
         consumer=classic,
     )
     assert loaded.require_consumer().group_protocol == "classic"
+
+
+def test_kafka_secrets_never_show_in_a_repr_but_reach_the_client(tmp_path: Path) -> None:
+    settings = load_settings(
+        env_file=tmp_path / "none",
+        kafka={
+            "properties": {
+                "sasl.password": "hunter2-kafka",
+                "sasl.username": "producer",
+                "sasl.jaas.config": "x password=hunter2-jaas;",
+                "ssl.key.password": "hunter2-key",
+            }
+        },
+        postgres={"dsn": "postgresql://u:hunter2-pg@127.0.0.1:5432/db"},
+    )
+    shown = repr(settings) + str(settings) + repr(settings.kafka)
+    assert "hunter2" not in shown, "a secret shows in the settings' repr"
+    assert "producer" in repr(settings.kafka)  # not a secret: still shown
+    config = settings.kafka.client_config()
+    assert config["sasl.password"] == "hunter2-kafka"
+    assert config["ssl.key.password"] == "hunter2-key"
+
+
+def test_secrets_can_come_from_files_named_in_the_settings(tmp_path: Path) -> None:
+    (tmp_path / "kafka-password").write_text("from-a-file\n")
+    (tmp_path / "dsn").write_text("postgresql://u:pw@127.0.0.1:5432/db\n")
+    settings = load_settings(
+        env_file=tmp_path / "none",
+        kafka={"properties": {"sasl.password": f"${{file:{tmp_path / 'kafka-password'}}}"}},
+        postgres={"dsn": f"${{file:{tmp_path / 'dsn'}}}"},
+    )
+    assert settings.kafka.client_config()["sasl.password"] == "from-a-file"
+    assert settings.postgres.dsn.get_secret_value() == "postgresql://u:pw@127.0.0.1:5432/db"
+    with pytest.raises(ConfigError) as raised:
+        missing = {"properties": {"sasl.password": "${file:/nonexistent/pw}"}}
+        load_settings(env_file=tmp_path / "none", kafka=missing)
+    assert "kafka.properties" in str(raised.value) and "/nonexistent/pw" in str(raised.value)

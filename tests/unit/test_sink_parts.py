@@ -196,3 +196,17 @@ def test_a_call_is_bounded_even_when_the_library_ignores_its_own_timeout() -> No
         assert stuck == [True]
     finally:
         release.set()  # the abandoned call's thread ends too
+
+
+def test_the_sink_options_and_the_job_never_show_kafka_secrets() -> None:
+    from spark_jobs.producer_job import ProducerJob, Source
+
+    secret = {"sasl.password": "hunter2", "sasl.jaas.config": "password=hunter2;"}
+    options = SinkOptions.parse(
+        {"kafka.bootstrap.servers": "b:9092", "topic": "t"}
+        | {f"kafka.{key}": value for key, value in secret.items()}
+    )
+    assert options.kafka["sasl.password"] == "hunter2"  # the clients get it
+    job = ProducerJob(source=Source.RATE, topic="t", checkpoint="s3a://bucket/c",
+                      bootstrap_servers="b:9092", kafka_properties=secret)  # fmt: skip
+    assert "hunter2" not in repr(options) + repr(job)
