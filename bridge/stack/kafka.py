@@ -170,7 +170,7 @@ class KafkaServer:
         deadline = time.monotonic() + timeout
 
         def listening() -> bool:
-            if not self.running():
+            if process.gone(self.pid):
                 raise ServerStartError("Kafka", "the process exited", log_path=self._log_hint())
             return process.port_open("127.0.0.1", self.ports.broker)
 

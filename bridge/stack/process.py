@@ -80,6 +80,13 @@ def alive(pid: int | None, marker: str) -> bool:
     return line is not None and marker in line
 
 
+def gone(pid: int | None) -> bool:
+    """Whether `pid` has exited (or never was). Not the same as `not alive(...)`: while a
+    process execs, its command line is briefly empty, and a start-up check that takes that for
+    an exit fails a server that is starting fine (seen under load in CI)."""
+    return pid is None or cmdline(pid) is None
+
+
 def read_pid(path: Path) -> int | None:
     try:
         return int(path.read_text().split()[0])

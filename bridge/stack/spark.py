@@ -188,9 +188,8 @@ class SparkCluster:
 
         def ready() -> bool:
             for daemon in self.daemons():
-                # Gone, not merely unrecognised: while spark-class execs the JVM, its command
-                # line is briefly empty.
-                if daemon.pid is None or process.cmdline(daemon.pid) is None:
+                # Gone, not merely unrecognised (spark-class execs the JVM).
+                if process.gone(daemon.pid):
                     raise ServerStartError(
                         f"Spark {daemon.role}", "the process exited", log_path=str(daemon.log_path)
                     )
