@@ -36,8 +36,8 @@ def build_session(
     spark_home.py) unless SPARK_HOME names another.
 
     On a cluster master (not local[...]) the job ships what its executors need (see
-    executor_env.py): they run `executor_python` (default: the interpreter this one was made
-    from) unless PYSPARK_PYTHON names another. Under spark-submit, its own options do that.
+    executor_env.py): they run `executor_python`, else PYSPARK_PYTHON, else the interpreter
+    this one was made from. Under spark-submit, its own options do that.
     """
     under_spark_submit = started_by_spark_submit()
     shipped: dict[str, str] = {}
@@ -97,8 +97,10 @@ def _shipped_environment(executor_python: str | None) -> dict[str, str]:
     writer, committing an epoch) with the executors' interpreter, so they get the same files
     on their path, from the unpacked copy here."""
     env = build_executor_env()
-    python = os.environ.get("PYSPARK_PYTHON") or executor_python or default_executor_python()
+    # The job's own setting first, then the environment's, then the default.
+    python = executor_python or os.environ.get("PYSPARK_PYTHON") or default_executor_python()
     os.environ["PYSPARK_PYTHON"] = python
-    path = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = f"{env.directory}{os.pathsep}{path}" if path else str(env.directory)
+    path = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if str(env.directory) not in path:
+        os.environ["PYTHONPATH"] = os.pathsep.join([str(env.directory), *path])
     return env.spark_conf(python)
