@@ -172,8 +172,14 @@ def _write_directory(members: dict[str, Path], directory: Path, *, link: bool = 
                 shutil.copy2(path, target)
         building.chmod(0o755)
         if directory.exists():
+            if link:  # the cache's: a concurrent job built the same content, and may use it
+                return
             shutil.rmtree(directory)
-        os.rename(building, directory)
+        try:
+            os.rename(building, directory)
+        except OSError:
+            if not (link and directory.is_dir()):  # else: built by a concurrent job meanwhile
+                raise
     finally:
         shutil.rmtree(building, ignore_errors=True)
 
