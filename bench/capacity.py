@@ -38,11 +38,10 @@ from confluent_kafka.admin import AdminClient
 from bench.common import Endpoints, write_results
 from bench.consumer import (
     COLUMNS,
-    NAMES,
-    RAW_BATCH,
     Service,
     caught_up,
     fill_topic,
+    raw_copy,
     ready_rows,
     sql,
 )
@@ -51,6 +50,8 @@ from bridge.names import DEFAULT_STATE_SCHEMA, MARKER_GROUP_INFIX, METRIC_BATCHE
 from bridge.stack import LocalStack
 from bridge.stack.kafka import KafkaServer
 from bridge.stack.process import free_port
+from spark_jobs.locations import PROGRESS_FILE
+from spark_jobs.progress import SinkCounters
 
 CONSUMER_PARTITIONS = 12
 
@@ -148,11 +149,12 @@ def produce_run(
     markers = sum(1 for g in groups if g.startswith(name + MARKER_GROUP_INFIX))
     txn_bytes = log_bytes(nodes, "__transaction_state") - before_txn
     offsets_bytes = log_bytes(nodes, "__consumer_offsets") - before_offsets
-    task_epochs = args.epochs * args.tasks
+    # Spark decides the splits: the task-epochs are what the sink counted, not what was asked.
+    task_epochs = SinkCounters.load(scratch / name / "ck" / PROGRESS_FILE).partitions_written
     return {
         "naming": naming,
         "epochs": args.epochs,
-        "tasks_per_epoch": args.tasks,
+        "task_epochs": task_epochs,
         "transactional_ids": ids,
         "transaction_log_bytes_all_replicas": txn_bytes,
         "transaction_log_bytes_per_task_epoch": round(txn_bytes / task_epochs),
@@ -183,15 +185,8 @@ def consumer_run(stack: Endpoints, scratch: Path, records: int) -> dict[str, Any
     fill_topic(stack, topic, records, partitions=CONSUMER_PARTITIONS)
     rows = ready_rows(records)
 
-    copy_table = f"cap_copy_{uuid.uuid4().hex[:6]}"
-    sql(stack.dsn, f"CREATE TABLE public.{copy_table} ({COLUMNS})")
     start = wal_position(stack.dsn)
-    statement = f"COPY {copy_table} ({', '.join(NAMES)}) FROM STDIN".encode()
-    with psycopg.connect(stack.dsn) as conn:
-        for first in range(0, records, RAW_BATCH):
-            with conn.transaction(), conn.cursor().copy(statement) as copy:
-                for row in rows[first : first + RAW_BATCH]:
-                    copy.write_row(row)
+    raw_copy(stack, rows)  # the rows alone, in batches of the service's size
     copy_wal = wal_position(stack.dsn) - start
 
     table = f"cap_svc_{uuid.uuid4().hex[:6]}"
