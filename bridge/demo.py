@@ -26,7 +26,9 @@ from rich.console import Console
 from bridge.errors import BridgeError
 from bridge.kafka_admin import KafkaAdmin, create_topic
 from bridge.names import DEFAULT_STATE_SCHEMA, ENV_PREFIX
+from bridge.settings import load_settings, stack_env_files
 from bridge.stack import LocalStack
+from bridge.stack.postgres import grant_table, role_of
 from consumers.offsets import applied_position
 from consumers.positions import caught_up_position
 
@@ -160,8 +162,13 @@ def run_demo(console: Console, *, stack: LocalStack, records: int, keep_stack: b
             f"[green]✓[/] local stack: Kafka {status.bootstrap_servers} ({nodes} "
             f"node{'s' if nodes > 1 else ''}), PostgreSQL {status.dsn}{spark}"
         )
-        return _pipeline(console, stack_dir, work, run, records, status.bootstrap_servers,
-                         status.dsn, begun)  # fmt: skip
+        if status.secure:
+            console.print(
+                "[green]✓[/] secured: Kafka over SASL_SSL (SCRAM-SHA-512) with ACLs, PostgreSQL "
+                "over TLS with SCRAM; the producer, the consumer and the tools each as their own "
+                "principal"
+            )
+        return _pipeline(console, stack_dir, work, run, records, begun)
     finally:
         if keep_stack or was_running:
             console.print(f"the stack keeps running: `bridge stack down --data-dir {stack_dir}`")
@@ -175,17 +182,24 @@ def _pipeline(
     work: Path,
     run: str,
     records: int,
-    bootstrap: str,
-    dsn: str,
     begun: float,
 ) -> bool:
     topic, group = f"demo-orders-{run}", f"demo-{run}"
     consumer: subprocess.Popen[bytes] | None = None
+    # The set-up and the checks run as the stack's administrator; the producer and the consumer
+    # each read their own role's settings from the stack (on a secured stack, least rights).
+    admin = load_settings(env_file=stack_env_files(stack_dir, "admin"))
+    kafka = admin.kafka.client_config()
+    dsn = admin.postgres.dsn.get_secret_value()
     try:
         write_orders(work / "input", run, records, files=5)
         console.print(f"[green]✓[/] {records:,} sample orders with unique ids in {work / 'input'}")
-        create_topic(bootstrap, topic, partitions=PARTITIONS)
+        create_topic(admin.kafka.bootstrap_servers, topic, partitions=PARTITIONS, config=kafka)
         create_demo_table(dsn)
+        consumer_dsn = load_settings(env_file=stack_env_files(stack_dir, "consumer")).postgres.dsn
+        consumer_role = role_of(consumer_dsn.get_secret_value())
+        if consumer_role != role_of(dsn):
+            grant_table(dsn, DEMO_TABLE, consumer_role)
         _run_step(
             console,
             f"Spark producer: files -> Kafka topic {topic} in transactions, one epoch per file",
@@ -196,19 +210,19 @@ def _pipeline(
             work / "producer.log",
         )  # fmt: skip
         config = work / "consumer.yaml"
+        # Where Kafka and PostgreSQL are, and as whom, the consumer reads from the stack.
         config.write_text(yaml.safe_dump({
-            "kafka": {"bootstrap_servers": bootstrap},
-            "postgres": {"dsn": dsn},
             "consumer": {"group_id": group,
                          "routes": [{"topic": topic, "table": DEMO_TABLE, "mode": "insert"}]},
         }))  # fmt: skip
         with (work / "consumer.log").open("wb") as out:
             consumer = subprocess.Popen(  # noqa: S603
-                [sys.executable, "-m", "consumers", "--config", str(config)],
+                [sys.executable, "-m", "consumers", "--config", str(config),
+                 "--stack-dir", str(stack_dir)],
                 stdout=out, stderr=subprocess.STDOUT, env=_own_environment(),
             )  # fmt: skip
-        admin = KafkaAdmin({"bootstrap.servers": bootstrap})
-        target = caught_up_position(admin, topic, PARTITIONS)
+        kafka_admin = KafkaAdmin(kafka)
+        target = caught_up_position(kafka_admin, topic, PARTITIONS)
         _wait_for_consumer(console, consumer, dsn, group, target, work / "consumer.log")
         consumer.send_signal(signal.SIGTERM)
         consumer.wait(60)
@@ -219,7 +233,7 @@ def _pipeline(
         from consumers.positions import read_positions
 
         with psycopg.connect(dsn, autocommit=True) as conn:
-            positions = read_positions(conn, DEFAULT_STATE_SCHEMA, admin, group)
+            positions = read_positions(conn, DEFAULT_STATE_SCHEMA, kafka_admin, group)
         console.print(positions_table(positions, title=f"offsets of group {group}"))
         _summary(console, verdict, run, topic, time.monotonic() - begun)
         return verdict.exactly_once

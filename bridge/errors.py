@@ -38,3 +38,7 @@ class ServerStartError(StackError):
         self.log_path = log_path
         tail = f" (see {log_path})" if log_path else ""
         super().__init__(f"{server} did not start: {reason}{tail}")
+
+
+class PermissionMissing(BridgeError):
+    """A principal or role lacks a right it needs; the message names the right and the grant."""

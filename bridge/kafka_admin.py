@@ -40,7 +40,7 @@ def create_topic(
     partitions: int = 1,
     replication_factor: int = -1,
     timeout: float = 30.0,
-    config: Mapping[str, str] | None = None,
+    config: Mapping[str, str | int | float | bool] | None = None,
 ) -> None:
     """Create `name` and wait until it exists; an existing topic is left as it is.
 

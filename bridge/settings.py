@@ -34,7 +34,13 @@ from pydantic_settings import (
 )
 
 from bridge.errors import ConfigError
-from bridge.names import DEFAULT_STATE_SCHEMA, ENV_CONFIG_FILE, ENV_NESTED_DELIMITER, ENV_PREFIX
+from bridge.names import (
+    DEFAULT_STATE_SCHEMA,
+    ENV_CONFIG_FILE,
+    ENV_NESTED_DELIMITER,
+    ENV_PREFIX,
+    STACK_ENV_FILE,
+)
 from bridge.secrets import masked, resolve_file_reference
 
 _HOST_PORT = re.compile(r"^[A-Za-z0-9._\-\[\]:]+:\d{1,5}$")
@@ -230,7 +236,19 @@ _BROKER_OWNED_WITH_CONSUMER_PROTOCOL = frozenset(
      "group.protocol.type"}
 )  # fmt: skip
 
-_env_file: ContextVar[Path | None] = ContextVar("bridge_env_file", default=None)
+_env_files: ContextVar[tuple[Path, ...]] = ContextVar("bridge_env_files", default=())
+
+
+def role_env_file(stack_env: Path, role: str) -> Path:
+    """`stack.<role>.env` beside `stack.env`: a secured stack's credentials for one role."""
+    return stack_env.with_name(f"{stack_env.stem}.{role}{stack_env.suffix}")
+
+
+def stack_env_files(stack_dir: Path, role: str) -> tuple[Path, Path]:
+    """What a command of `role` (producer, consumer, tools) reads from the local stack:
+    `stack.env`, then its role's own file, which a secured stack writes (and a plain one not)."""
+    stack_env = stack_dir / STACK_ENV_FILE
+    return stack_env, role_env_file(stack_env, role)
 
 
 class _YamlFileSource(InitSettingsSource):
@@ -288,9 +306,10 @@ class BridgeSettings(BaseSettings):
             env_settings,
             _YamlFileSource(settings_cls, _config_file.get()),
         ]
-        env_file = _env_file.get()
-        if env_file is not None and env_file.is_file():
-            sources.append(DotEnvSettingsSource(settings_cls, env_file=env_file))
+        env_files = [path for path in _env_files.get() if path.is_file()]
+        if env_files:
+            # Of several files, a later one's variable wins over the same in an earlier one.
+            sources.append(DotEnvSettingsSource(settings_cls, env_file=env_files))
         return tuple(sources)
 
     @model_validator(mode="after")
@@ -313,32 +332,34 @@ class BridgeSettings(BaseSettings):
 
 
 @contextmanager
-def _reading(config_file: Path | None, env_file: Path | None) -> Iterator[None]:
-    tokens = (_config_file.set(config_file), _env_file.set(env_file))
+def _reading(config_file: Path | None, env_files: tuple[Path, ...]) -> Iterator[None]:
+    tokens = (_config_file.set(config_file), _env_files.set(env_files))
     try:
         yield
     finally:
         _config_file.reset(tokens[0])
-        _env_file.reset(tokens[1])
+        _env_files.reset(tokens[1])
 
 
 def load_settings(
     config_file: Path | None = None,
     *,
-    env_file: Path | None = None,
+    env_file: Path | tuple[Path, ...] | None = None,
     **overrides: Any,
 ) -> BridgeSettings:
     """Load and validate the settings; raise `ConfigError` naming every offending key.
 
     `config_file` defaults to `$BRIDGE_CONFIG` when that is set. `env_file` is the stack's
-    `stack.env`; it is read only when it exists.
+    `stack.env`, or several such files (`stack_env_files`), a later one over an earlier one;
+    each is read only when it exists.
     """
     if config_file is None and os.environ.get(ENV_CONFIG_FILE):
         config_file = Path(os.environ[ENV_CONFIG_FILE])
     if config_file is not None and not config_file.is_file():
         raise ConfigError([("<file>", "no such file")], source=str(config_file))
     source = str(config_file) if config_file else None
-    with _reading(config_file, env_file):
+    env_files = (env_file,) if isinstance(env_file, Path) else (env_file or ())
+    with _reading(config_file, env_files):
         try:
             return BridgeSettings(**overrides)
         except ValidationError as exc:

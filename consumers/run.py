@@ -17,7 +17,7 @@ from types import FrameType
 from bridge import logs
 from bridge.errors import BridgeError
 from bridge.names import DEFAULT_STACK_DIR, ENV_CONFIG_FILE, ENV_STACK_DIR, STACK_ENV_FILE
-from bridge.settings import load_settings
+from bridge.settings import load_settings, stack_env_files
 
 _YOUNG_COLLECTION_THRESHOLD = 50_000
 
@@ -27,7 +27,7 @@ def run_consumer(config: Path | None, stack_dir: Path) -> None:
     from consumers.service import ConsumerService
 
     logs.configure()
-    settings = load_settings(config, env_file=stack_dir / STACK_ENV_FILE)
+    settings = load_settings(config, env_file=stack_env_files(stack_dir, "consumer"))
     service = ConsumerService(settings)
 
     def request_stop(signum: int, frame: FrameType | None) -> None:

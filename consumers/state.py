@@ -28,8 +28,10 @@ from sqlalchemy import (
     text,
 )
 from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.exc import ProgrammingError
 from sqlalchemy.schema import CreateSchema
 
+from bridge.errors import PermissionMissing
 from bridge.names import DEAD_LETTERS_TABLE
 from consumers.offsets import advance_function_ddl, define_tables
 
@@ -76,7 +78,22 @@ def ensure_state_tables(conn: Connection, tables: StateTables) -> None:
     """Create the schema, the tables and the advance function when missing; commits."""
     with conn.begin():
         conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _DDL_LOCK_KEY})
-        conn.execute(CreateSchema(tables.schema, if_not_exists=True))
+        exists = conn.execute(
+            text("SELECT 1 FROM pg_namespace WHERE nspname = :schema"), {"schema": tables.schema}
+        ).first()
+        # Not CREATE SCHEMA IF NOT EXISTS: PostgreSQL checks the right to create before it
+        # checks existence, and a consumer of least rights owns its schema without that right.
+        if exists is None:
+            try:
+                conn.execute(CreateSchema(tables.schema))
+            except ProgrammingError as exc:
+                if not isinstance(exc.orig, psycopg.errors.InsufficientPrivilege):
+                    raise
+                raise PermissionMissing(
+                    f"the consumer's role may not create its state schema {tables.schema!r}: "
+                    f"create it for the role (CREATE SCHEMA {tables.schema} AUTHORIZATION "
+                    "<role>), or grant the role CREATE on the database"
+                ) from None
         tables.offsets.metadata.create_all(conn, checkfirst=True)
         conn.execute(text(advance_function_ddl(tables.schema)))
 

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from bridge.cli.options import Brokers, SparkWorkers, StackDir, output_console
+from bridge.cli.options import Brokers, Secure, SparkWorkers, StackDir, output_console
 from bridge.names import DEFAULT_STACK_DIR
 
 
@@ -20,6 +20,7 @@ def demo(
     ] = False,
     brokers: Brokers = None,
     spark_workers: SparkWorkers = None,
+    secure: Secure = None,
     stack_dir: StackDir = Path(DEFAULT_STACK_DIR),
 ) -> None:
     """Sample orders through Spark, Kafka and the consumer into PostgreSQL; verify that every
@@ -28,7 +29,7 @@ def demo(
     from bridge.stack import LocalStack
 
     console = output_console()
-    stack = LocalStack(stack_dir, brokers=brokers, spark_workers=spark_workers)
+    stack = LocalStack(stack_dir, brokers=brokers, spark_workers=spark_workers, secure=secure)
     try:
         ok = run_demo(console, stack=stack, records=records, keep_stack=keep_stack)
     except DemoFailed as exc:

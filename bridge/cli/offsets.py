@@ -20,8 +20,8 @@ from bridge.cli.options import (
 )
 from bridge.errors import BridgeError
 from bridge.kafka_admin import KafkaAdmin
-from bridge.names import DEFAULT_STACK_DIR, STACK_ENV_FILE
-from bridge.settings import BridgeSettings, load_settings
+from bridge.names import DEFAULT_STACK_DIR
+from bridge.settings import BridgeSettings, load_settings, stack_env_files
 from bridge.tables import or_dash, positions_table
 
 app = typer.Typer(help="The consumer's stored positions: inspect them, move them safely.")
@@ -38,7 +38,7 @@ Schema = Annotated[
 
 
 def _settings(config: Path | None, stack_dir: Path) -> BridgeSettings:
-    return load_settings(config, env_file=stack_dir / STACK_ENV_FILE)
+    return load_settings(config, env_file=stack_env_files(stack_dir, "tools"))
 
 
 def _connect(settings: BridgeSettings) -> psycopg.Connection[Any]:

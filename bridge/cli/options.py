@@ -23,6 +23,16 @@ Brokers = Annotated[
         "cluster (3 replicas, 2 in sync). An existing stack keeps its count.",
     ),
 ]
+Secure = Annotated[
+    bool | None,
+    typer.Option(
+        "--secure/--plain",
+        help="A new stack with TLS, SASL/SCRAM and ACLs on Kafka and TLS with SCRAM on "
+        "PostgreSQL, a principal of least rights per role (README: Security). Default: a new "
+        "stack is plain, an existing one keeps what it was made with.",
+        show_default=False,
+    ),
+]
 SparkWorkers = Annotated[
     int | None,
     typer.Option(

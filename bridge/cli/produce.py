@@ -10,8 +10,8 @@ from rich.console import Console
 
 from bridge import logs
 from bridge.cli.options import ConfigFile, StackDir
-from bridge.names import DEFAULT_STACK_DIR, STACK_ENV_FILE
-from bridge.settings import load_settings
+from bridge.names import DEFAULT_STACK_DIR
+from bridge.settings import load_settings, stack_env_files
 
 
 def produce(
@@ -123,7 +123,7 @@ def produce(
 
     logs.configure()
     overrides = {"kafka": {"bootstrap_servers": bootstrap_servers}} if bootstrap_servers else {}
-    settings = load_settings(config, env_file=stack_dir / STACK_ENV_FILE, **overrides)
+    settings = load_settings(config, env_file=stack_env_files(stack_dir, "producer"), **overrides)
     try:
         chosen = Source(source)
     except ValueError:

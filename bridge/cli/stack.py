@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from bridge.cli.options import Brokers, SparkWorkers
+from bridge.cli.options import Brokers, Secure, SparkWorkers
 from bridge.names import DEFAULT_STACK_DIR, ENV_STACK_DIR
 from bridge.stack import LocalStack, StackStatus
 
@@ -49,19 +49,27 @@ def up(
     timeout: Annotated[float, typer.Option(help="Seconds to wait for both servers.")] = 120.0,
     brokers: Brokers = None,
     spark_workers: SparkWorkers = None,
+    secure: Secure = None,
 ) -> None:
     """Start Kafka and PostgreSQL, and a Spark cluster if asked (or leave them running), and
-    write stack.env."""
+    write stack.env (and, on a secured stack, one env file per role beside it)."""
     stack = LocalStack(
         data_dir,
         kafka_port=kafka_port,
         postgres_port=postgres_port,
         brokers=brokers,
         spark_workers=spark_workers,
+        secure=secure,
     )
     status = stack.up(timeout=timeout)
     _show(status)
     console.print(f"environment for clients: {stack.env_path}")
+    if status.secure:
+        console.print(
+            "secured: each role's credentials in stack.<role>.env beside it (producer, "
+            f"consumer, tools, admin); passwords in {stack.data_dir / 'secrets'}, the CA in "
+            f"{stack.data_dir / 'tls' / 'ca.pem'}"
+        )
 
 
 @app.command()

@@ -21,9 +21,8 @@ from bridge.cli.options import (
 from bridge.names import (
     DEFAULT_MARKER_TOPIC,
     DEFAULT_STACK_DIR,
-    STACK_ENV_FILE,
 )
-from bridge.settings import load_settings
+from bridge.settings import load_settings, stack_env_files
 
 if TYPE_CHECKING:
     from bridge.status import Status
@@ -68,7 +67,7 @@ def status(
     Exits 1 when anything is wrong, so that it can serve as a probe."""
     from bridge.status import gather
 
-    settings = load_settings(config, env_file=stack_dir / STACK_ENV_FILE)
+    settings = load_settings(config, env_file=stack_env_files(stack_dir, "tools"))
     consumers = list(consumer or [])
     if not consumers and settings.consumer is not None and settings.consumer.http_port:
         consumers = [f"http://127.0.0.1:{settings.consumer.http_port}"]

@@ -12,8 +12,8 @@ from rich.table import Table
 from bridge.cli.options import ConfigFile, Format, OutputFormat, StackDir, output_console
 from bridge.errors import BridgeError
 from bridge.kafka_admin import KafkaAdmin
-from bridge.names import DEFAULT_MARKER_TOPIC, DEFAULT_STACK_DIR, STACK_ENV_FILE
-from bridge.settings import load_settings
+from bridge.names import DEFAULT_MARKER_TOPIC, DEFAULT_STACK_DIR
+from bridge.settings import load_settings, stack_env_files
 
 app = typer.Typer(help="The Spark producer's Kafka transactions: committed epochs, and aborts.")
 console = output_console()
@@ -35,7 +35,7 @@ def show(
     """The last epoch each Spark partition of the producer committed to Kafka."""
     from spark_jobs.txn_admin import committed_epochs
 
-    settings = load_settings(config, env_file=stack_dir / STACK_ENV_FILE)
+    settings = load_settings(config, env_file=stack_env_files(stack_dir, "tools"))
     epochs = committed_epochs(KafkaAdmin(settings.kafka.client_config()), prefix, marker_topic)
     if output is Format.JSON:
         print(json.dumps([
@@ -87,7 +87,7 @@ def abort(
         ) from None
     if id_naming is IdNaming.PER_EPOCH and epoch is None:
         raise BridgeError("--epoch is required with per-epoch naming")
-    settings = load_settings(config, env_file=stack_dir / STACK_ENV_FILE)
+    settings = load_settings(config, env_file=stack_env_files(stack_dir, "tools"))
     for transactional_id in transactional_ids(prefix, numbers, epoch, id_naming):
         fence(settings.kafka.client_config(), transactional_id)
         console.print(f"fenced {transactional_id}: any open transaction of it is aborted")

@@ -15,7 +15,9 @@ from confluent_kafka.admin import AdminClient
 
 from bridge.errors import ServerStartError
 from bridge.maven import cached_jars_dir, java_binary, repo_root, resolve_jars
+from bridge.secrets import resolve_file_reference
 from bridge.stack import process
+from bridge.stack.secure import KAFKA_ADMIN, StackSecurity
 
 ENV_KAFKA_LIBS = "BRIDGE_KAFKA_LIBS"
 ENV_KAFKA_HEAP = "BRIDGE_KAFKA_HEAP"
@@ -112,16 +114,19 @@ class KafkaServer:
         node_id: int = 1,
         voters: str | None = None,
         cluster_size: int = 1,
+        security: StackSecurity | None = None,
     ) -> None:
         """`voters`: the quorum, `id@host:port,...` over every node's controller port (this
         node alone when not given); `cluster_size`: how many nodes, for the replication
-        settings and for `wait_ready`."""
+        settings and for `wait_ready`; `security`: SASL_SSL with SCRAM and ACLs (see
+        bridge/stack/secure.py) instead of PLAINTEXT."""
         self.home = home
         self.ports = ports
         self.cluster_id = cluster_id
         self.node_id = node_id
         self.voters = voters or f"{node_id}@127.0.0.1:{ports.controller}"
         self.cluster_size = cluster_size
+        self.security = security
         self._libs_dir = libs_dir
         self.config_path = home / "server.properties"
         self.log_dir = home / "logs"
@@ -142,6 +147,18 @@ class KafkaServer:
     @property
     def pid(self) -> int | None:
         return process.read_pid(self.pid_path)
+
+    @property
+    def listener(self) -> str:
+        return "SASL_SSL" if self.security else "PLAINTEXT"
+
+    def admin_config(self) -> dict[str, str]:
+        """A client configuration with every right: the stack's own set-up, and the tests'."""
+        config = {"bootstrap.servers": self.bootstrap_servers}
+        if self.security is not None:
+            properties = self.security.kafka_properties(KAFKA_ADMIN)
+            config.update({k: resolve_file_reference(v) for k, v in properties.items()})
+        return config
 
     def running(self) -> bool:
         return process.alive(self.pid, str(self.config_path))
@@ -177,7 +194,7 @@ class KafkaServer:
         # Wait for the socket first: a client created earlier floods stderr with refusals.
         if process.wait_until(listening, timeout=timeout, interval=0.2):
             # Quiet: refusals from the nodes still starting are expected here, not news.
-            admin = AdminClient({"bootstrap.servers": self.bootstrap_servers, "log_level": 2})
+            admin = AdminClient({**self.admin_config(), "log_level": 2})
 
             def sees_broker() -> bool:
                 try:
@@ -207,21 +224,33 @@ class KafkaServer:
     def _write_config(self) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         settings = {**_NODE, **replication_settings(self.cluster_size)}
+        listener = self.listener
         settings.update(
             {
                 "node.id": str(self.node_id),
                 "listeners": (
-                    f"PLAINTEXT://127.0.0.1:{self.ports.broker},"
+                    f"{listener}://127.0.0.1:{self.ports.broker},"
                     f"CONTROLLER://127.0.0.1:{self.ports.controller}"
                 ),
                 "advertised.listeners": (
-                    f"PLAINTEXT://127.0.0.1:{self.ports.advertised or self.ports.broker}"
+                    f"{listener}://127.0.0.1:{self.ports.advertised or self.ports.broker}"
                 ),
                 "controller.quorum.voters": self.voters,
                 "log.dirs": str(self.data_dir),
             }
         )
+        if self.security is not None:
+            settings.update(
+                {
+                    "inter.broker.listener.name": listener,
+                    "listener.security.protocol.map": f"{listener}:SASL_SSL,CONTROLLER:SSL",
+                    **self.security.broker_settings(listener=listener),
+                }
+            )
         lines = [f"{key}={value}" for key, value in settings.items()]
+        # Owner only: a secured node's configuration holds its own SCRAM password.
+        self.config_path.touch(mode=0o600)
+        self.config_path.chmod(0o600)
         self.config_path.write_text("\n".join(lines) + "\n")
         (self.home / "log4j2.yaml").write_text(_LOG4J2.format(log_dir=self.log_dir))
 
@@ -232,6 +261,8 @@ class KafkaServer:
             java_binary(), "-cp", f"{self.libs_dir}/*", "kafka.tools.StorageTool", "format",
             f"--cluster-id={self.cluster_id}", "-c", str(self.config_path),
         ]  # fmt: skip
+        if self.security is not None:
+            argv += self.security.scram_format_arguments()
         result = subprocess.run(argv, capture_output=True, text=True, check=False)  # noqa: S603
         if result.returncode != 0:
             raise ServerStartError(

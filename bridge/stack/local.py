@@ -12,6 +12,7 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+from bridge import acls
 from bridge.errors import StackError
 from bridge.names import (
     ENV_KAFKA_BOOTSTRAP,
@@ -20,6 +21,7 @@ from bridge.names import (
     STACK_ENV_FILE,
     STACK_STATE_FILE,
 )
+from bridge.settings import role_env_file
 from bridge.stack import process
 from bridge.stack.kafka import (
     KafkaPorts,
@@ -29,7 +31,11 @@ from bridge.stack.kafka import (
     stop_kafka_nodes,
 )
 from bridge.stack.postgres import PostgresServer, find_bindir
+from bridge.stack.secure import KAFKA_USERS, StackSecurity
 from bridge.stack.spark import DaemonPorts, SparkCluster
+
+# The roles that get an env file of their own on a secured stack (bridge/stack/secure.py).
+_ROLE_FILES = ("producer", "consumer", "tools", "admin")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,6 +51,8 @@ class StackState:
     # A Spark standalone cluster: the master's [rpc port, web UI port], and each worker's.
     spark_master: list[int] = field(default_factory=list)
     spark_workers: list[list[int]] = field(default_factory=list)
+    # TLS, SASL/SCRAM and ACLs on Kafka; TLS and SCRAM on PostgreSQL (bridge/stack/secure.py).
+    secure: bool = False
 
     @property
     def brokers(self) -> int:
@@ -93,6 +101,7 @@ class StackStatus:
     kafka_nodes: tuple[NodeStatus, ...] = ()
     spark_master: str | None = None  # the master URL, when the stack has a Spark cluster
     spark_daemons: tuple[NodeStatus, ...] = ()  # the master (node 0) and the workers (1..N)
+    secure: bool = False
 
     @property
     def running(self) -> bool:
@@ -109,16 +118,19 @@ class LocalStack:
         postgres_port: int | None = None,
         brokers: int | None = None,
         spark_workers: int | None = None,
+        secure: bool | None = None,
     ) -> None:
         """`brokers`: Kafka nodes for a new stack (1 unless given); an existing stack keeps
         its own count, and asking for another is refused. `spark_workers`: Spark standalone
         workers (none unless given); an existing stack keeps its count unless given, and may
-        change it, since a Spark cluster keeps no data."""
+        change it, since a Spark cluster keeps no data. `secure`: a new stack with TLS,
+        SCRAM and ACLs (plain unless given); an existing one keeps what it was made with."""
         self.data_dir = data_dir.resolve()
         self._requested_kafka_port = kafka_port
         self._requested_postgres_port = postgres_port
         self._requested_brokers = brokers
         self._requested_spark_workers = spark_workers
+        self._requested_secure = secure
         self.state_path = self.data_dir / STACK_STATE_FILE
         self.env_path = self.data_dir / STACK_ENV_FILE
 
@@ -136,6 +148,7 @@ class LocalStack:
                     [process.free_port(), process.free_port()]
                     for _ in range((self._requested_brokers or 1) - 1)
                 ],
+                secure=bool(self._requested_secure),
             )
             self.data_dir.mkdir(parents=True, exist_ok=True)
             state.save(self.state_path)
@@ -159,6 +172,13 @@ class LocalStack:
                 f"the stack in {self.data_dir} has {state.brokers} Kafka node(s), not "
                 f"{wanted_brokers}: run `bridge stack down` and remove the directory to change it"
             )
+        wanted_secure = self._requested_secure
+        if wanted_secure is not None and wanted_secure != state.secure:
+            kind = "secured" if state.secure else "plain"
+            raise StackError(
+                f"the stack in {self.data_dir} is {kind}: run `bridge stack down` and remove "
+                "the directory to change it"
+            )
 
     def state(self) -> StackState:
         """The saved state of a stack that has been brought up at least once."""
@@ -170,6 +190,9 @@ class LocalStack:
     def kafka(self, state: StackState) -> KafkaServer:
         """The first Kafka node (the only one of a single-node stack)."""
         return self.kafka_nodes(state)[0]
+
+    def security(self, state: StackState) -> StackSecurity | None:
+        return StackSecurity(self.data_dir) if state.secure else None
 
     def kafka_nodes(self, state: StackState) -> list[KafkaServer]:
         ports = [(state.kafka_port, state.controller_port)]
@@ -184,6 +207,7 @@ class LocalStack:
                 node_id=node,
                 voters=voters,
                 cluster_size=len(ports),
+                security=self.security(state),
             )
             for node, (broker, controller) in enumerate(ports, start=1)
         ]
@@ -193,7 +217,9 @@ class LocalStack:
         return ",".join(node.bootstrap_servers for node in nodes)
 
     def postgres(self, state: StackState) -> PostgresServer:
-        return PostgresServer(home=self.data_dir / "postgres", port=state.postgres_port)
+        return PostgresServer(
+            home=self.data_dir / "postgres", port=state.postgres_port, security=self.security(state)
+        )
 
     def spark(self, state: StackState) -> SparkCluster | None:
         if not state.spark_master:
@@ -229,6 +255,9 @@ class LocalStack:
         assert state is not None  # noqa: S101 - create=True always yields a state
         state = self._resize_spark(state)
         nodes, postgres, spark = self.kafka_nodes(state), self.postgres(state), self.spark(state)
+        security = self.security(state)
+        if security is not None:
+            security.ensure()
         started = time.monotonic()
 
         def remaining() -> float:
@@ -245,6 +274,11 @@ class LocalStack:
                 node.wait_ready(timeout=remaining())
             if spark is not None:
                 spark.wait_ready(timeout=remaining())
+            if security is not None:
+                for role in acls.ROLES:
+                    user = KAFKA_USERS[role]
+                    grants = acls.grants(role)
+                    acls.apply(nodes[0].admin_config(), user, grants, timeout=remaining())
         except BaseException:
             stop_kafka_nodes(nodes)
             if spark is not None:
@@ -266,6 +300,8 @@ class LocalStack:
             finally:
                 self.postgres(state).stop()
         self.env_path.unlink(missing_ok=True)
+        for role in _ROLE_FILES:
+            role_env_file(self.env_path, role).unlink(missing_ok=True)
         return self.status()
 
     def status(self) -> StackStatus:
@@ -308,17 +344,26 @@ class LocalStack:
                 )
                 for n, daemon in enumerate(spark.daemons() if spark else [])
             ),
+            secure=state.secure,
         )
 
     def _write_env(
         self, nodes: list[KafkaServer], postgres: PostgresServer, spark: SparkCluster | None
     ) -> None:
-        text = (
-            f"{ENV_KAFKA_BOOTSTRAP}={self.bootstrap_servers(nodes)}\n"
-            f"{ENV_POSTGRES_DSN}={postgres.dsn}\n"
-        )
+        text = f"{ENV_KAFKA_BOOTSTRAP}={self.bootstrap_servers(nodes)}\n"
+        if postgres.security is None:
+            text += f"{ENV_POSTGRES_DSN}={postgres.dsn}\n"
         if spark is not None:
             text += f"{ENV_SPARK_MASTER}={spark.master_url}\n"
-        tmp = self.env_path.with_suffix(".tmp")
-        tmp.write_text(text)
-        tmp.replace(self.env_path)
+        _write_atomically(self.env_path, text)
+        if postgres.security is not None:
+            # No credentials in stack.env: each role's own, as references to their files.
+            for role in _ROLE_FILES:
+                role_text = postgres.security.role_env(role, postgres_port=postgres.port)
+                _write_atomically(role_env_file(self.env_path, role), role_text)
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)

@@ -6,6 +6,9 @@ system user that Debian's package creates (docs/stack.md says why we chose this 
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
 import os
 import pwd
 import re
@@ -20,8 +23,9 @@ import psycopg
 from psycopg import sql
 
 from bridge.errors import MissingToolError, ServerStartError, StackError
-from bridge.names import POSTGRES_DATABASE, POSTGRES_USER
+from bridge.names import DEFAULT_STATE_SCHEMA, POSTGRES_DATABASE, POSTGRES_USER
 from bridge.stack import process
+from bridge.stack.secure import POSTGRES_ADMIN, POSTGRES_CONSUMER, StackSecurity
 
 ENV_POSTGRES_BINDIR = "BRIDGE_POSTGRES_BINDIR"
 SERVER_USER_WHEN_ROOT = "postgres"
@@ -102,18 +106,38 @@ class _RunAs:
         )
 
 
-class PostgresServer:
-    """One PostgreSQL cluster under `home`, listening on 127.0.0.1 only (no Unix socket)."""
+# A secured server: TLS only, passwords checked by SCRAM; no `trust`, no plain TCP.
+_SECURE_HBA = """\
+# TYPE   DATABASE USER ADDRESS      METHOD
+hostssl  all      all  127.0.0.1/32 scram-sha-256
+hostssl  all      all  ::1/128      scram-sha-256
+"""
 
-    def __init__(self, *, home: Path, port: int) -> None:
+
+class PostgresServer:
+    """One PostgreSQL cluster under `home`, listening on 127.0.0.1 only (no Unix socket).
+    With `security`: TLS with the stack's certificate, SCRAM passwords, and a role of least
+    rights for the consumer (see `secure_roles`)."""
+
+    def __init__(self, *, home: Path, port: int, security: StackSecurity | None = None) -> None:
         self.home = home
         self.port = port
+        self.security = security
         self.data_dir = home / "data"
         self.log_path = home / "postgres.log"
 
     @property
     def dsn(self) -> str:
+        """The superuser's DSN."""
+        if self.security is not None:
+            return self.security.postgres_dsn(POSTGRES_ADMIN, self.port)
         return f"postgresql://{POSTGRES_USER}@127.0.0.1:{self.port}/{POSTGRES_DATABASE}"
+
+    def role_dsn(self, role: str) -> str:
+        """The DSN of `role` (the consumer's, say); on a stack without security, the superuser's."""
+        if self.security is None:
+            return self.dsn
+        return self.security.postgres_dsn(role, self.port)
 
     @property
     def pid(self) -> int | None:
@@ -138,6 +162,9 @@ class PostgresServer:
             f"-p {self.port} -c listen_addresses=127.0.0.1 -c unix_socket_directories='' "
             "-c max_connections=200 -c shared_buffers=128MB"
         )
+        if self.security is not None:
+            cert, key = self._install_certificate(run_as)
+            options += f" -c ssl=on -c ssl_cert_file={cert} -c ssl_key_file={key}"
         argv = [
             str(bindir / "pg_ctl"), "start", "-D", str(self.data_dir), "-l", str(self.log_path),
             "-w", "-t", str(int(timeout)), "-o", options,
@@ -147,6 +174,8 @@ class PostgresServer:
             reason = (result.stdout + result.stderr).strip()[-1000:]
             raise ServerStartError("PostgreSQL", reason, log_path=str(self.log_path))
         self._create_database()
+        if self.security is not None:
+            self._secure_roles()
 
     def stop(self, *, grace: float = 30.0) -> None:
         """Fast shutdown (SIGINT): open transactions roll back, the cluster stays consistent."""
@@ -163,16 +192,74 @@ class PostgresServer:
     def _initdb(self, bindir: Path, run_as: _RunAs) -> None:
         argv = [
             str(bindir / "initdb"), "-D", str(self.data_dir), "-U", POSTGRES_USER,
-            "--auth=trust", "--encoding=UTF8", "--locale=C", "--no-sync",
+            "--encoding=UTF8", "--locale=C", "--no-sync",
         ]  # fmt: skip
-        result = run_as.run(argv)
+        pwfile = self.home / "initdb.pw"
+        if self.security is None:
+            argv.append("--auth=trust")
+        else:
+            # initdb reads the superuser's password from a file the server user can read,
+            # removed right after; never from the command line.
+            pwfile.write_text(self.security.password(f"postgres-{POSTGRES_ADMIN}") + "\n")
+            pwfile.chmod(0o600)
+            run_as.own(pwfile)
+            argv += ["--auth=scram-sha-256", f"--pwfile={pwfile}"]
+        try:
+            result = run_as.run(argv)
+        finally:
+            pwfile.unlink(missing_ok=True)
         if result.returncode != 0:
             shutil.rmtree(self.data_dir, ignore_errors=True)
             raise ServerStartError("PostgreSQL", f"initdb failed: {result.stderr.strip()[-1000:]}")
+        if self.security is not None:
+            hba = self.data_dir / "pg_hba.conf"
+            hba.write_text(_SECURE_HBA)
+            run_as.own(hba)
+
+    def _install_certificate(self, run_as: _RunAs) -> tuple[Path, Path]:
+        """The server's certificate and key, copied where the server user owns them: PostgreSQL
+        refuses a key file that others may read."""
+        assert self.security is not None  # noqa: S101 - only called for a secured server
+        issued = self.security.certificate("postgres")
+        tls = self.home / "tls"
+        tls.mkdir(mode=0o700, exist_ok=True)
+        run_as.own(tls)
+        installed = (tls / "server.pem", tls / "server.key")
+        for source, target in zip((issued.cert, issued.key), installed, strict=True):
+            target.write_bytes(source.read_bytes())
+            target.chmod(0o600)
+            run_as.own(target)
+        return installed
+
+    def _secure_roles(self) -> None:
+        """The consumer's role: it logs in, owns its state schema, and may use what it is
+        granted (`grant_table`), nothing else: no CREATE on the database or on `public`."""
+        assert self.security is not None  # noqa: S101 - only called for a secured server
+        verifier = scram_sha_256_verifier(self.security.password(f"postgres-{POSTGRES_CONSUMER}"))
+        role = sql.Identifier(POSTGRES_CONSUMER)
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            exists = conn.execute(
+                "SELECT 1 FROM pg_roles WHERE rolname = %s", (POSTGRES_CONSUMER,)
+            ).fetchone()
+            verb = "ALTER" if exists else "CREATE"
+            # The verifier, not the password, so that the password is never in a statement.
+            conn.execute(
+                sql.SQL(verb + " ROLE {} LOGIN PASSWORD {}").format(role, sql.Literal(verifier))
+            )
+            conn.execute(sql.SQL("REVOKE ALL ON DATABASE {} FROM PUBLIC").format(
+                sql.Identifier(POSTGRES_DATABASE)))  # fmt: skip
+            conn.execute(sql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(
+                sql.Identifier(POSTGRES_DATABASE), role))  # fmt: skip
+        with psycopg.connect(self.dsn, dbname=POSTGRES_DATABASE, autocommit=True) as conn:
+            conn.execute("REVOKE CREATE ON SCHEMA public FROM PUBLIC")
+            conn.execute(
+                sql.SQL("CREATE SCHEMA IF NOT EXISTS {} AUTHORIZATION {}").format(
+                    sql.Identifier(DEFAULT_STATE_SCHEMA), role
+                )
+            )
 
     def _create_database(self) -> None:
-        admin_dsn = f"postgresql://{POSTGRES_USER}@127.0.0.1:{self.port}/postgres"
-        with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        with psycopg.connect(self.dsn, dbname="postgres", autocommit=True) as conn:
             exists = conn.execute(
                 "SELECT 1 FROM pg_database WHERE datname = %s", (POSTGRES_DATABASE,)
             ).fetchone()
@@ -180,3 +267,35 @@ class PostgresServer:
                 conn.execute(
                     sql.SQL("CREATE DATABASE {}").format(sql.Identifier(POSTGRES_DATABASE))
                 )
+
+
+def scram_sha_256_verifier(password: str, *, iterations: int = 4096) -> str:
+    """What PostgreSQL stores for a SCRAM-SHA-256 password (RFC 5803's form), so that a role's
+    password can be set without the password itself in any statement or log."""
+    salt = os.urandom(16)
+    salted = hashlib.pbkdf2_hmac("sha256", password.encode(), salt, iterations)
+    client_key = hmac.digest(salted, b"Client Key", "sha256")
+    stored_key = hashlib.sha256(client_key).digest()
+    server_key = hmac.digest(salted, b"Server Key", "sha256")
+    encode = base64.b64encode
+    return (
+        f"SCRAM-SHA-256${iterations}:{encode(salt).decode()}"
+        f"${encode(stored_key).decode()}:{encode(server_key).decode()}"
+    )
+
+
+def role_of(dsn: str) -> str:
+    """The role a DSN logs in as."""
+    return str(psycopg.conninfo.conninfo_to_dict(dsn).get("user") or "")
+
+
+def grant_table(dsn: str, table: str, role: str, *, upsert: bool = False) -> None:
+    """Let `role` write `table` (`schema.table`): INSERT, and UPDATE+SELECT for an upsert
+    (ON CONFLICT DO UPDATE reads the conflicting row)."""
+    schema, _, name = table.rpartition(".")
+    target = sql.Identifier(schema or "public", name)
+    rights = sql.SQL("SELECT, INSERT, UPDATE" if upsert else "INSERT")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(
+            sql.Identifier(schema or "public"), sql.Identifier(role)))  # fmt: skip
+        conn.execute(sql.SQL("GRANT {} ON {} TO {}").format(rights, target, sql.Identifier(role)))
