@@ -152,3 +152,15 @@ def add_scram_user(
             future.result(timeout)
         except KafkaException as exc:
             raise TopicError(f"cannot set the credential of {user!r}: {exc.args[0].str()}") from exc
+
+
+def table_rights(mode: str, *, deletes: bool) -> tuple[str, ...]:
+    """What the consumer's role needs on a target table in PostgreSQL: INSERT; for an upsert
+    also SELECT (ON CONFLICT reads the conflicting row) and UPDATE; DELETE where a route has
+    key columns, by which a tombstone deletes (a delete by key reads the key: SELECT too)."""
+    rights = ["INSERT"]
+    if mode == "upsert":
+        rights += ["SELECT", "UPDATE"]
+    if deletes:
+        rights += ["SELECT", "DELETE"]
+    return tuple(dict.fromkeys(rights))

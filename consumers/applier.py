@@ -109,7 +109,7 @@ class Applier:
         puts: list[Put] = list(zip(records, rows, strict=True))
         if target.route.mode == "upsert":
             return _merge_steps(target, _last_per_key(target, puts))
-        return _copy_steps(sql.SQL(target.qualified), target, puts)
+        return _copy_steps(target.identifier, target, puts)
 
     # -- decoding -----------------------------------------------------------------------------
 
@@ -208,7 +208,7 @@ class Applier:
 
     @staticmethod
     def _copy(conn: psycopg.Connection, target: Target, puts: list[Put]) -> None:
-        run_steps(conn, _copy_steps(sql.SQL(target.qualified), target, puts))
+        run_steps(conn, _copy_steps(target.identifier, target, puts))
 
     @staticmethod
     def _merge(conn: psycopg.Connection, target: Target, puts: list[Put]) -> None:
@@ -219,15 +219,16 @@ class Applier:
         condition = sql.SQL(" AND ").join(
             sql.SQL("{} = %s").format(sql.Identifier(c)) for c in target.route.key_columns
         )
-        statement = sql.SQL("DELETE FROM {} WHERE ").format(sql.SQL(target.qualified)) + condition
+        statement = sql.SQL("DELETE FROM {} WHERE ").format(target.identifier) + condition
         with conn.cursor() as cursor:
             cursor.executemany(statement, [op.key for op in deletes])
 
     def _dead_letter(self, conn: psycopg.Connection, record: Record, error: str) -> None:
         conn.execute(
-            f"INSERT INTO {self._dead_letters} "  # noqa: S608 - our table
-            '(group_id, topic, partition, "offset", key, value, headers, error) '
-            "VALUES (%s, %s, %s, %s, %s, %s, %s::jsonb, %s)",
+            sql.SQL(
+                'INSERT INTO {} (group_id, topic, partition, "offset", key, value, headers, error) '
+                "VALUES (%s, %s, %s, %s, %s, %s, %s::jsonb, %s)"
+            ).format(self._dead_letters),
             (
                 self._group,
                 record.topic(),
@@ -293,7 +294,7 @@ def _merge_steps(target: Target, puts: list[Put]) -> list[Step]:
     split to find a refused record, start from an empty table within one transaction; ON COMMIT
     DELETE ROWS then truncates its file at commit, without a catalog change."""
     stage = sql.Identifier(stage_name(target))
-    table = sql.SQL(target.qualified)
+    table = target.identifier
     keys = sql.SQL(", ").join(map(sql.Identifier, target.route.key_columns))
     steps = [
         Step(

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import psycopg
+from psycopg import sql
 from sqlalchemy import (
     BigInteger,
     Column,
@@ -46,8 +47,8 @@ class StateTables:
     dead_letters: Table
     offset_resets: Table
 
-    def qualified(self, table: Table) -> str:
-        return f'"{self.schema}"."{table.name}"'
+    def qualified(self, table: Table) -> sql.Identifier:
+        return sql.Identifier(self.schema, table.name)
 
 
 def state_tables(schema: str) -> StateTables:

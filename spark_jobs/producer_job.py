@@ -24,6 +24,7 @@ from bridge.errors import ConfigError
 from bridge.names import SINK_FORMAT
 from spark_jobs.locations import local_path, progress_path, spark_location
 from spark_jobs.progress import SinkCounters
+from spark_jobs.spark_kafka_options import java_client_options
 from spark_jobs.spark_session import build_session
 
 log = logging.getLogger("bridge.produce")
@@ -82,6 +83,11 @@ class ProducerJob:
             problems.append(("--input", f"only the files source reads files, not {self.source}"))
         if self.source is Source.KAFKA and not self.source_topic:
             problems.append(("--source-topic", "the kafka source needs a topic to read"))
+        if self.source is Source.KAFKA:
+            try:
+                java_client_options(self.kafka_properties)
+            except ConfigError as exc:
+                problems.extend(exc.problems)
         if self.trigger != AVAILABLE_NOW and not _INTERVAL.match(self.trigger):
             problems.append(
                 (
@@ -192,6 +198,9 @@ def _read(spark: Any, job: ProducerJob) -> Any:
         .option("startingOffsets", "earliest")
         .option("kafka.isolation.level", "read_committed")
     )
+    # The same principal and TLS settings as the sink's, in the Java client's terms.
+    for name, setting in java_client_options(job.kafka_properties).items():
+        reader = reader.option(name, setting)
     records = reader.load()
     return records.select(
         F.col("key").cast("string").alias("key"),

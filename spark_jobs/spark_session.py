@@ -18,6 +18,9 @@ log = logging.getLogger("bridge.spark")
 DEFAULT_MASTER = "local[2,4]"
 
 
+REDACTION_REGEX = r"(?i)secret|password|token|access[.]?key|jaas|sasl\.|ssl\.key"
+
+
 def build_session(
     app_name: str,
     *,
@@ -66,6 +69,10 @@ def build_session(
         "spark.sql.shuffle.partitions": "2",
         # A Python worker that dies (the sink runs there) prints its traceback, not only a code.
         "spark.python.worker.faulthandler.enabled": "true",
+        # Spark's default, plus the Kafka client's JAAS line and SASL settings, which hold a
+        # password: redacted by key (and by value) in plans, the UI and event logs.
+        "spark.redaction.regex": REDACTION_REGEX,
+        "spark.sql.redaction.options.regex": f"(?i)url|{REDACTION_REGEX.removeprefix('(?i)')}",
         **(conf or {}),
     }
     if conf and "spark.archives" in conf and "spark.archives" in shipped:

@@ -21,24 +21,46 @@ from tests.toxiproxy import Proxy, Toxiproxy, ToxiproxyMissing, toxiproxy_binary
 _HERE = Path(__file__).parent
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--secure",
+        action="store_true",
+        help="run the tests marked `secured` (and only those) on the secured local stack: "
+        "TLS, SASL/SCRAM and ACLs on Kafka, TLS and SCRAM on PostgreSQL, a principal per role",
+    )
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "unit: no I/O, fast")
     config.addinivalue_line("markers", "integration: needs real Kafka and PostgreSQL")
     config.addinivalue_line("markers", "slow: takes more than a few seconds")
+    config.addinivalue_line(
+        "markers", "secured: runs on the secured stack too (pytest --secure runs only these)"
+    )
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # The directory decides the marker, so `-m unit` and `-m integration` never miss a test.
     for item in items:
         parts = Path(str(item.path)).relative_to(_HERE).parts
         if parts and parts[0] in ("unit", "integration"):
             item.add_marker(parts[0])
+    if config.getoption("--secure"):
+        kept = [item for item in items if item.get_closest_marker("secured")]
+        config.hook.pytest_deselected(items=[item for item in items if item not in kept])
+        items[:] = kept
 
 
 @pytest.fixture(scope="session")
-def stack() -> Iterator[Endpoints]:
+def secure(request: pytest.FixtureRequest) -> bool:
+    """Whether this session runs on the secured stack (pytest --secure)."""
+    return bool(request.config.getoption("--secure"))
+
+
+@pytest.fixture(scope="session")
+def stack(secure: bool) -> Iterator[Endpoints]:
     """Real Kafka and PostgreSQL for the session; see tests/harness.py for where they come from."""
-    with endpoints() as found:
+    with endpoints(secure=secure) as found:
         yield found
 
 

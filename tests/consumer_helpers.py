@@ -20,9 +20,13 @@ from tests.kafka_helpers import transactional_producer
 def settings_for(
     stack: Endpoints, names: dict[str, str], *, consumer: dict[str, Any] | None = None, **route: Any
 ) -> BridgeSettings:
+    # As the consumer's principal and role (of least rights, on a secured stack).
     return load_settings(
-        kafka={"bootstrap_servers": stack.bootstrap_servers},
-        postgres={"dsn": stack.dsn},
+        kafka={
+            "bootstrap_servers": stack.bootstrap_servers,
+            "properties": stack.properties("consumer", resolved=False),
+        },
+        postgres={"dsn": stack.role_dsn("consumer")},
         consumer={
             "group_id": names["group"],
             "state_schema": names["schema"],
@@ -47,7 +51,7 @@ def produce(
     abort: bool = False,
     headers: list[tuple[str, str | bytes | None]] | None = None,
 ) -> None:
-    producer = transactional_producer(stack.bootstrap_servers)
+    producer = transactional_producer(stack.bootstrap_servers, config=stack.properties())
     producer.begin_transaction()
     for key, value in records:
         producer.produce(

@@ -9,14 +9,18 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from bridge.acls import ROLES
+from bridge.secrets import resolve_file_reference
 from bridge.stack import LocalStack
 from bridge.stack.kafka import KafkaServer
-from bridge.stack.postgres import PostgresServer
+from bridge.stack.postgres import PostgresServer, grant_table
+from bridge.stack.secure import KAFKA_ADMIN, KAFKA_USERS, POSTGRES_CONSUMER
 
 ENV_TEST_KAFKA = "BRIDGE_TEST_KAFKA_BOOTSTRAP"
 ENV_TEST_DSN = "BRIDGE_TEST_POSTGRES_DSN"
@@ -32,14 +36,58 @@ class Endpoints:
     where fault-injection tests may stop, kill and restart the real processes."""
 
     bootstrap_servers: str
-    dsn: str
+    dsn: str  # the superuser's
     origin: str
     kafka: KafkaServer | None = None
     postgres: PostgresServer | None = None
+    # A secured stack (pytest --secure): its data directory, and each role's librdkafka
+    # security settings with passwords as ${file:...} references ("admin" has every right).
+    stack_dir: Path | None = None
+    role_properties: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    consumer_dsn: str | None = None  # the consumer's (and the tools') role of least rights
+
+    @property
+    def secure(self) -> bool:
+        return bool(self.role_properties)
+
+    def properties(self, role: str = "admin", *, resolved: bool = True) -> dict[str, str]:
+        """The Kafka security settings of `role` (empty on a plain stack); `resolved`: with the
+        password itself, for a client made here, rather than the reference to its file."""
+        found = dict(self.role_properties.get(role, {}))
+        return {k: resolve_file_reference(v) for k, v in found.items()} if resolved else found
+
+    def client(self, role: str = "admin", **overrides: Any) -> dict[str, Any]:
+        """A librdkafka configuration for a client of `role`."""
+        return {"bootstrap.servers": self.bootstrap_servers, **self.properties(role), **overrides}
+
+    def role_dsn(self, role: str = "consumer") -> str:
+        """The DSN the consumer or the tools log in with: a role of least rights when secured."""
+        return self.consumer_dsn if self.consumer_dsn and role != "admin" else self.dsn
+
+    def let_consumer_write(
+        self, table: str, *, upsert: bool = False, schema: str | None = None
+    ) -> None:
+        """On a secured stack, what an administrator grants the consumer's role for a route to
+        `table`, and its own state `schema`; nothing to do on a plain stack."""
+        if not self.secure:
+            return
+        grant_table(self.dsn, table, POSTGRES_CONSUMER, upsert=upsert, deletes=upsert)
+        if schema is not None:
+            import psycopg
+            from psycopg import sql
+
+            with psycopg.connect(self.dsn, autocommit=True) as conn:
+                conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {} AUTHORIZATION {}").format(
+                    sql.Identifier(schema), sql.Identifier(POSTGRES_CONSUMER)))  # fmt: skip
 
 
 @contextmanager
-def endpoints() -> Iterator[Endpoints]:
+def endpoints(*, secure: bool = False) -> Iterator[Endpoints]:
+    """`secure`: the local stack with TLS, SCRAM and ACLs (only the local stack has that)."""
+    if secure:
+        with _local_stack(secure=True) as found:
+            yield found
+        return
     external = _external()
     if external is not None:
         yield external
@@ -107,21 +155,30 @@ def _containers() -> Iterator[Endpoints]:
 
 
 @contextmanager
-def _local_stack() -> Iterator[Endpoints]:
+def _local_stack(*, secure: bool = False) -> Iterator[Endpoints]:
     # Under /tmp rather than pytest's 0700 tmp root: when we run as root, PostgreSQL runs as
     # the `postgres` user, which must be able to enter its data directory's parents.
     data_dir = Path(tempfile.mkdtemp(prefix="bridge-test-stack-"))
     data_dir.chmod(0o755)
-    stack = LocalStack(data_dir)
+    stack = LocalStack(data_dir, secure=secure)
     try:
         stack.up(timeout=180)
         state = stack.state()
+        security = stack.security(state)
+        postgres = stack.postgres(state)
+        roles: dict[str, dict[str, str]] = {}
+        if security is not None:
+            roles = {role: security.kafka_properties(KAFKA_USERS[role]) for role in ROLES}
+            roles["admin"] = security.kafka_properties(KAFKA_ADMIN)
         yield Endpoints(
             bootstrap_servers=stack.kafka(state).bootstrap_servers,
-            dsn=stack.postgres(state).dsn,
-            origin="local stack",
+            dsn=postgres.dsn,
+            origin="secured local stack" if secure else "local stack",
             kafka=stack.kafka(state),
-            postgres=stack.postgres(state),
+            postgres=postgres,
+            stack_dir=data_dir if secure else None,
+            role_properties=roles,
+            consumer_dsn=postgres.role_dsn(POSTGRES_CONSUMER) if secure else None,
         )
     finally:
         stack.down()

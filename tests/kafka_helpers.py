@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Literal
+from collections.abc import Mapping
+from typing import Any, Literal
 
 from confluent_kafka import (
     Consumer,
@@ -18,9 +19,15 @@ from confluent_kafka import (
 Isolation = Literal["read_committed", "read_uncommitted"]
 
 
-def transactional_producer(bootstrap: str, transactional_id: str | None = None) -> Producer:
+# `config` of each helper: more client settings (a secured stack's, Endpoints.properties()).
+
+
+def transactional_producer(
+    bootstrap: str, transactional_id: str | None = None, *, config: Mapping[str, Any] | None = None
+) -> Producer:
     producer = Producer(
         {
+            **(config or {}),
             "bootstrap.servers": bootstrap,
             "transactional.id": transactional_id or f"test-{uuid.uuid4().hex}",
             "linger.ms": 5,
@@ -37,12 +44,18 @@ def read_all(
     isolation: Isolation = "read_committed",
     partitions: int = 1,
     timeout: float = 30.0,
+    config: Mapping[str, Any] | None = None,
 ) -> list[bytes]:
     """Every value a consumer of `isolation` can read, from the start to the end of each partition
     (for read_committed the end is the last stable offset)."""
     values = []
     for message in read_messages(
-        bootstrap, topic, isolation=isolation, partitions=partitions, timeout=timeout
+        bootstrap,
+        topic,
+        isolation=isolation,
+        partitions=partitions,
+        timeout=timeout,
+        config=config,
     ):
         value = message.value()
         assert value is not None, f"{topic}: a record without a value"
@@ -57,10 +70,12 @@ def read_messages(
     isolation: Isolation = "read_committed",
     partitions: int = 1,
     timeout: float = 30.0,
+    config: Mapping[str, Any] | None = None,
 ) -> list[Message]:
     """Every record a consumer of `isolation` can read, as in `read_all`, with key and headers."""
     consumer = Consumer(
         {
+            **(config or {}),
             "bootstrap.servers": bootstrap,
             "group.id": f"reader-{uuid.uuid4().hex}",
             "isolation.level": isolation,

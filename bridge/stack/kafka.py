@@ -248,7 +248,7 @@ class KafkaServer:
                 }
             )
         lines = [f"{key}={value}" for key, value in settings.items()]
-        # Owner only: a secured node's configuration holds its own SCRAM password.
+        # Owner only: a secured node's configuration names where its secrets are.
         self.config_path.touch(mode=0o600)
         self.config_path.chmod(0o600)
         self.config_path.write_text("\n".join(lines) + "\n")

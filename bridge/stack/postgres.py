@@ -22,6 +22,7 @@ from pathlib import Path
 import psycopg
 from psycopg import sql
 
+from bridge.acls import table_rights
 from bridge.errors import MissingToolError, ServerStartError, StackError
 from bridge.names import DEFAULT_STATE_SCHEMA, POSTGRES_DATABASE, POSTGRES_USER
 from bridge.stack import process
@@ -248,7 +249,8 @@ class PostgresServer:
             )
             conn.execute(sql.SQL("REVOKE ALL ON DATABASE {} FROM PUBLIC").format(
                 sql.Identifier(POSTGRES_DATABASE)))  # fmt: skip
-            conn.execute(sql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(
+            # TEMPORARY: an upsert stages its rows in a temporary table.
+            conn.execute(sql.SQL("GRANT CONNECT, TEMPORARY ON DATABASE {} TO {}").format(
                 sql.Identifier(POSTGRES_DATABASE), role))  # fmt: skip
         with psycopg.connect(self.dsn, dbname=POSTGRES_DATABASE, autocommit=True) as conn:
             conn.execute("REVOKE CREATE ON SCHEMA public FROM PUBLIC")
@@ -289,12 +291,15 @@ def role_of(dsn: str) -> str:
     return str(psycopg.conninfo.conninfo_to_dict(dsn).get("user") or "")
 
 
-def grant_table(dsn: str, table: str, role: str, *, upsert: bool = False) -> None:
-    """Let `role` write `table` (`schema.table`): INSERT, and UPDATE+SELECT for an upsert
-    (ON CONFLICT DO UPDATE reads the conflicting row)."""
+def grant_table(
+    dsn: str, table: str, role: str, *, upsert: bool = False, deletes: bool = False
+) -> None:
+    """Let `role` write `table` (`schema.table`) as a route of mode `insert` or `upsert` needs
+    (bridge.acls.table_rights says which rights)."""
     schema, _, name = table.rpartition(".")
     target = sql.Identifier(schema or "public", name)
-    rights = sql.SQL("SELECT, INSERT, UPDATE" if upsert else "INSERT")
+    mode = "upsert" if upsert else "insert"
+    rights = sql.SQL(", ".join(table_rights(mode, deletes=deletes or upsert)))
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(
             sql.Identifier(schema or "public"), sql.Identifier(role)))  # fmt: skip

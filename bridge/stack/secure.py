@@ -112,14 +112,20 @@ class StackSecurity:
     def broker_settings(self, *, listener: str) -> dict[str, str]:
         """The security part of a node's server.properties; `listener` is the client one."""
         broker = self.certificate(KAFKA_BROKER)
-        password = self.password(f"kafka-{KAFKA_BROKER}")
         name = listener.lower()
         return {
+            # The node's own password stays in the secrets directory: Kafka's FileConfigProvider
+            # puts it into the JAAS line when the node reads its configuration.
+            "config.providers": "file",
+            "config.providers.file.class": (
+                "org.apache.kafka.common.config.provider.FileConfigProvider"
+            ),
             "sasl.enabled.mechanisms": SCRAM_MECHANISM,
             "sasl.mechanism.inter.broker.protocol": SCRAM_MECHANISM,
             f"listener.name.{name}.{SCRAM_MECHANISM.lower()}.sasl.jaas.config": (
                 "org.apache.kafka.common.security.scram.ScramLoginModule required "
-                f'username="{KAFKA_BROKER}" password="{password}";'
+                f'username="{KAFKA_BROKER}" '
+                f'password="${{file:{self._broker_secrets()}:password}}";'
             ),
             "ssl.keystore.type": "PEM",
             "ssl.keystore.location": str(broker.keystore()),
@@ -132,6 +138,16 @@ class StackSecurity:
             "allow.everyone.if.no.acl.found": "false",
             "super.users": ";".join(f"User:{user}" for user in KAFKA_SUPER_USERS),
         }
+
+    def _broker_secrets(self) -> Path:
+        """The node's password as a properties file, the shape FileConfigProvider reads."""
+        path = self.secrets_dir / f"kafka-{KAFKA_BROKER}.properties"
+        if not path.exists():
+            password = self.password(f"kafka-{KAFKA_BROKER}")
+            descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(descriptor, "w") as out:
+                out.write(f"password={password}\n")  # token_urlsafe: nothing to escape
+        return path
 
     def kafka_properties(self, user: str) -> dict[str, str]:
         """librdkafka settings for `user`; the password as a reference to its file."""

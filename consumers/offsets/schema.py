@@ -6,6 +6,7 @@ and written only by `consumers.offsets.store`.
 
 from __future__ import annotations
 
+from psycopg import sql
 from sqlalchemy import (
     BigInteger,
     Boolean,
@@ -60,8 +61,9 @@ def advance_function_ddl(schema: str) -> str:
     """Moves each partition to its new next offset where the lease still holds (same owner
     epoch, same expected offset) and returns the partitions it did not move. With `p_strict`
     it raises instead, aborting the transaction that holds it, and with it the batch's rows."""
-    return f"""
-CREATE OR REPLACE FUNCTION "{schema}".{ADVANCE_OFFSETS_FUNCTION}(
+    return (
+        sql.SQL("""
+CREATE OR REPLACE FUNCTION {function}(
     p_group text, p_topics text[], p_partitions integer[], p_epochs bigint[],
     p_expected bigint[], p_next bigint[], p_strict boolean)
 RETURNS TABLE (fenced_topic text, fenced_partition integer)
@@ -69,7 +71,7 @@ LANGUAGE plpgsql AS $advance$
 BEGIN
     RETURN QUERY
     WITH moved AS (
-        UPDATE "{schema}".{OFFSETS_TABLE} AS o
+        UPDATE {table} AS o
         SET next_offset = x.n, updated_at = now()
         FROM unnest(p_topics, p_partitions, p_epochs, p_expected, p_next)
             AS x(t, p, e, expected, n)
@@ -83,4 +85,10 @@ BEGIN
             USING HINT = 'another member took the partition over, or its offset was reset';
     END IF;
 END
-$advance$"""  # noqa: S608 - our own schema and table names
+$advance$""")
+        .format(
+            function=sql.Identifier(schema, ADVANCE_OFFSETS_FUNCTION),
+            table=sql.Identifier(schema, OFFSETS_TABLE),
+        )
+        .as_string()
+    )

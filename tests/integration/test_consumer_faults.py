@@ -46,9 +46,14 @@ def write_config(
                 # A short session lets the group drop a killed or paused member quickly.
                 "kafka": {
                     "bootstrap_servers": stack.bootstrap_servers,
-                    "properties": {"session.timeout.ms": 6000, "heartbeat.interval.ms": 1000},
+                    "properties": {
+                        "session.timeout.ms": 6000,
+                        "heartbeat.interval.ms": 1000,
+                        **stack.properties("consumer", resolved=False),
+                    },
                 },
-                "postgres": {"dsn": stack.dsn},
+                # The consumer's own principal and role on a secured stack.
+                "postgres": {"dsn": stack.role_dsn("consumer")},
                 "consumer": {
                     "group_id": group,
                     "batch_max_records": batch,
@@ -68,15 +73,17 @@ def count(dsn: str, table: str) -> tuple[int, int]:
     return row[0], row[1]
 
 
+@pytest.mark.secured
 def test_sigkill_at_random_moments_loses_and_doubles_nothing(
     stack: Endpoints, tmp_path: Path
 ) -> None:
     suffix = uuid.uuid4().hex[:10]
     topic, table = f"k-{suffix}", f"k_{suffix}"
-    create_topic(stack.bootstrap_servers, topic, partitions=3)
+    create_topic(stack.bootstrap_servers, topic, partitions=3, config=stack.properties())
     with psycopg.connect(stack.dsn) as conn:
         conn.execute(f"CREATE TABLE public.{table} (id int NOT NULL, body text)")
-    producer = transactional_producer(stack.bootstrap_servers)
+    stack.let_consumer_write(f"public.{table}")
+    producer = transactional_producer(stack.bootstrap_servers, config=stack.properties())
     for start in range(0, RECORDS, 5_000):
         producer.begin_transaction()
         for i in range(start, start + 5_000):

@@ -30,8 +30,13 @@ from tests.kafka_helpers import read_all, transactional_producer
 def bridge(stack: Endpoints, *args: str) -> subprocess.CompletedProcess[str]:
     """The command line against the test stack, whatever BRIDGE_* the caller's shell holds."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("BRIDGE_")}
-    env |= {"BRIDGE_KAFKA__BOOTSTRAP_SERVERS": stack.bootstrap_servers,
-            "BRIDGE_POSTGRES__DSN": stack.dsn, "BRIDGE_STACK_DIR": "/nonexistent"}  # fmt: skip
+    if stack.secure:
+        # As a user of the secured stack runs them: the tools' principal and role, from the
+        # files the stack wrote (stack.env and stack.tools.env).
+        env["BRIDGE_STACK_DIR"] = str(stack.stack_dir)
+    else:
+        env |= {"BRIDGE_KAFKA__BOOTSTRAP_SERVERS": stack.bootstrap_servers,
+                "BRIDGE_POSTGRES__DSN": stack.dsn, "BRIDGE_STACK_DIR": "/nonexistent"}  # fmt: skip
     return run_bridge(*args, env=env, timeout=120)
 
 
@@ -52,8 +57,9 @@ def stored(stack: Endpoints, names: dict[str, str]) -> list[tuple[Any, ...]]:
 
 
 def setup_applied(stack: Endpoints, names: dict[str, str]) -> None:
-    create_topic(stack.bootstrap_servers, names["topic"], partitions=2)
+    create_topic(stack.bootstrap_servers, names["topic"], partitions=2, config=stack.properties())
     sql(stack, f"CREATE TABLE public.{names['table']} (id int, body text)")  # no key
+    stack.let_consumer_write(f"public.{names['table']}", schema=names["schema"])
     produce(stack, names["topic"], [(i, {"id": i}) for i in range(20)])
     produce(stack, names["topic"], [(i, {"id": i}) for i in range(20, 40)])
 
@@ -62,11 +68,14 @@ def count(stack: Endpoints, names: dict[str, str]) -> int:
     return int(sql(stack, f"SELECT count(*) FROM public.{names['table']}")[0][0])
 
 
+@pytest.mark.secured
 def test_offsets_show_reports_positions_lag_and_the_live_member(
     stack: Endpoints, names: dict[str, str]
 ) -> None:
     setup_applied(stack, names)
-    ranges = offset_range(stack.bootstrap_servers, [(names["topic"], p) for p in (0, 1)])
+    ranges = offset_range(
+        stack.bootstrap_servers, [(names["topic"], p) for p in (0, 1)], config=stack.properties()
+    )
     with running(settings_for(stack, names)):
         eventually(lambda: count(stack, names) == 40)
         live = show(stack, names)
@@ -98,6 +107,7 @@ def test_offsets_show_reports_positions_lag_and_the_live_member(
     assert all(p["live_owner"] is None and p["owner"] is None for p in after)
 
 
+@pytest.mark.secured
 def test_offsets_reset_is_a_dry_run_refused_with_a_live_owner_and_forced_on_request(
     stack: Endpoints, names: dict[str, str]
 ) -> None:
@@ -137,13 +147,16 @@ def test_offsets_reset_is_a_dry_run_refused_with_a_live_owner_and_forced_on_requ
     ]
 
 
+@pytest.mark.secured
 def test_offsets_reset_targets_and_refusals_with_the_group_stopped(
     stack: Endpoints, names: dict[str, str]
 ) -> None:
     setup_applied(stack, names)
     with running(settings_for(stack, names)):
         eventually(lambda: count(stack, names) == 40)
-    ranges = offset_range(stack.bootstrap_servers, [(names["topic"], p) for p in (0, 1)])
+    ranges = offset_range(
+        stack.bootstrap_servers, [(names["topic"], p) for p in (0, 1)], config=stack.properties()
+    )
     base = ("offsets", "reset", "--group", names["group"], "--schema", names["schema"],
             "--topic", names["topic"], "--execute")  # fmt: skip
 
@@ -172,16 +185,19 @@ def test_offsets_reset_targets_and_refusals_with_the_group_stopped(
     assert moves == 2 + 2 + 1 + 2 + 2  # one audit row per partition moved, none for refusals
 
 
+@pytest.mark.secured
 def test_txn_show_reads_committed_epochs_and_abort_fences_a_lingering_transaction(
     stack: Endpoints, names: dict[str, str]
 ) -> None:
     prefix, markers, data = f"tx-{uuid.uuid4().hex[:8]}", f"m-{names['topic']}", names["topic"]
-    create_topic(stack.bootstrap_servers, markers)
-    create_topic(stack.bootstrap_servers, data)
-    kafka = {"bootstrap.servers": stack.bootstrap_servers}
+    create_topic(stack.bootstrap_servers, markers, config=stack.properties())
+    create_topic(stack.bootstrap_servers, data, config=stack.properties())
+    kafka = stack.client("producer")
     for partition, epoch in ((0, 0), (0, 1), (1, 0)):
         producer = transactional_producer(
-            stack.bootstrap_servers, f"{prefix}-p{partition}-e{epoch}"
+            stack.bootstrap_servers,
+            f"{prefix}-p{partition}-e{epoch}",
+            config=stack.properties("producer"),
         )
         reader = MarkerReader(kafka, prefix=prefix, partition=partition, marker_topic=markers)
         producer.begin_transaction()
@@ -201,11 +217,13 @@ def test_txn_show_reads_committed_epochs_and_abort_fences_a_lingering_transactio
         (1, 0, 1),
     ]
 
-    lingering = transactional_producer(stack.bootstrap_servers, f"{prefix}-p1-e1")
+    lingering = transactional_producer(
+        stack.bootstrap_servers, f"{prefix}-p1-e1", config=stack.properties("producer")
+    )
     lingering.begin_transaction()
     lingering.produce(data, value=b"never")
     lingering.flush(30)
-    admin = KafkaAdmin({"bootstrap.servers": stack.bootstrap_servers})
+    admin = KafkaAdmin(stack.client())
     held = admin.log_ranges([(data, 0)])[(data, 0)]
     assert held.last_stable < held.high_watermark, "the open transaction holds read_committed"
 
@@ -214,7 +232,7 @@ def test_txn_show_reads_committed_epochs_and_abort_fences_a_lingering_transactio
     assert aborted.returncode == 0, aborted.stderr
     assert f"{prefix}-p1-e1" in aborted.stdout
     eventually(lambda: admin.log_ranges([(data, 0)])[(data, 0)].last_stable > held.last_stable)
-    assert sorted(read_all(stack.bootstrap_servers, data)) == [
+    assert sorted(read_all(stack.bootstrap_servers, data, config=stack.properties())) == [
         b"0/0", b"0/1", b"1/0"
     ]  # fmt: skip
     with pytest.raises(KafkaException):
@@ -224,17 +242,19 @@ def test_txn_show_reads_committed_epochs_and_abort_fences_a_lingering_transactio
     assert refused.returncode == 2 and "--epoch is required" in refused.stderr
 
 
+@pytest.mark.secured
 def test_a_stored_offset_below_the_log_start_pauses_until_an_operator_resets_it(
     stack: Endpoints, names: dict[str, str]
 ) -> None:
-    create_topic(stack.bootstrap_servers, names["topic"])
+    create_topic(stack.bootstrap_servers, names["topic"], config=stack.properties())
     sql(stack, f"CREATE TABLE public.{names['table']} (id int)")
+    stack.let_consumer_write(f"public.{names['table']}", schema=names["schema"])
     settings = settings_for(stack, names)
     produce(stack, names["topic"], [(None, {"id": i}) for i in range(10)])
     with running(settings):
         eventually(lambda: count(stack, names) == 10)
     produce(stack, names["topic"], [(None, {"id": i}) for i in range(10, 20)])  # never applied
-    admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
+    admin = AdminClient(stack.client())
     deleted = admin.delete_records([TopicPartition(names["topic"], 0, 15)])  # retention did it
     for future in deleted.values():
         future.result(30)

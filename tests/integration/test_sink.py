@@ -52,6 +52,7 @@ def files_job(stack: Endpoints, tmp_path: Path, topic: str, **extra: Any) -> Pro
         topic=topic,
         checkpoint=tmp_path / "checkpoint",
         bootstrap_servers=stack.bootstrap_servers,
+        kafka_properties=stack.properties("producer"),
         key_field="id",
         max_files_per_trigger=2,
         **extra,
@@ -60,12 +61,16 @@ def files_job(stack: Endpoints, tmp_path: Path, topic: str, **extra: Any) -> Pro
 
 @pytest.fixture
 def topic(stack: Endpoints, topic_name: str) -> str:
-    create_topic(stack.bootstrap_servers, topic_name, partitions=PARTITIONS)
+    create_topic(
+        stack.bootstrap_servers, topic_name, partitions=PARTITIONS, config=stack.properties()
+    )
     return topic_name
 
 
 def assert_exactly(stack: Endpoints, topic: str, expected: list[bytes]) -> None:
-    seen = Counter(read_all(stack.bootstrap_servers, topic, partitions=PARTITIONS))
+    seen = Counter(
+        read_all(stack.bootstrap_servers, topic, partitions=PARTITIONS, config=stack.properties())
+    )
     doubled = {value: n for value, n in seen.items() if n > 1}
     assert not doubled, (
         f"{len(doubled)} records written more than once, e.g. {next(iter(doubled))!r}"
@@ -75,6 +80,7 @@ def assert_exactly(stack: Endpoints, topic: str, expected: list[bytes]) -> None:
     )
 
 
+@pytest.mark.secured
 def test_every_row_lands_once_with_its_provenance(
     spark: Any, stack: Endpoints, topic: str, tmp_path: Path
 ) -> None:
@@ -86,7 +92,9 @@ def test_every_row_lands_once_with_its_provenance(
     assert counters.epochs_committed == 3  # 6 files, 2 per trigger
     assert counters.partitions_written > counters.epochs_committed  # several tasks per epoch
 
-    messages = read_messages(stack.bootstrap_servers, topic, partitions=PARTITIONS)
+    messages = read_messages(
+        stack.bootstrap_servers, topic, partitions=PARTITIONS, config=stack.properties()
+    )
     query_ids = {header_map(m)["bridge.query"] for m in messages}
     assert len(query_ids) == 1
     assert {int(header_map(m)["bridge.epoch"]) for m in messages} == {0, 1, 2}
@@ -94,6 +102,7 @@ def test_every_row_lands_once_with_its_provenance(
     assert first.key() == str(json.loads(first.value() or b"")["id"]).encode()
 
 
+@pytest.mark.secured
 def test_failed_attempt_is_retried_and_its_records_stay_invisible(
     spark: Any, stack: Endpoints, topic: str, tmp_path: Path, fault_rules: FaultRules
 ) -> None:
@@ -110,11 +119,16 @@ def test_failed_attempt_is_retried_and_its_records_stay_invisible(
     assert_exactly(stack, topic, expected)
     # The failed attempt did write 300 records before it failed: only its abort hides them.
     everything = read_all(
-        stack.bootstrap_servers, topic, partitions=PARTITIONS, isolation="read_uncommitted"
+        stack.bootstrap_servers,
+        topic,
+        partitions=PARTITIONS,
+        isolation="read_uncommitted",
+        config=stack.properties(),
     )
     assert len(everything) == len(expected) + 300
 
 
+@pytest.mark.secured
 def test_replayed_epoch_writes_nothing(
     spark: Any, stack: Endpoints, topic: str, tmp_path: Path
 ) -> None:
@@ -226,13 +240,14 @@ def test_per_partition_naming_replays_exactly_too(
     assert_exactly(stack, topic, expected)
 
 
+@pytest.mark.secured
 def test_kafka_source_feeds_the_sink(
     spark: Any, stack: Endpoints, topic: str, tmp_path: Path
 ) -> None:
     """The producer job's kafka source: Spark's connector from spark_jobs/jars/pom.xml."""
     source = f"src-{uuid.uuid4().hex[:8]}"
-    create_topic(stack.bootstrap_servers, source, partitions=2)
-    feeder = transactional_producer(stack.bootstrap_servers)
+    create_topic(stack.bootstrap_servers, source, partitions=2, config=stack.properties())
+    feeder = transactional_producer(stack.bootstrap_servers, config=stack.properties())
     feeder.begin_transaction()
     for i in range(1000):
         feeder.produce(source, key=str(i).encode(), value=json.dumps({"id": i}).encode())
@@ -244,12 +259,15 @@ def test_kafka_source_feeds_the_sink(
         topic=topic,
         checkpoint=tmp_path / "checkpoint",
         bootstrap_servers=stack.bootstrap_servers,
+        kafka_properties=stack.properties("producer"),
         key_field="key",
     )
     counters = run(job, spark)
 
     assert counters.rows_written == 1000
-    values = read_all(stack.bootstrap_servers, topic, partitions=PARTITIONS)
+    values = read_all(
+        stack.bootstrap_servers, topic, partitions=PARTITIONS, config=stack.properties()
+    )
     rows = [json.loads(v) for v in values]
     assert sorted(json.loads(r["value"])["id"] for r in rows) == list(range(1000))
     assert {r["source_topic"] for r in rows} == {source}

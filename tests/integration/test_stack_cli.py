@@ -118,14 +118,40 @@ def _processes_mentioning(path: Path) -> list[int]:
     return found
 
 
-def test_demo_verifies_every_order_exactly_once_and_stops_its_stack(data_dir: Path) -> None:
-    result = bridge("demo", "--records", "3000", "--stack-dir", str(data_dir))
+@pytest.mark.secured
+def test_demo_verifies_every_order_exactly_once_and_stops_its_stack(
+    data_dir: Path, secure: bool
+) -> None:
+    """With pytest --secure, `bridge demo --secure`: the same pipeline with every component
+    under its own principal and role, and no password anywhere but in the secrets directory."""
+    extra = ("--secure",) if secure else ()
+    result = bridge("demo", "--records", "3000", "--stack-dir", str(data_dir), *extra)
     output = " ".join(result.stdout.split())  # rich wraps long lines
     assert result.returncode == 0, result.stdout + result.stderr
     assert "exactly once: 3,000 orders sent, 3,000 rows in public.demo_orders" in output
     assert "3,000 distinct ids, 0 missing, 0 duplicated, 0 dead letters" in output
     assert "offsets of group demo-" in output
     assert not _processes_mentioning(data_dir), "the demo stops the stack it started"
+    if secure:
+        _assert_no_password_outside_secrets(data_dir, result.stdout + result.stderr)
+
+
+def _assert_no_password_outside_secrets(data_dir: Path, output: str) -> None:
+    """Every password the stack made, searched for in the run's output and in every file it
+    left (logs of Kafka, PostgreSQL, Spark and the consumer, configurations, checkpoints)."""
+    secrets_dir = data_dir / "secrets"
+    passwords = {p.name: p.read_text().strip() for p in secrets_dir.glob("*.password")}
+    assert len(passwords) >= 6, f"the secured stack made too few passwords: {sorted(passwords)}"
+    searched, found = 0, []
+    for path in data_dir.rglob("*"):
+        if not path.is_file() or secrets_dir in path.parents:
+            continue
+        content = path.read_bytes()
+        searched += 1
+        found += [f"{name} in {path}" for name, pw in passwords.items() if pw.encode() in content]
+    found += [f"{name} in the output" for name, pw in passwords.items() if pw in output]
+    assert not found, found
+    assert searched > 20, f"only {searched} files to search: the logs are elsewhere"
 
 
 def test_a_three_node_cluster_replicates_and_rides_out_a_lost_node(data_dir: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import threading
 from dataclasses import replace
 from pathlib import Path
@@ -18,6 +19,7 @@ from pyspark.sql.types import (
     StructType,
 )
 
+from bridge.acls import table_rights
 from bridge.errors import ConfigError
 from spark_jobs.epoch_markers import (
     Marker,
@@ -30,6 +32,8 @@ from spark_jobs.faults import ENV_FAULTS, InjectedFault, TaskFaults
 from spark_jobs.kafka_rows import check_schema, kafka_rows
 from spark_jobs.progress import EpochSummary, SinkCounters
 from spark_jobs.sink_options import IdNaming, SinkOptions
+from spark_jobs.spark_kafka_options import java_client_options
+from spark_jobs.spark_session import REDACTION_REGEX
 
 BASE = {"kafka.bootstrap.servers": "127.0.0.1:9092", "topic": "orders"}
 
@@ -210,3 +214,53 @@ def test_the_sink_options_and_the_job_never_show_kafka_secrets() -> None:
     job = ProducerJob(source=Source.RATE, topic="t", checkpoint="s3a://bucket/c",
                       bootstrap_servers="b:9092", kafka_properties=secret)  # fmt: skip
     assert "hunter2" not in repr(options) + repr(job)
+
+
+def test_the_kafka_source_gets_the_sinks_security_in_the_java_clients_terms() -> None:
+    options = java_client_options(
+        {
+            "security.protocol": "SASL_SSL",
+            "sasl.mechanism": "SCRAM-SHA-512",
+            "sasl.username": "bridge-producer",
+            "sasl.password": 'pa"ss\\word',
+            "ssl.ca.location": "/stack/tls/ca.pem",
+            "statistics.interval.ms": "1000",  # librdkafka's own: left out
+        }
+    )
+    assert options == {
+        "kafka.sasl.mechanism": "SCRAM-SHA-512",
+        "kafka.sasl.jaas.config": "org.apache.kafka.common.security.scram.ScramLoginModule "
+        'required username="bridge-producer" password="pa\\"ss\\\\word";',
+        "kafka.ssl.truststore.type": "PEM",
+        "kafka.ssl.truststore.location": "/stack/tls/ca.pem",
+        "kafka.security.protocol": "SASL_SSL",
+    }
+    # Spark redacts each of them by key in plans, the UI and event logs.
+    secret_keys = [key for key in options if re.search(REDACTION_REGEX, key)]
+    assert secret_keys == ["kafka.sasl.mechanism", "kafka.sasl.jaas.config"]
+
+
+def test_a_security_setting_the_java_client_cannot_take_is_refused_by_name() -> None:
+    with pytest.raises(ConfigError) as refused:
+        java_client_options(
+            {
+                "security.protocol": "SSL",
+                "ssl.certificate.location": "/c.pem",
+                "ssl.key.location": "/k.pem",
+            }
+        )
+    fields = [name for name, _ in refused.value.problems]
+    assert fields == [
+        "kafka.properties.ssl.certificate.location",
+        "kafka.properties.ssl.key.location",
+    ]
+    with pytest.raises(ConfigError, match=r"sasl\.mechanism"):
+        java_client_options(
+            {"sasl.mechanism": "OAUTHBEARER", "sasl.username": "u", "sasl.password": "p"}
+        )
+
+
+def test_each_route_mode_names_the_table_rights_it_needs() -> None:
+    assert table_rights("insert", deletes=False) == ("INSERT",)
+    assert table_rights("insert", deletes=True) == ("INSERT", "SELECT", "DELETE")
+    assert table_rights("upsert", deletes=True) == ("INSERT", "SELECT", "UPDATE", "DELETE")
