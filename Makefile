@@ -33,13 +33,17 @@ unit: $(STAMP)
 
 integration: setup
 	$(BIN)/pytest tests/integration
+	$(BIN)/pytest --secure tests/integration
 
 # The whole pipeline once, verified: sample orders -> Spark -> Kafka -> consumer -> PostgreSQL.
 demo: setup
 	$(BIN)/bridge demo
 
+# Everything on the plain stack, then the tests marked `secured` again on the secured one
+# (TLS, SASL/SCRAM and ACLs on Kafka; TLS and SCRAM on PostgreSQL; a principal per role).
 test: setup lint
 	$(BIN)/pytest tests
+	$(BIN)/pytest --secure tests/integration
 
 stack-up: setup
 	$(BIN)/bridge stack up

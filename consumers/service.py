@@ -15,6 +15,7 @@ import socket
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Mapping
 from itertools import chain, groupby
 from typing import Any, cast
 
@@ -85,6 +86,8 @@ class ConsumerService:
         self._kafka = KafkaHealth(
             bootstrap_servers=settings.kafka.bootstrap_servers,
             unavailable_after_s=self._config.kafka_unavailable_timeout_ms / 1000,
+            security_protocol=str(settings.kafka.properties.get("security.protocol", "plaintext")),
+            principal=_principal(settings.kafka.properties),
         )
 
     # -- life cycle ---------------------------------------------------------------------------
@@ -156,6 +159,7 @@ class ConsumerService:
             defaults=CONSUMER_FETCH_DEFAULTS, **overrides
         )
         config["stats_cb"] = self._on_statistics
+        config["error_cb"] = self._kafka.client_error
         config["on_commit"] = self._on_mirror_commit
         return config
 
@@ -200,6 +204,7 @@ class ConsumerService:
         error = cast(KafkaError, message.error())  # the caller saw one
         if error.fatal():
             raise KafkaException(error)
+        self._kafka.denied(error, group=self._config.group_id, topic=message.topic())
         if error.code() == KafkaError._AUTO_OFFSET_RESET and message.topic() is not None:
             self._leases.fell_out_of_range(
                 cast(PartitionKey, (message.topic(), message.partition()))
@@ -354,3 +359,9 @@ class ConsumerService:
             if partition is not None and partition.delivered <= lease.next_offset:
                 caught_up.add(lease.key)
         self._kafka.brokers(self.metrics.statistics(report, next_offsets, caught_up))
+
+
+def _principal(properties: Mapping[str, object]) -> str | None:
+    """The SASL user the member logs in as, to name in errors; None without SASL."""
+    user = properties.get("sasl.username")
+    return str(user) if user is not None else None

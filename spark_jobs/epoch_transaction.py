@@ -97,6 +97,20 @@ def _retriable(exc: BaseException) -> bool:
     return bool(error.retriable()) and not error.fatal()
 
 
+# The ACL a refusal names, for the error to say which right to grant.
+_RIGHTS = {
+    KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED: (
+        "Write and Describe on transactional id {transactional_id} (a prefixed ACL on the "
+        "sink's transactional.id.prefix)"
+    ),
+    KafkaError.TOPIC_AUTHORIZATION_FAILED: "Write and Describe on the topic",
+    KafkaError.GROUP_AUTHORIZATION_FAILED: (
+        "Read and Describe on the epoch marker's group (a prefixed ACL on the "
+        "transactional.id.prefix)"
+    ),
+}
+
+
 class EpochWriteError(BridgeError):
     """The transaction of one (partition, epoch) failed; Spark fails (and retries) the task.
 
@@ -342,9 +356,18 @@ class EpochTransaction:
 
     def _failure(self, what: str, error: KafkaError) -> EpochWriteError:
         kind = "fatal" if error.fatal() else "abortable" if error.txn_requires_abort() else ""
+        right = _RIGHTS.get(error.code())
+        grant = (
+            f"; the producer's principal needs {right} (README, Security)".format(
+                transactional_id=self._transactional_id
+            )
+            if right
+            else ""
+        )
         return EpochWriteError(
             f"{self._where} (transactional.id {self._transactional_id}): {what} failed:"
-            f" {error.str()} {kind}".rstrip(),
+            f" {error.str()} {kind}".rstrip()
+            + grant,
             fatal=error.fatal() or error.code() == KafkaError._FENCED,
         )
 

@@ -18,13 +18,20 @@ from tests.kafka_helpers import transactional_producer
 
 
 def settings_for(
-    stack: Endpoints, names: dict[str, str], *, consumer: dict[str, Any] | None = None, **route: Any
+    stack: Endpoints,
+    names: dict[str, str],
+    *,
+    consumer: dict[str, Any] | None = None,
+    kafka_properties: dict[str, Any] | None = None,
+    **route: Any,
 ) -> BridgeSettings:
-    # As the consumer's principal and role (of least rights, on a secured stack).
+    """As the consumer's principal and role (of least rights, on a secured stack), or with
+    `kafka_properties` instead of the principal's."""
+    properties = stack.properties("consumer", resolved=False)
     return load_settings(
         kafka={
             "bootstrap_servers": stack.bootstrap_servers,
-            "properties": stack.properties("consumer", resolved=False),
+            "properties": properties if kafka_properties is None else kafka_properties,
         },
         postgres={"dsn": stack.role_dsn("consumer")},
         consumer={
@@ -73,16 +80,7 @@ def produce(
 def running(settings: BridgeSettings) -> Iterator[ConsumerService]:
     service = ConsumerService(settings)
     service.start()
-    failure: list[BaseException] = []
-
-    def loop() -> None:
-        try:
-            service.run()
-        except BaseException as exc:  # noqa: BLE001 - handed to the test thread below
-            failure.append(exc)
-
-    thread = threading.Thread(target=loop, daemon=True)
-    thread.start()
+    thread, failure = in_background(service)
     try:
         yield service
     finally:
@@ -91,6 +89,22 @@ def running(settings: BridgeSettings) -> Iterator[ConsumerService]:
         assert not thread.is_alive(), "the service did not stop"
         if failure:
             raise failure[0]
+
+
+def in_background(service: ConsumerService) -> tuple[threading.Thread, list[BaseException]]:
+    """The started `service` running on a thread of its own, and where the error it ends with
+    is kept for the test's thread."""
+    failure: list[BaseException] = []
+
+    def loop() -> None:
+        try:
+            service.run()
+        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
+            failure.append(exc)
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    return thread, failure
 
 
 def eventually(check: Callable[[], bool], timeout: float = 60) -> None:

@@ -8,6 +8,7 @@ import json
 import time
 from collections.abc import Iterator
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -64,7 +65,7 @@ def test_a_lost_commit_reply_is_read_back_from_the_offsets_table(
     )
 
     started = time.monotonic()
-    route = {"mode": "upsert", "key_columns": ["id"]} if mode == "upsert" else {}
+    route: dict[str, Any] = {"mode": "upsert", "key_columns": ["id"]} if mode == "upsert" else {}
     through_proxy = replace(stack, dsn=proxy.dsn)
     settings = settings_for(through_proxy, names, consumer={"batch_max_records": 250}, **route)
     with running(settings) as service:

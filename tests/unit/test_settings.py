@@ -271,3 +271,20 @@ def test_secrets_can_come_from_files_named_in_the_settings(tmp_path: Path) -> No
         missing = {"properties": {"sasl.password": "${file:/nonexistent/pw}"}}
         load_settings(env_file=tmp_path / "none", kafka=missing)
     assert "kafka.properties" in str(raised.value) and "/nonexistent/pw" in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("consumer", "field"),
+    [
+        ({"routes": [{"topic": "t", "table": "public.orders; DROP TABLE x"}]}, "table"),
+        ({"routes": [{"topic": "t", "table": 'a."b"'}]}, "table"),
+        ({"routes": [{"topic": "t", "table": "t", "key_columns": ["id) --"]}]}, "key_columns"),
+        ({"routes": [{"topic": "t", "table": "t"}], "state_schema": "s; --"}, "state_schema"),
+    ],
+)
+def test_names_that_reach_sql_must_be_plain_identifiers(
+    tmp_path: Path, consumer: dict[str, object], field: str
+) -> None:
+    with pytest.raises(ConfigError) as raised:
+        load_settings(env_file=tmp_path / "none", consumer={"group_id": "g", **consumer})
+    assert any(field in where for where, _ in raised.value.problems), raised.value.problems
