@@ -10,8 +10,12 @@ from rich.console import Console
 from rich.table import Table
 
 from bridge.cli.options import Brokers, Secure, SparkWorkers
+from bridge.errors import ConfigError
+from bridge.kafka_admin import create_topic
 from bridge.names import DEFAULT_STACK_DIR, ENV_STACK_DIR
 from bridge.stack import LocalStack, StackStatus
+from bridge.stack.compose_credentials import Ownership, write_compose_credentials
+from bridge.stack.secure import KAFKA_USERS, StackSecurity
 
 app = typer.Typer(
     help="A local stack: Apache Kafka (KRaft), PostgreSQL and optionally a Spark standalone "
@@ -104,3 +108,68 @@ def _show(status: StackStatus) -> None:
         state = "[green]running[/]" if running else "[red]stopped[/]"
         table.add_row(name, state, str(pid) if running else "-", address or "-")
     console.print(table)
+
+
+CredentialsDir = Annotated[
+    Path,
+    typer.Option("--dir", help="The secured compose stack's credentials (its `secure` volume)."),
+]
+
+
+@app.command()
+def credentials(
+    directory: CredentialsDir = Path("/secure"),
+    kafka_host: Annotated[str, typer.Option(help="The broker's host name.")] = "kafka",
+    postgres_host: Annotated[str, typer.Option(help="PostgreSQL's host name.")] = "postgres",
+    owner: Annotated[
+        str | None, typer.Option(help="UID:GID to own the files (the containers' user).")
+    ] = None,
+    postgres_gid: Annotated[
+        int | None, typer.Option(help="The postgres image's group, to read its key and init.")
+    ] = None,
+) -> None:
+    """The secured compose stack's CA, certificates, passwords and first-start files
+    (docker-compose.secure.yml runs this once); kept as they are on a second run."""
+    uid_gid = None
+    if owner is not None:
+        uid, _, gid = owner.partition(":")
+        try:
+            uid_gid = (int(uid), int(gid or uid))
+        except ValueError:
+            raise ConfigError(
+                [("--owner", f"{owner!r} is not UID:GID")], source="the command line"
+            ) from None
+    write_compose_credentials(
+        directory,
+        kafka_host=kafka_host,
+        postgres_host=postgres_host,
+        ownership=Ownership(owner=uid_gid, postgres_gid=postgres_gid),
+    )
+    console.print(f"credentials in {directory}: CA {directory / 'tls' / 'ca.pem'}")
+
+
+@app.command()
+def grant(
+    directory: CredentialsDir = Path("/secure"),
+    bootstrap_servers: Annotated[str, typer.Option(help="The broker.")] = "kafka:9092",
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for the broker.")] = 60.0,
+    topics: Annotated[
+        list[str] | None, typer.Option("--topic", help="A topic to create first (repeatable).")
+    ] = None,
+    partitions: Annotated[int, typer.Option(help="Partitions of each new topic.")] = 3,
+) -> None:
+    """Create the pipeline's topics and grant each role's ACLs (README, Security) to its
+    principal, as the admin principal of the credentials in --dir: the secured compose
+    stack's step once its broker is up. Both are kept as they are when they exist."""
+    if not (directory / "secrets").is_dir():
+        raise ConfigError(
+            [("--dir", f"{directory} holds no credentials: run `bridge stack credentials` first")],
+            source="the command line",
+        )
+    security = StackSecurity(directory)
+    admin = security.admin_config(bootstrap_servers)
+    for topic in topics or []:
+        create_topic(bootstrap_servers, topic, partitions=partitions, timeout=timeout,
+                     config=admin)  # fmt: skip
+    security.grant_roles(bootstrap_servers, timeout=timeout)
+    console.print(f"ACLs granted to the {', '.join(KAFKA_USERS.values())} principals")

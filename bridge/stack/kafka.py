@@ -15,9 +15,8 @@ from confluent_kafka.admin import AdminClient
 
 from bridge.errors import ServerStartError
 from bridge.maven import cached_jars_dir, java_binary, repo_root, resolve_jars
-from bridge.secrets import resolve_file_reference
 from bridge.stack import process
-from bridge.stack.secure import KAFKA_ADMIN, StackSecurity
+from bridge.stack.secure import StackSecurity
 
 ENV_KAFKA_LIBS = "BRIDGE_KAFKA_LIBS"
 ENV_KAFKA_HEAP = "BRIDGE_KAFKA_HEAP"
@@ -154,11 +153,9 @@ class KafkaServer:
 
     def admin_config(self) -> dict[str, str]:
         """A client configuration with every right: the stack's own set-up, and the tests'."""
-        config = {"bootstrap.servers": self.bootstrap_servers}
         if self.security is not None:
-            properties = self.security.kafka_properties(KAFKA_ADMIN)
-            config.update({k: resolve_file_reference(v) for k, v in properties.items()})
-        return config
+            return self.security.admin_config(self.bootstrap_servers)
+        return {"bootstrap.servers": self.bootstrap_servers}
 
     def running(self) -> bool:
         return process.alive(self.pid, str(self.config_path))
@@ -223,30 +220,16 @@ class KafkaServer:
 
     def _write_config(self) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        settings = {**_NODE, **replication_settings(self.cluster_size)}
-        listener = self.listener
-        settings.update(
-            {
-                "node.id": str(self.node_id),
-                "listeners": (
-                    f"{listener}://127.0.0.1:{self.ports.broker},"
-                    f"CONTROLLER://127.0.0.1:{self.ports.controller}"
-                ),
-                "advertised.listeners": (
-                    f"{listener}://127.0.0.1:{self.ports.advertised or self.ports.broker}"
-                ),
-                "controller.quorum.voters": self.voters,
-                "log.dirs": str(self.data_dir),
-            }
+        settings = node_settings(
+            node_id=self.node_id,
+            cluster_size=self.cluster_size,
+            listen_host="127.0.0.1",
+            advertised_host="127.0.0.1",
+            ports=self.ports,
+            voters=self.voters,
+            log_dirs=self.data_dir,
+            security=self.security,
         )
-        if self.security is not None:
-            settings.update(
-                {
-                    "inter.broker.listener.name": listener,
-                    "listener.security.protocol.map": f"{listener}:SASL_SSL,CONTROLLER:SSL",
-                    **self.security.broker_settings(listener=listener),
-                }
-            )
         lines = [f"{key}={value}" for key, value in settings.items()]
         # Owner only: a secured node's configuration names where its secrets are.
         self.config_path.touch(mode=0o600)
@@ -268,6 +251,46 @@ class KafkaServer:
             raise ServerStartError(
                 "Kafka", f"storage format failed: {result.stderr.strip()[-1000:]}"
             )
+
+
+def node_settings(
+    *,
+    node_id: int,
+    cluster_size: int,
+    listen_host: str,
+    advertised_host: str,
+    ports: KafkaPorts,
+    voters: str,
+    log_dirs: Path,
+    security: StackSecurity | None,
+) -> dict[str, str]:
+    """The server.properties of one node: the local stack's, and the secured compose broker's
+    (`bridge stack credentials`), from the same settings."""
+    listener = "SASL_SSL" if security else "PLAINTEXT"
+    settings = {**_NODE, **replication_settings(cluster_size)}
+    settings.update(
+        {
+            "node.id": str(node_id),
+            "listeners": (
+                f"{listener}://{listen_host}:{ports.broker},"
+                f"CONTROLLER://{listen_host}:{ports.controller}"
+            ),
+            "advertised.listeners": (
+                f"{listener}://{advertised_host}:{ports.advertised or ports.broker}"
+            ),
+            "controller.quorum.voters": voters,
+            "log.dirs": str(log_dirs),
+        }
+    )
+    if security is not None:
+        settings.update(
+            {
+                "inter.broker.listener.name": listener,
+                "listener.security.protocol.map": f"{listener}:SASL_SSL,CONTROLLER:SSL",
+                **security.broker_settings(listener=listener),
+            }
+        )
+    return settings
 
 
 def stop_kafka_nodes(nodes: list[KafkaServer], *, grace: float = 30.0) -> None:

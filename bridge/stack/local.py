@@ -12,7 +12,6 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from bridge import acls
 from bridge.errors import StackError
 from bridge.names import (
     ENV_KAFKA_BOOTSTRAP,
@@ -31,7 +30,7 @@ from bridge.stack.kafka import (
     stop_kafka_nodes,
 )
 from bridge.stack.postgres import PostgresServer, find_bindir
-from bridge.stack.secure import KAFKA_USERS, StackSecurity
+from bridge.stack.secure import StackSecurity
 from bridge.stack.spark import DaemonPorts, SparkCluster
 
 # The roles that get an env file of their own on a secured stack (bridge/stack/secure.py).
@@ -275,10 +274,7 @@ class LocalStack:
             if spark is not None:
                 spark.wait_ready(timeout=remaining())
             if security is not None:
-                for role in acls.ROLES:
-                    user = KAFKA_USERS[role]
-                    grants = acls.grants(role)
-                    acls.apply(nodes[0].admin_config(), user, grants, timeout=remaining())
+                security.grant_roles(nodes[0].bootstrap_servers, timeout=remaining())
         except BaseException:
             stop_kafka_nodes(nodes)
             if spark is not None:

@@ -233,32 +233,15 @@ class PostgresServer:
         return installed
 
     def _secure_roles(self) -> None:
-        """The consumer's role: it logs in, owns its state schema, and may use what it is
-        granted (`grant_table`), nothing else: no CREATE on the database or on `public`."""
+        """The consumer's role, as `consumer_role_statements` makes it."""
         assert self.security is not None  # noqa: S101 - only called for a secured server
         verifier = scram_sha_256_verifier(self.security.password(f"postgres-{POSTGRES_CONSUMER}"))
-        role = sql.Identifier(POSTGRES_CONSUMER)
-        with psycopg.connect(self.dsn, autocommit=True) as conn:
+        with psycopg.connect(self.dsn, dbname=POSTGRES_DATABASE, autocommit=True) as conn:
             exists = conn.execute(
                 "SELECT 1 FROM pg_roles WHERE rolname = %s", (POSTGRES_CONSUMER,)
             ).fetchone()
-            verb = "ALTER" if exists else "CREATE"
-            # The verifier, not the password, so that the password is never in a statement.
-            conn.execute(
-                sql.SQL(verb + " ROLE {} LOGIN PASSWORD {}").format(role, sql.Literal(verifier))
-            )
-            conn.execute(sql.SQL("REVOKE ALL ON DATABASE {} FROM PUBLIC").format(
-                sql.Identifier(POSTGRES_DATABASE)))  # fmt: skip
-            # TEMPORARY: an upsert stages its rows in a temporary table.
-            conn.execute(sql.SQL("GRANT CONNECT, TEMPORARY ON DATABASE {} TO {}").format(
-                sql.Identifier(POSTGRES_DATABASE), role))  # fmt: skip
-        with psycopg.connect(self.dsn, dbname=POSTGRES_DATABASE, autocommit=True) as conn:
-            conn.execute("REVOKE CREATE ON SCHEMA public FROM PUBLIC")
-            conn.execute(
-                sql.SQL("CREATE SCHEMA IF NOT EXISTS {} AUTHORIZATION {}").format(
-                    sql.Identifier(DEFAULT_STATE_SCHEMA), role
-                )
-            )
+            for statement in consumer_role_statements(verifier, exists=exists is not None):
+                conn.execute(statement)
 
     def _create_database(self) -> None:
         with psycopg.connect(self.dsn, dbname="postgres", autocommit=True) as conn:
@@ -269,6 +252,31 @@ class PostgresServer:
                 conn.execute(
                     sql.SQL("CREATE DATABASE {}").format(sql.Identifier(POSTGRES_DATABASE))
                 )
+
+
+def consumer_role_statements(
+    verifier: str | None, *, exists: bool = False, database: str = POSTGRES_DATABASE
+) -> list[sql.Composed]:
+    """The consumer's role (run in `database`): it logs in, owns its state schema, and may use
+    what it is granted (`grant_table`), nothing else: no CREATE on the database or on
+    `public`. The local stack runs them; `bridge stack credentials` writes them for the
+    compose postgres service's first start. `verifier` None: the role exists as it is."""
+    role = sql.Identifier(POSTGRES_CONSUMER)
+    verb = sql.SQL("ALTER" if exists else "CREATE")
+    # The verifier, not the password, so that the password is never in a statement.
+    login = [sql.SQL("{} ROLE {} LOGIN PASSWORD {}").format(verb, role, sql.Literal(verifier))]
+    return [
+        *(login if verifier is not None else []),
+        sql.SQL("REVOKE ALL ON DATABASE {} FROM PUBLIC").format(sql.Identifier(database)),
+        # TEMPORARY: an upsert stages its rows in a temporary table.
+        sql.SQL("GRANT CONNECT, TEMPORARY ON DATABASE {} TO {}").format(
+            sql.Identifier(database), role
+        ),
+        sql.SQL("REVOKE CREATE ON SCHEMA public FROM PUBLIC").format(),
+        sql.SQL("CREATE SCHEMA IF NOT EXISTS {} AUTHORIZATION {}").format(
+            sql.Identifier(DEFAULT_STATE_SCHEMA), role
+        ),
+    ]
 
 
 def scram_sha_256_verifier(password: str, *, iterations: int = 4096) -> str:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Final
 from urllib.parse import quote, urlencode
 
+from bridge import acls
 from bridge.acls import Role
 from bridge.names import ENV_KAFKA_PROPERTIES, ENV_POSTGRES_DSN, POSTGRES_DATABASE, POSTGRES_USER
 from bridge.stack.tls import Certificate, CertificateAuthority
@@ -53,9 +54,11 @@ _POSTGRES_ROLE_OF: Final[dict[str, str]] = {
 
 @dataclass(frozen=True)
 class StackSecurity:
-    """The files of a secured stack under `home` (the stack's data directory)."""
+    """The files of a secured stack under `home` (the stack's data directory). `hosts`: the
+    names the servers are reached by besides the loopback ones (compose's service names)."""
 
     home: Path
+    hosts: tuple[str, ...] = ()
 
     @property
     def ca(self) -> CertificateAuthority:
@@ -75,7 +78,7 @@ class StackSecurity:
             self.password(f"postgres-{role}")
 
     def certificate(self, name: str) -> Certificate:
-        return self.ca.issue(name)
+        return self.ca.issue(name, hosts=self.hosts)
 
     def password_file(self, name: str) -> Path:
         return self.secrets_dir / f"{name}.password"
@@ -149,6 +152,18 @@ class StackSecurity:
                 out.write(f"password={password}\n")  # token_urlsafe: nothing to escape
         return path
 
+    def admin_config(self, bootstrap_servers: str) -> dict[str, str]:
+        """A client configuration of the admin principal (every right), password resolved."""
+        properties = self.kafka_properties(KAFKA_ADMIN)
+        properties["sasl.password"] = self.password(f"kafka-{KAFKA_ADMIN}")
+        return {"bootstrap.servers": bootstrap_servers, **properties}
+
+    def grant_roles(self, bootstrap_servers: str, *, timeout: float) -> None:
+        """Each role's ACLs (bridge/acls.py) to its principal, as the admin."""
+        admin = self.admin_config(bootstrap_servers)
+        for role in acls.ROLES:
+            acls.apply(admin, KAFKA_USERS[role], acls.grants(role), timeout=timeout)
+
     def kafka_properties(self, user: str) -> dict[str, str]:
         """librdkafka settings for `user`; the password as a reference to its file."""
         return {
@@ -161,7 +176,7 @@ class StackSecurity:
 
     # -- PostgreSQL -----------------------------------------------------------------------------
 
-    def postgres_dsn(self, role: str, port: int) -> str:
+    def postgres_dsn(self, role: str, port: int, *, host: str = "127.0.0.1") -> str:
         """A DSN that verifies the server's certificate and reads the password from a passfile."""
         passfile = self.secrets_dir / f"{role}.pgpass"
         if not passfile.exists():
@@ -175,7 +190,7 @@ class StackSecurity:
                 "passfile": str(passfile),
             }
         )
-        return f"postgresql://{quote(role)}@127.0.0.1:{port}/{POSTGRES_DATABASE}?{query}"
+        return f"postgresql://{quote(role)}@{host}:{port}/{POSTGRES_DATABASE}?{query}"
 
     def role_env(self, role: Role | str, *, postgres_port: int) -> str:
         """The env file of one role: its Kafka principal's settings and its PostgreSQL DSN."""

@@ -79,9 +79,10 @@ class CertificateAuthority:
         _write_private(self.ca.key, _key_pem(key))
         self.ca.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
 
-    def issue(self, name: str) -> Certificate:
+    def issue(self, name: str, *, hosts: tuple[str, ...] = ()) -> Certificate:
         """A certificate for `name` (its common name, which Kafka maps to the principal
-        `User:<name>`), valid for the loopback addresses as server and as client; made once."""
+        `User:<name>`), valid for the loopback addresses and `hosts` as server and as client;
+        made once."""
         issued = Certificate(
             cert=self.directory / f"{name}.pem", key=self.directory / f"{name}.key"
         )
@@ -93,7 +94,9 @@ class CertificateAuthority:
         assert isinstance(ca_key, ec.EllipticCurvePrivateKey)  # noqa: S101 - ours, made above
         key = ec.generate_private_key(ec.SECP256R1())
         now = datetime.datetime.now(datetime.UTC)
-        alternative_names: list[x509.GeneralName] = [x509.DNSName(h) for h in _HOSTS]
+        alternative_names: list[x509.GeneralName] = [
+            x509.DNSName(h) for h in dict.fromkeys((*_HOSTS, *hosts))
+        ]
         alternative_names += [x509.IPAddress(ipaddress.ip_address(a)) for a in _ADDRESSES]
         cert = (
             x509.CertificateBuilder()
