@@ -16,6 +16,7 @@ fail the task. No error is swallowed: each one reaches Spark with the task's coo
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -201,6 +202,9 @@ class EpochTransaction:
         self._faults = TaskFaults.for_task(
             prefix=where.prefix, partition=where.partition, epoch=where.epoch, attempt=where.attempt
         )
+        # Credentials or TLS the brokers refused: librdkafka says so only to its error callback,
+        # while the call it blocks in ends in a bare timeout.
+        self._refused: str | None = None
         # librdkafka connects in the background from here on.
         self._producer = Producer(self._producer_config())
         self._markers = MarkerReader(
@@ -292,7 +296,19 @@ class EpochTransaction:
         config.update(self._options.kafka)
         config["transactional.id"] = self._transactional_id
         config["transaction.timeout.ms"] = self._options.transaction_timeout_ms
+        config["error_cb"] = self._client_error
         return config
+
+    def _client_error(self, error: KafkaError) -> None:
+        if error.code() in (KafkaError._AUTHENTICATION, KafkaError._SSL):
+            self._refused = error.str()
+
+    def _refusal(self) -> str | None:
+        """The brokers' refusal of this client's credentials or TLS, if any (the callback runs
+        in a poll: this serves it)."""
+        with contextlib.suppress(KafkaException):  # a fatal error raises from any poll
+            self._producer.poll(0)
+        return self._refused
 
     def _produce(self, producer: Producer, rows: Iterator[KafkaRow]) -> tuple[int, int]:
         """Every row into the open transaction: how many, and their bytes of key and value."""
@@ -345,7 +361,8 @@ class EpochTransaction:
 
         try:
             return Retrying(
-                retry=retry_if_exception(_retriable),
+                # A refused login does not mend by waiting: fail now, with the reason.
+                retry=retry_if_exception(lambda e: _retriable(e) and self._refusal() is None),
                 stop=stop_after_delay(self._timeout),
                 wait=wait_exponential(multiplier=0.1, max=2.0),
                 before_sleep=retrying,
@@ -357,17 +374,23 @@ class EpochTransaction:
     def _failure(self, what: str, error: KafkaError) -> EpochWriteError:
         kind = "fatal" if error.fatal() else "abortable" if error.txn_requires_abort() else ""
         right = _RIGHTS.get(error.code())
-        grant = (
+        hints = (
             f"; the producer's principal needs {right} (README, Security)".format(
                 transactional_id=self._transactional_id
             )
             if right
             else ""
         )
+        refused = self._refusal()
+        if refused is not None:
+            hints += (
+                f"; the brokers refused this client: {refused}; check kafka.properties "
+                "sasl.username, sasl.password, sasl.mechanism and ssl.ca.location"
+            )
         return EpochWriteError(
             f"{self._where} (transactional.id {self._transactional_id}): {what} failed:"
             f" {error.str()} {kind}".rstrip()
-            + grant,
+            + hints,
             fatal=error.fatal() or error.code() == KafkaError._FENCED,
         )
 

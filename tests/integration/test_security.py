@@ -152,26 +152,59 @@ def test_a_producer_without_its_transactional_id_acl_fails_naming_it_and_writes_
     prefix = f"denied-{uuid.uuid4().hex[:8]}"
     # Every right of a producer, with transactional ids of another prefix than its own.
     acls.apply(stack.client(), user, acls.grants("producer", transactional_ids="other"), timeout=30)
-    create_topic(stack.bootstrap_servers, topic_name, partitions=2, config=stack.properties())
-    (tmp_path / "in").mkdir()
-    lines = [json.dumps({"id": i}) for i in range(100)]
-    (tmp_path / "in" / "part-0.jsonl").write_text("\n".join(lines) + "\n")
-    job = ProducerJob(
-        source=Source.FILES,
-        input=tmp_path / "in",
-        topic=topic_name,
-        checkpoint=tmp_path / "checkpoint",
-        bootstrap_servers=stack.bootstrap_servers,
-        kafka_properties=properties,
-        transactional_id_prefix=prefix,
-        key_field="id",
-    )
-    with pytest.raises(StreamingQueryException) as failed:
-        run(job, spark)
-    message = str(failed.value)
+    message = producer_failure(spark, stack, topic_name, tmp_path, properties, prefix=prefix)
     assert "Transactional Id authorization failed" in message, message[-3000:]
     assert f"Write and Describe on transactional id {prefix}-" in message, message[-3000:]
     assert properties["sasl.password"] not in message
-    everything = read_all(stack.bootstrap_servers, topic_name, partitions=2,
+    assert_nothing_written(stack, topic_name)
+
+
+def test_a_producer_with_a_wrong_password_fails_saying_so_and_writes_nothing(
+    spark: Any, stack: Endpoints, topic_name: str, tmp_path: Path
+) -> None:
+    wrong = {**stack.properties("producer"), "sasl.password": "not-the-password"}
+    # A short transaction timeout bounds each attempt's wait for its coordinator.
+    message = producer_failure(spark, stack, topic_name, tmp_path, wrong, timeout_ms=5_000)
+    assert "the brokers refused this client" in message, message[-3000:]
+    assert "Authentication failed" in message and "sasl.password" in message
+    assert "not-the-password" not in message
+    assert_nothing_written(stack, topic_name)
+
+
+def producer_failure(
+    spark: Any,
+    stack: Endpoints,
+    topic: str,
+    tmp_path: Path,
+    properties: dict[str, str],
+    *,
+    prefix: str | None = None,
+    timeout_ms: int | None = None,
+) -> str:
+    """The error a files job of 100 rows into `topic`, as `properties`' principal, ends with."""
+    create_topic(stack.bootstrap_servers, topic, partitions=2, config=stack.properties())
+    (tmp_path / "in").mkdir()
+    lines = [json.dumps({"id": i}) for i in range(100)]
+    (tmp_path / "in" / "part-0.jsonl").write_text("\n".join(lines) + "\n")
+    with pytest.raises(StreamingQueryException) as failed:
+        run(
+            ProducerJob(
+                source=Source.FILES,
+                input=tmp_path / "in",
+                topic=topic,
+                checkpoint=tmp_path / "checkpoint",
+                bootstrap_servers=stack.bootstrap_servers,
+                kafka_properties=properties,
+                transactional_id_prefix=prefix,
+                transaction_timeout_ms=timeout_ms,
+                key_field="id",
+            ),
+            spark,
+        )
+    return str(failed.value)
+
+
+def assert_nothing_written(stack: Endpoints, topic: str) -> None:
+    everything = read_all(stack.bootstrap_servers, topic, partitions=2,
                           isolation="read_uncommitted", config=stack.properties())  # fmt: skip
     assert everything == []
