@@ -82,12 +82,19 @@ class Applier:
         self._dead_letters = tables.qualified(tables.dead_letters)
 
     def apply(
-        self, conn: psycopg.Connection, target: Target, records: Sequence[Record]
+        self,
+        conn: psycopg.Connection,
+        target: Target,
+        records: Sequence[Record],
+        staged: set[str],
     ) -> ApplyCounts:
+        """Write `records` in the caller's transaction; `staged` names the upsert staging tables
+        this transaction has already used (see `_merge_steps`)."""
         counts = ApplyCounts()
         decoded = self._decode(conn, target, records, counts)
         if target.route.mode == "upsert":
-            self._apply_upserts(conn, target, _last_per_key(target, decoded.ops), counts)
+            winners = _last_per_key(target, decoded.ops, deletes=decoded.deletes)
+            self._apply_upserts(conn, target, winners, counts, staged)
         elif decoded.deletes:
             self._apply_in_order(conn, target, decoded.ops, counts)
         elif decoded.ops:
@@ -97,9 +104,10 @@ class Applier:
         return counts
 
     @staticmethod
-    def plan(target: Target, records: Sequence[Record]) -> list[Step] | None:
+    def plan(target: Target, records: Sequence[Record], staged: set[str]) -> list[Step] | None:
         """The statements that write `records`, when every one of them is a row (no tombstone,
-        nothing to dead-letter), or None: `apply` then goes statement by statement."""
+        nothing to dead-letter), or None: `apply` then goes statement by statement. `staged`
+        names the upsert staging tables the transaction's earlier statements use."""
         values = list(map(Message.value, records))
         if None in values:
             return None
@@ -108,7 +116,7 @@ class Applier:
             return None
         puts: list[Put] = list(zip(records, rows, strict=True))
         if target.route.mode == "upsert":
-            return _merge_steps(target, _last_per_key(target, puts))
+            return _merge_steps(target, _last_per_key(target, puts, deletes=False), staged)
         return _copy_steps(target.identifier, target, puts)
 
     # -- decoding -----------------------------------------------------------------------------
@@ -174,12 +182,13 @@ class Applier:
         target: Target,
         ops: list[Op],
         counts: ApplyCounts,
+        staged: set[str],
     ) -> None:
         upserts = [op for op in ops if not isinstance(op, Delete)]
         deletes = [op for op in ops if isinstance(op, Delete)]
         if upserts:
             counts.applied += self._isolate(
-                conn, upserts, lambda rows: self._merge(conn, target, rows)
+                conn, upserts, lambda rows: run_steps(conn, _merge_steps(target, rows, staged))
             )
         if deletes:
             counts.deleted += self._isolate(
@@ -209,10 +218,6 @@ class Applier:
     @staticmethod
     def _copy(conn: psycopg.Connection, target: Target, puts: list[Put]) -> None:
         run_steps(conn, _copy_steps(target.identifier, target, puts))
-
-    @staticmethod
-    def _merge(conn: psycopg.Connection, target: Target, puts: list[Put]) -> None:
-        run_steps(conn, _merge_steps(target, puts))
 
     @staticmethod
     def _delete(conn: psycopg.Connection, target: Target, deletes: list[Delete]) -> None:
@@ -284,27 +289,38 @@ def stage_name(target: Target) -> str:
     return f"{UPSERT_STAGE_PREFIX}{target.name[:40]}_{digest}"
 
 
-def _merge_steps(target: Target, puts: list[Put]) -> list[Step]:
+def _merge_steps(target: Target, puts: list[Put], staged: set[str]) -> list[Step]:
     """Upsert through a staging table: each run of rows names the columns it carries, so a
     column a record lacks takes its default in a new row and stays as it is in an old one.
 
     The staging table lives as long as the session (made per transaction, ON COMMIT DROP, its
-    creation and drop cost each batch a dozen catalog writes). Each upsert takes its rows out of
-    it as it reads them (DELETE ... RETURNING), so that the next run, or the halves of a batch
-    split to find a refused record, start from an empty table within one transaction; ON COMMIT
-    DELETE ROWS then truncates its file at commit, without a catalog change."""
-    stage = sql.Identifier(stage_name(target))
+    creation and drop cost each batch a dozen catalog writes), and ON COMMIT DELETE ROWS
+    empties it at each commit by truncating its file, without a catalog change. So the first
+    use in a transaction finds it empty (a rollback leaves it as the last commit did, empty)
+    and reads it with a plain scan. A later use in the same transaction (another run of
+    columns, another route into the table, or the halves of a batch split to find a refused
+    record, where a savepoint's rollback keeps the first half's rows) empties it first:
+    otherwise the rows already applied would be applied again. `staged` is where the
+    transaction keeps count."""
+    stage_id = stage_name(target)
+    stage = sql.Identifier(stage_id)
     table = target.identifier
     keys = sql.SQL(", ").join(map(sql.Identifier, target.route.key_columns))
-    steps = [
-        Step(
-            sql.SQL(
-                "CREATE TEMP TABLE IF NOT EXISTS {} (LIKE {} INCLUDING DEFAULTS) "
-                "ON COMMIT DELETE ROWS"
-            ).format(stage, table)
-        )
-    ]
+    steps = []
     for columns, rows in _column_runs(target, puts):
+        # Made here every time, cheap when it exists: a savepoint rolled back may have undone
+        # its creation.
+        steps.append(
+            Step(
+                sql.SQL(
+                    "CREATE TEMP TABLE IF NOT EXISTS {} (LIKE {} INCLUDING DEFAULTS) "
+                    "ON COMMIT DELETE ROWS"
+                ).format(stage, table)
+            )
+        )
+        if stage_id in staged:
+            steps.append(Step(sql.SQL("DELETE FROM {}").format(stage)))
+        staged.add(stage_id)
         names = sql.SQL(", ").join(map(sql.Identifier, columns))
         updates = [c for c in columns if c not in target.route.key_columns]
         action = (
@@ -321,10 +337,9 @@ def _merge_steps(target: Target, puts: list[Put]) -> list[Step]:
             # the upsert does the same rather than refuse it (428C9).
             Step(
                 sql.SQL(
-                    "WITH staged AS (DELETE FROM {} RETURNING {}) "
-                    "INSERT INTO {} ({}) OVERRIDING SYSTEM VALUE "
-                    "SELECT {} FROM staged ON CONFLICT ({}) "
-                ).format(stage, names, table, names, names, keys)
+                    "INSERT INTO {} ({}) OVERRIDING SYSTEM VALUE SELECT {} FROM {} "
+                    "ON CONFLICT ({}) "
+                ).format(table, names, names, stage, keys)
                 + action
             ),
         ]
@@ -350,8 +365,10 @@ def _describe(exc: psycopg.Error) -> str:
     return f"{exc.sqlstate}: {exc.diag.message_primary}"
 
 
-def _last_per_key(target: Target, ops: list[AnyOp]) -> list[AnyOp]:
+def _last_per_key(target: Target, ops: list[AnyOp], *, deletes: bool) -> list[AnyOp]:
     """Upsert mode: the last record of a key in the batch wins, whether row or tombstone."""
+    if not deletes and target.distinct_keys(list(map(_row_of, cast(list[Put], ops)))):
+        return ops  # no key twice, as in most batches: nothing to drop, no Python step a record
     last: dict[tuple[Any, ...], AnyOp] = {}
     for op in ops:
         key = op.key if isinstance(op, Delete) else target.key(op[1])

@@ -122,8 +122,9 @@ class Committer:
     def plan(self, records: dict[PartitionKey, list[Record]]) -> dict[str, list[Step]] | None:
         """Each topic's statements, when every record is a row; else None."""
         plans = {}
+        staged: set[str] = set()  # the plans go in one transaction
         for topic, of_topic in by_topic(records).items():
-            plan = self._applier.plan(self._targets[topic], of_topic)
+            plan = self._applier.plan(self._targets[topic], of_topic, staged)
             if plan is None:
                 return None
             plans[topic] = plan
@@ -224,8 +225,9 @@ class Committer:
             if refused:
                 raise _LeaseRefused(refused)  # rolls the transaction back
             # Step 2
+            staged: set[str] = set()
             for topic, records in by_topic(batch.records).items():
-                counts = self._applier.apply(conn, self._targets[topic], records)
+                counts = self._applier.apply(conn, self._targets[topic], records, staged)
                 applied[topic] = (counts.applied + counts.deleted, counts.dead)
         # Step 3: the block above committed on leaving it.
 

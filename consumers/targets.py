@@ -102,6 +102,14 @@ class Target:
         """The row's key columns, comparable with a tombstone's decoded key."""
         return tuple(as_cell(row[i]) for i in self._key_positions)
 
+    def distinct_keys(self, rows: list[Row]) -> bool:
+        """Whether no two rows have the same key, found in C loops; False also when a key holds
+        a nested value (unhashable), for the caller to compare the keys one by one."""
+        try:
+            return len(set(map(itemgetter(*self._key_positions), rows))) == len(rows)
+        except TypeError:
+            return False
+
     def names(self, positions: Iterable[int]) -> list[str]:
         return [self.columns[i] for i in positions]
 
