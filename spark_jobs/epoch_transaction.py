@@ -22,8 +22,9 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from itertools import islice
 from typing import Any, TypeVar
 
 from confluent_kafka import KafkaError, KafkaException, Producer
@@ -39,7 +40,7 @@ from bridge.errors import BridgeError
 from bridge.names import PROVENANCE_EPOCH, PROVENANCE_PARTITION, PROVENANCE_QUERY
 from spark_jobs.epoch_markers import MarkerReader, marker_position
 from spark_jobs.faults import TaskFaults
-from spark_jobs.kafka_rows import KafkaRow
+from spark_jobs.kafka_rows import KafkaRow, RecordChunk
 from spark_jobs.sink_options import IdNaming, SinkOptions
 
 log = logging.getLogger("bridge.sink")
@@ -53,9 +54,6 @@ T = TypeVar("T")
 # sooner: the backoff still doubles up to reconnect.backoff.max.ms.
 _TASK_CLIENT_DEFAULTS = {"reconnect.backoff.ms": "10"}
 _CONNECT_WAIT_S = 10.0
-
-# Serve delivery reports this often so librdkafka's queue never fills with finished messages.
-_POLL_EVERY = 10_000
 
 # librdkafka's send_offsets_to_transaction can block past its own timeout while the group
 # coordinator is down (librdkafka issues #5456 and #5511, open): seen here when the node that was
@@ -221,7 +219,7 @@ class EpochTransaction:
     def __exit__(self, *exc_info: object) -> None:
         self._markers.close()
 
-    def write(self, rows: Callable[[], Iterator[KafkaRow]]) -> EpochOutcome:
+    def write(self, rows: Callable[[], Iterator[RecordChunk]]) -> EpochOutcome:
         """Write the task's rows exactly once; `rows` is called only if they must be written."""
         producer = self._producer
         started = time.monotonic()
@@ -310,41 +308,65 @@ class EpochTransaction:
             self._producer.poll(0)
         return self._refused
 
-    def _produce(self, producer: Producer, rows: Iterator[KafkaRow]) -> tuple[int, int]:
-        """Every row into the open transaction: how many, and their bytes of key and value."""
-        produce = producer.produce
+    def _produce(self, producer: Producer, chunks: Iterator[RecordChunk]) -> tuple[int, int]:
+        """Every row into the open transaction: how many, and their bytes of key and value.
+
+        The loop per record is as short as it can be: a task writes a million records an
+        epoch. Counting, sizing and serving delivery reports go a chunk at a time."""
         fail_after = self._faults.after_rows() if self._faults else None
         count = size = 0
-        for topic, value, key, partition, headers in rows:
-            if count == fail_after:
-                # Fault injection only: put what this attempt wrote so far in the log, so that a
-                # test can see the abort hide it.
+        for chunk in chunks:
+            records: Iterable[KafkaRow] = chunk.records
+            if fail_after is not None and count <= fail_after < count + chunk.record_count:
+                # Fault injection only: put what this attempt wrote so far in the log, so that
+                # a test can see the abort hide it.
+                records = iter(records)
+                self._produce_records(producer, islice(records, fail_after - count), count)
                 producer.flush(self._timeout)
                 self._reach("mid-produce")
-            while True:
-                try:
-                    produce(topic, value, key, partition, headers=headers)
-                    break
-                except BufferError:
-                    # The local queue is full: let librdkafka deliver, then try again.
-                    producer.poll(0.05)
-                except KafkaException as exc:
-                    error: KafkaError = exc.args[0]
-                    what = f"produce to {topic}"
-                    if error.code() == KafkaError.MSG_SIZE_TOO_LARGE:
-                        size = len(value or b"") + len(key or b"")
-                        what = (
-                            f"produce row {count} ({size} bytes of key and value) to {topic}"
-                            f"{'' if partition < 0 else f'[{partition}]'}: larger than "
-                            "message.max.bytes (kafka.message.max.bytes, and the topic's "
-                            "max.message.bytes on the broker); the retries will fail alike"
-                        )
-                    raise self._failure(what, error) from exc
-            count += 1
-            size += len(value or b"") + len(key or b"")
-            if count % _POLL_EVERY == 0:
-                producer.poll(0)
+            self._produce_records(producer, records, count)
+            count += chunk.record_count
+            size += chunk.size
+            producer.poll(0)  # delivery reports, so that librdkafka's queue never fills with them
         return count, size
+
+    def _produce_records(self, producer: Producer, records: Iterable[KafkaRow], first: int) -> None:
+        produce = producer.produce
+        for row, (topic, value, key, partition, headers) in enumerate(records, start=first):
+            try:
+                produce(topic, value, key, partition, headers=headers)
+            except BufferError:
+                # The local queue is full: let librdkafka deliver, then try again.
+                self._produce_when_room(producer, row, (topic, value, key, partition, headers))
+            except KafkaException as exc:
+                raise self._produce_failure(row, topic, value, key, partition, exc) from exc
+
+    def _produce_when_room(self, producer: Producer, row: int, record: KafkaRow) -> None:
+        topic, value, key, partition, headers = record
+        while True:
+            producer.poll(0.05)
+            try:
+                producer.produce(topic, value, key, partition, headers=headers)
+                return
+            except BufferError:
+                continue
+            except KafkaException as exc:
+                raise self._produce_failure(row, topic, value, key, partition, exc) from exc
+
+    def _produce_failure(
+        self, row: int, topic: str, value: Any, key: Any, partition: int, exc: KafkaException
+    ) -> EpochWriteError:
+        error: KafkaError = exc.args[0]
+        what = f"produce to {topic}"
+        if error.code() == KafkaError.MSG_SIZE_TOO_LARGE:
+            size = len(value or b"") + len(key or b"")
+            what = (
+                f"produce row {row} ({size} bytes of key and value) to {topic}"
+                f"{'' if partition < 0 else f'[{partition}]'}: larger than "
+                "message.max.bytes (kafka.message.max.bytes, and the topic's "
+                "max.message.bytes on the broker); the retries will fail alike"
+            )
+        return self._failure(what, error)
 
     def _call(self, what: str, action: Callable[[], T]) -> T:
         """Run a transactional call, retrying retriable errors until the transaction timeout."""

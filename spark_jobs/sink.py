@@ -25,7 +25,7 @@ from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_expone
 from bridge.kafka_admin import TopicError, create_topic
 from bridge.names import DEFAULT_TRANSACTIONAL_ID_HEAD, SINK_FORMAT
 from spark_jobs.epoch_transaction import EpochOutcome, EpochTransaction, TaskCoordinates
-from spark_jobs.kafka_rows import check_schema, kafka_rows
+from spark_jobs.kafka_rows import check_schema, record_chunks
 from spark_jobs.progress import record_epoch
 from spark_jobs.sink_options import SinkOptions
 
@@ -112,7 +112,7 @@ class BridgeKafkaStreamWriter(DataSourceStreamArrowWriter):
             if first is None:
                 return EpochCommitMessage(EpochOutcome.of_empty_input(where))
             outcome = transaction.write(
-                lambda: kafka_rows(
+                lambda: record_chunks(
                     itertools.chain([first], batches),
                     default_topic=self.options.topic,
                     provenance=where.provenance(),

@@ -20,7 +20,7 @@ from spark_jobs.epoch_transaction import (
     EpochWriteError,
     TaskCoordinates,
 )
-from spark_jobs.kafka_rows import KafkaRow
+from spark_jobs.kafka_rows import RecordChunk
 from spark_jobs.producer_job import ProducerJob, Source, run
 from spark_jobs.progress import SinkCounters
 from spark_jobs.sink_options import SinkOptions
@@ -169,12 +169,11 @@ def test_zombie_cannot_commit_after_a_newer_holder_initialised_its_id(
     successor_done = threading.Event()
     zombie_started = threading.Event()
 
-    def zombie_rows() -> Iterator[KafkaRow]:
-        for i in range(100):
-            yield topic, f"zombie-{i}".encode(), None, 0, []
+    def zombie_rows() -> Iterator[RecordChunk]:
+        yield RecordChunk.of([(topic, f"zombie-{i}".encode(), None, 0, []) for i in range(100)])
         zombie_started.set()
         successor_done.wait(60)  # paused, as a GC pause or a lost executor would pause it
-        yield topic, b"zombie-late", None, 0, []
+        yield RecordChunk.of([(topic, b"zombie-late", None, 0, [])])
 
     failure: list[BaseException] = []
 
@@ -188,7 +187,9 @@ def test_zombie_cannot_commit_after_a_newer_holder_initialised_its_id(
     thread.start()
     assert zombie_started.wait(60)
     outcome = EpochTransaction(options, coordinates(1)).write(
-        lambda: iter([(topic, f"successor-{i}".encode(), None, 0, []) for i in range(200)])
+        lambda: iter(
+            [RecordChunk.of([(topic, f"successor-{i}".encode(), None, 0, []) for i in range(200)])]
+        )
     )
     successor_done.set()
     thread.join(60)

@@ -29,7 +29,7 @@ from spark_jobs.epoch_markers import (
 )
 from spark_jobs.epoch_transaction import EpochOutcome, TaskCoordinates, call_within
 from spark_jobs.faults import ENV_FAULTS, InjectedFault, TaskFaults
-from spark_jobs.kafka_rows import check_schema, kafka_rows
+from spark_jobs.kafka_rows import RecordChunk, RowError, check_schema, record_chunks
 from spark_jobs.progress import EpochSummary, SinkCounters
 from spark_jobs.sink_options import IdNaming, SinkOptions
 from spark_jobs.spark_kafka_options import java_client_options
@@ -117,11 +117,46 @@ def test_rows_become_records_with_provenance_first() -> None:
         }
     )
     provenance = [("bridge.epoch", b"3")]
-    rows = list(kafka_rows(iter([batch]), default_topic="t", provenance=provenance))
-    assert rows == [
+    [chunk] = record_chunks(iter([batch]), default_topic="t", provenance=provenance)
+    assert list(chunk.records) == [
         ("t", b"a", "k1", -1, [("bridge.epoch", b"3"), ("h", b"v")]),
         ("t", b"b", None, -1, [("bridge.epoch", b"3")]),
     ]
+    assert (chunk.record_count, chunk.size) == (2, 4)
+
+
+def test_value_and_key_batches_share_one_provenance_dict() -> None:
+    """What `bridge produce` writes: every record of a batch carries the same headers object,
+    and the count and size are the batch's, strings counted in UTF-8 bytes."""
+    import pyarrow as pa
+
+    provenance = [("bridge.query", b"q"), ("bridge.partition", b"0"), ("bridge.epoch", b"3")]
+    batches = [
+        pa.RecordBatch.from_pydict({"value": ["é", None], "key": ["k", "kk"]}),
+        pa.RecordBatch.from_pydict({"value": [b"xyz"]}),
+    ]
+    first, second = record_chunks(iter(batches), default_topic="t", provenance=provenance)
+    rows = list(first.records)
+    assert rows == [("t", "é", "k", -1, dict(provenance)), ("t", None, "kk", -1, dict(provenance))]
+    assert rows[0][4] is rows[1][4]
+    assert list(rows[0][4]) == ["bridge.query", "bridge.partition", "bridge.epoch"]  # in order
+    assert (first.record_count, first.size) == (2, 2 + 1 + 2)
+    assert list(second.records) == [("t", b"xyz", None, -1, dict(provenance))]
+    assert (second.record_count, second.size) == (1, 3)
+    assert RecordChunk.of(rows) == (rows, 2, 5)
+
+
+def test_a_null_topic_without_a_default_names_the_row() -> None:
+    import pyarrow as pa
+
+    batches = [
+        pa.RecordBatch.from_pydict({"value": [b"a"], "topic": ["t"]}),
+        pa.RecordBatch.from_pydict({"value": [b"b", b"c"], "topic": ["t", None]}),
+    ]
+    chunks = list(record_chunks(iter(batches), default_topic=None, provenance=[]))
+    assert list(chunks[0].records) == [("t", b"a", None, -1, [])]
+    with pytest.raises(RowError, match="row 2 of this task: topic is null"):
+        list(chunks[1].records)
 
 
 def test_transactional_ids_by_naming() -> None:
