@@ -58,10 +58,12 @@ _row_of: Callable[[Put], Row] = itemgetter(1)
 
 
 class Step(NamedTuple):
-    """One statement of a batch's writes; a COPY FROM STDIN carries its rows, in its columns."""
+    """One statement of a batch's writes; a COPY FROM STDIN carries its rows, in its columns,
+    and once formatted ahead of sending (`consumers.pipelined.formatted`) their COPY text."""
 
     statement: sql.Composed
     rows: list[Row] | None = None
+    data: bytes | None = None
 
 
 class _Decoded(NamedTuple):

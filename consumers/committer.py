@@ -32,7 +32,7 @@ from bridge.errors import BridgeError
 from consumers.applier import Applier, Step
 from consumers.db_session import Refusal, is_lost, refusal_of
 from consumers.offsets import Lease, OffsetStore, PartitionKey
-from consumers.pipelined import PipelinedTransaction
+from consumers.pipelined import PipelinedTransaction, formatted
 from consumers.records import Record, offset_of
 from consumers.targets import Target
 
@@ -119,14 +119,24 @@ class Committer:
         self._timeout_s = timeout_s
         self._sent: _Sent | None = None
 
-    def plan(self, records: dict[PartitionKey, list[Record]]) -> dict[str, list[Step]] | None:
-        """Each topic's statements, when every record is a row; else None."""
+    def plan(
+        self, records: dict[PartitionKey, list[Record]], conn: psycopg.Connection[Any] | None
+    ) -> dict[str, list[Step]] | None:
+        """Each topic's statements, when every record is a row; else None. With `conn` (the
+        session's connection, even while a batch is in flight on it), each COPY's text is
+        formatted now, so that sending the batch later costs no formatting."""
         plans = {}
         staged: set[str] = set()  # the plans go in one transaction
         for topic, of_topic in by_topic(records).items():
             plan = self._applier.plan(self._targets[topic], of_topic, staged)
             if plan is None:
                 return None
+            if conn is not None:
+                try:
+                    plan = [s if s.rows is None else s._replace(data=formatted(conn, s.rows))
+                            for s in plan]  # fmt: skip
+                except psycopg.Error:  # no I/O here: a value psycopg will not send
+                    return None  # `write` finds the record and names it
             plans[topic] = plan
         return plans
 

@@ -8,6 +8,13 @@ sender waits once, for the first COPY to start, streams the rows, and goes on (c
 next batch) while PostgreSQL finishes the COPY and commits; `PipelinedTransaction.finish`
 reads the outcome.
 
+The rows of a COPY are best formatted ahead (`formatted`), while the batch before is still in
+flight: then sending queues the whole text at once and returns without waiting for PostgreSQL
+to read it (the socket's buffers take most of a batch, and `finish` sends what is left), and
+PostgreSQL parses one batch while the service decodes the next. Formatted while sending, the
+two took turns: PostgreSQL idled while the service decoded, and the service waited for
+PostgreSQL to read each buffer.
+
 Nothing is lost by sending before knowing: PostgreSQL stops at the first statement that fails
 and skips the rest of the message, COMMIT included, so a refused batch leaves an aborted
 transaction behind and nothing written. The strict advance refuses the batch when a lease no
@@ -58,10 +65,16 @@ class PipelinedTransaction:
         statements = [b"BEGIN", advance.as_bytes(conn)]
         statements += [step.statement.as_bytes(conn) for step in steps]
         self._wire.send(b";\n".join([*statements, b"COMMIT"]))
-        for rows in (step.rows for step in steps if step.rows is not None):
+        for step in steps:
+            if step.rows is None:
+                continue
             if not self._until_copy_starts():
                 return  # refused before this COPY: the rest of the message is skipped
-            self._copy(conn, rows)
+            if step.data is None:
+                self._copy(conn, step.rows)
+            else:
+                self._wire.put(step.data)
+                self._wire.end_copy(None)
 
     def finish(self) -> str | None:
         """Wait for the outcome: None when the transaction committed, else why PostgreSQL
@@ -99,6 +112,25 @@ class PipelinedTransaction:
             self._refusal = message or "refused without a message"
 
 
+def formatted(conn: psycopg.Connection[Any], rows: list[Any]) -> bytes:
+    """`rows` as the text COPY FROM STDIN reads, by psycopg's C formatting, for `Step.data`.
+    Raises psycopg.DataError for a value psycopg will not send (text holding NUL). Nothing
+    goes over the connection: it may be busy with the batch in flight."""
+    collected = _Collected()
+    copy = Copy(row_cursor(conn), binary=False, writer=collected)
+    deque(map(copy.write_row, rows), maxlen=0)
+    copy.finish(None)
+    return b"".join(collected.chunks)
+
+
+class _Collected(Writer):
+    def __init__(self) -> None:
+        self.chunks: list[bytes] = []
+
+    def write(self, data: Buffer) -> None:
+        self.chunks.append(bytes(data))
+
+
 class _CopyWriter(Writer):
     """Where psycopg's COPY formatting puts its buffers: straight onto the connection."""
 
@@ -120,21 +152,27 @@ class _Wire:
         self._pgconn = pgconn
         self._timeout_ms = int(timeout_s * 1000)
 
+    # Sending queues in libpq and hands the socket what it takes now; what it does not take
+    # goes before the next wait for an answer (`result`), which needs it sent.
+
     def send(self, query: bytes) -> None:
         self._pgconn.send_query(query)
-        self._flush()
+        self._pgconn.flush()
 
     def put(self, data: Buffer) -> None:
-        while self._pgconn.put_copy_data(data) == 0:
+        while self._pgconn.put_copy_data(data) == 0:  # libpq could not queue it: make room
             self._wait(select.POLLOUT)
-        self._flush()
+            self._pgconn.flush()
+        self._pgconn.flush()
 
     def end_copy(self, error: str | None) -> None:
         while self._pgconn.put_copy_end(None if error is None else error.encode()) == 0:
             self._wait(select.POLLOUT)
-        self._flush()
+            self._pgconn.flush()
+        self._pgconn.flush()
 
     def result(self) -> PGresult | None:
+        self._flush()
         while self._pgconn.is_busy():
             self._wait(select.POLLIN)
             self._pgconn.consume_input()

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Sequence
 from decimal import Decimal
-from itertools import groupby
-from operator import itemgetter
+from itertools import groupby, repeat
+from operator import is_, itemgetter
 from typing import Any, NamedTuple
 
 import msgspec
@@ -79,7 +79,7 @@ def runs(rows: list[Row], tracked: Sequence[int], width: int) -> list[Run]:
     named = [i for i in range(width) if i not in tracked]
     mixed = []
     for i in tracked:  # one C pass over the batch per tracked column
-        absent = list(map(itemgetter(i), rows)).count(UNSET)
+        absent = count_of(rows, i, UNSET)
         if absent == 0:
             named.append(i)
         elif absent < count:
@@ -90,6 +90,12 @@ def runs(rows: list[Row], tracked: Sequence[int], width: int) -> list[Run]:
         Run(sorted(named + [i for i, unset in zip(mixed, shape, strict=True) if not unset]), [*run])
         for shape, run in groupby(rows, key=lambda row: tuple(row[i] is UNSET for i in mixed))
     ]
+
+
+def count_of(rows: list[Row], position: int, marker: Any) -> int:
+    """How many rows hold `marker` (UNSET, None) at `position`, in C loops. By identity: an
+    equality test would ask each value's own `__eq__`, which costs twice as much."""
+    return sum(map(is_, map(itemgetter(position), rows), repeat(marker)))
 
 
 def projector(positions: Sequence[int], width: int) -> Callable[[Row], Row] | None:

@@ -257,7 +257,7 @@ class ConsumerService:
         committer = cast(Committer, self._committer)
         ours = self._ours(records)
         # Decoded while the batch before is still in flight: its commit costs no waiting.
-        plans = committer.plan(ours)
+        plans = committer.plan(ours, self._db.open_connection())
         settled = self._settle()
         if self._leases.rewinds != rewinds:
             # The positions went back to the stored offsets, here or in a rebalance callback
@@ -267,12 +267,12 @@ class ConsumerService:
             return
         if not settled:
             ours = self._ours(records)  # leases moved: look again
-            plans = committer.plan(ours)
+            plans = committer.plan(ours, self._db.open_connection())
         # The leases as the batch before left them: this advance starts where that one ended.
         leases = {key: lease for key in ours if (lease := self._partitions.lease(key))}
         if len(leases) < len(ours):  # not whole, yet not rewound: only the rest is ours
             ours = {key: ours[key] for key in leases}
-            plans = committer.plan(ours)
+            plans = committer.plan(ours, self._db.open_connection())
         if not ours:
             return
         batch = Batch(ours, leases, plans)

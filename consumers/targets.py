@@ -15,7 +15,7 @@ from bridge.acls import table_rights
 from bridge.errors import ConfigError, PermissionMissing
 from bridge.settings import RouteSettings
 from consumers.records import RecordError
-from consumers.rows import UNSET, Row, RowDecoder, as_cell
+from consumers.rows import UNSET, Row, RowDecoder, as_cell, count_of
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,11 +80,10 @@ class Target:
         if rows is None:
             return None
         for i in self._must_carry:
-            column = list(map(itemgetter(i), rows))
-            if None in column or UNSET in column:
+            if count_of(rows, i, None) or count_of(rows, i, UNSET):
                 return None
         for i in self._generated:
-            if list(map(itemgetter(i), rows)).count(UNSET) != len(rows):
+            if count_of(rows, i, UNSET) != len(rows):
                 return None
         return rows
 

@@ -11,7 +11,7 @@ from psycopg import sql
 
 from consumers.applier import Step
 from consumers.offsets import Lease, OffsetStore
-from consumers.pipelined import PipelinedTransaction
+from consumers.pipelined import PipelinedTransaction, formatted
 from consumers.state import StateTables
 from tests.harness import Endpoints
 
@@ -35,6 +35,11 @@ def copy(table: str, rows: list[tuple[object, ...]]) -> Step:
     return Step(sql.SQL("COPY {} (id, note) FROM STDIN").format(sql.Identifier(table)), list(rows))
 
 
+def ahead(conn: psycopg.Connection, steps: list[Step]) -> list[Step]:
+    """The steps with their COPY text formatted ahead, as the committer sends them."""
+    return [s if s.rows is None else s._replace(data=formatted(conn, s.rows)) for s in steps]
+
+
 def fly(
     conn: psycopg.Connection, store: OffsetStore, lease: Lease, steps: list[Step]
 ) -> str | None:
@@ -51,12 +56,17 @@ def written(
     return count, store.stored(conn, [lease.key])[lease.key]
 
 
+@pytest.mark.parametrize("formatted_ahead", [False, True])
 def test_a_batch_commits_its_rows_and_its_offset_together(
-    setup: tuple[psycopg.Connection, OffsetStore, Lease], names: dict[str, str]
+    setup: tuple[psycopg.Connection, OffsetStore, Lease],
+    names: dict[str, str],
+    formatted_ahead: bool,
 ) -> None:
     conn, store, lease = setup
     table = names["table"]
     steps = [copy(table, [(10, "a"), (11, "tab\there")]), copy(table, [(12, None)])]
+    if formatted_ahead:
+        steps = ahead(conn, steps)
     assert fly(conn, store, lease, steps) is None
     assert conn.pgconn.transaction_status == psycopg.pq.TransactionStatus.IDLE
     assert written(conn, store, lease, table) == (3, 13)
@@ -67,7 +77,12 @@ def test_a_batch_commits_its_rows_and_its_offset_together(
 
 @pytest.mark.parametrize(
     "case",
-    ["lease taken over", "row refused by the table", "text psycopg will not send"],
+    [
+        "lease taken over",
+        "row refused by the table",
+        "row refused by the table, formatted ahead",
+        "text psycopg will not send",
+    ],
 )
 def test_a_refused_batch_writes_nothing_and_says_why(
     setup: tuple[psycopg.Connection, OffsetStore, Lease],
@@ -85,6 +100,9 @@ def test_a_refused_batch_writes_nothing_and_says_why(
         steps, expected = [good], "no longer held"
     elif case == "row refused by the table":
         steps, expected = [good, copy(table, [(12, "c"), (None, "d")])], "not-null"
+    elif case == "row refused by the table, formatted ahead":
+        steps = ahead(conn, [good, copy(table, [(12, "c"), (None, "d")])])
+        expected = "not-null"
     else:
         steps, expected = [good, copy(table, [(12, "nul\x00")])], "refused before sending"
     refusal = fly(conn, store, lease, steps)
@@ -92,3 +110,23 @@ def test_a_refused_batch_writes_nothing_and_says_why(
     assert conn.pgconn.transaction_status == psycopg.pq.TransactionStatus.INERROR
     conn.execute("ROLLBACK")
     assert written(conn, store, lease, table) == (0, 10)
+
+
+def test_a_batch_larger_than_the_socket_takes_is_sent_whole(
+    setup: tuple[psycopg.Connection, OffsetStore, Lease], names: dict[str, str]
+) -> None:
+    """Sending returns before PostgreSQL has read the COPY text; what the socket did not take
+    goes before the outcome is read."""
+    conn, store, lease = setup
+    table = names["table"]
+    rows: list[tuple[object, ...]] = [(i, "x" * 1000) for i in range(20_000)]  # ~20 MB
+    assert fly(conn, store, lease, ahead(conn, [copy(table, rows)])) is None
+    assert written(conn, store, lease, table) == (20_000, 13)
+
+
+def test_text_psycopg_will_not_send_is_found_when_formatting_ahead(
+    setup: tuple[psycopg.Connection, OffsetStore, Lease], names: dict[str, str]
+) -> None:
+    conn, _, _ = setup
+    with pytest.raises(psycopg.DataError, match="NUL"):
+        ahead(conn, [copy(names["table"], [(1, "nul\x00")])])
