@@ -317,6 +317,7 @@ class EpochTransaction:
         count = size = 0
         for chunk in chunks:
             records: Iterable[KafkaRow] = chunk.records
+            first = count
             if fail_after is not None and count <= fail_after < count + chunk.record_count:
                 # Fault injection only: put what this attempt wrote so far in the log, so that
                 # a test can see the abort hide it.
@@ -324,7 +325,8 @@ class EpochTransaction:
                 self._produce_records(producer, islice(records, fail_after - count), count)
                 producer.flush(self._timeout)
                 self._reach("mid-produce")
-            self._produce_records(producer, records, count)
+                first = fail_after
+            self._produce_records(producer, records, first)
             count += chunk.record_count
             size += chunk.size
             producer.poll(0)  # delivery reports, so that librdkafka's queue never fills with them
