@@ -113,7 +113,12 @@ class Applier:
         values = list(map(Message.value, records))
         if None in values:
             return None
-        rows = target.rows(cast(list[bytes], values))
+        raws = cast(list[bytes], values)
+        if target.route.mode == "insert":
+            carried = target.carried_rows(raws)
+            if carried is not None:  # as most batches: one COPY of rows decoded as they go
+                return [_copy(target.identifier, *carried)]
+        rows = target.rows(raws)
         if rows is None:
             return None
         puts: list[Put] = list(zip(records, rows, strict=True))

@@ -36,6 +36,7 @@ class Target:
     _must_carry: tuple[int, ...] = field(init=False, repr=False, compare=False)
     _key_positions: tuple[int, ...] = field(init=False, repr=False, compare=False)
     _generated: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    _must_carry_of_carried: tuple[int, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         position = {name: i for i, name in enumerate(self.columns)}
@@ -50,6 +51,11 @@ class Target:
         object.__setattr__(self, "_must_carry", tuple(dict.fromkeys(required + keys * upsert)))
         object.__setattr__(self, "_key_positions", keys)
         object.__setattr__(self, "_generated", tuple(position[c] for c in sorted(self.generated)))
+        # Upsert tracks every column, so nothing is carried there; insert's required columns
+        # are never tracked, so each has its place among the carried ones.
+        carried = self.decoder.carried
+        must_carry = tuple(carried.index(i) for i in self._must_carry) if carried else ()
+        object.__setattr__(self, "_must_carry_of_carried", must_carry)
 
     @property
     def identifier(self) -> sql.Identifier:
@@ -86,6 +92,19 @@ class Target:
             if count_of(rows, i, UNSET) != len(rows):
                 return None
         return rows
+
+    def carried_rows(self, raws: list[bytes]) -> tuple[list[str], list[Row]] | None:
+        """Insert mode, when no value holds a column the table fills (a default, an identity,
+        a generated column) nor a key that is not a column: the columns the values carry and
+        the rows of just those, with no Python step per record. None otherwise, or when a
+        required column is missing, for `rows` to tell."""
+        rows = self.decoder.decode_carried(raws)
+        if rows is None:
+            return None
+        for i in self._must_carry_of_carried:
+            if count_of(rows, i, None):
+                return None
+        return self.names(self.decoder.carried), rows
 
     def _missing(self, row: Row) -> str:
         def lacking(names: Iterable[str]) -> list[str]:

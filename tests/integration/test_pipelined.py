@@ -4,6 +4,7 @@ PostgreSQL refuses it whole and nothing of it is written."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from decimal import Decimal
 
 import psycopg
 import pytest
@@ -11,7 +12,8 @@ from psycopg import sql
 
 from consumers.applier import Step
 from consumers.offsets import Lease, OffsetStore
-from consumers.pipelined import PipelinedTransaction, formatted
+from consumers.pipelined import PipelinedTransaction, formatted, formatted_by_copy
+from consumers.rows import UNSET, row_cursor
 from consumers.state import StateTables
 from tests.harness import Endpoints
 
@@ -130,3 +132,20 @@ def test_text_psycopg_will_not_send_is_found_when_formatting_ahead(
     conn, _, _ = setup
     with pytest.raises(psycopg.DataError, match="NUL"):
         ahead(conn, [copy(names["table"], [(1, "nul\x00")])])
+
+
+def test_copy_text_formatted_ahead_is_what_psycopg_copy_writes(
+    setup: tuple[psycopg.Connection, OffsetStore, Lease],
+) -> None:
+    """`formatted` calls psycopg's row formatter straight; its text must be what `Copy` makes
+    of the same rows, byte for byte, whatever the values."""
+    conn, _, _ = setup
+    rows: list[tuple[object, ...]] = [
+        (1, "plain", Decimal("12.50"), None, UNSET),
+        (2**70, "tab\there\nnewline\\backslash\r", Decimal("-1E+3"), True, {"k": [1, "x"]}),
+        (-3, "naïve ✓", Decimal("0.000001"), False, [1, {"a": None}]),
+        (0, "", Decimal("1e-7"), 1.5, "\\N"),
+    ]
+    assert formatted(conn, rows) == formatted_by_copy(row_cursor(conn), rows)
+    with pytest.raises(psycopg.DataError, match="NUL"):
+        formatted(conn, [(1, "nul\x00")])
