@@ -114,16 +114,21 @@ class Applier:
         if None in values:
             return None
         raws = cast(list[bytes], values)
-        if target.route.mode == "insert":
-            carried = target.carried_rows(raws)
-            if carried is not None:  # as most batches: one COPY of rows decoded as they go
-                return [_copy(target.identifier, *carried)]
+        carried = target.carried_rows(raws)
+        if carried is not None:  # as most batches: their rows as they were decoded
+            columns, decoded = carried
+            if target.carried_key is None:
+                return [_copy(target.identifier, columns, decoded)]
+            winners = _last_row_per_key(decoded, target.carried_key)
+            if winners is not None:
+                return _merge_steps(target, [(columns, winners)], staged)
         rows = target.rows(raws)
         if rows is None:
             return None
         puts: list[Put] = list(zip(records, rows, strict=True))
         if target.route.mode == "upsert":
-            return _merge_steps(target, _last_per_key(target, puts, deletes=False), staged)
+            winners = _last_per_key(target, puts, deletes=False)
+            return _merge_steps(target, _column_runs(target, winners), staged)
         return _copy_steps(target.identifier, target, puts)
 
     # -- decoding -----------------------------------------------------------------------------
@@ -195,7 +200,11 @@ class Applier:
         deletes = [op for op in ops if isinstance(op, Delete)]
         if upserts:
             counts.applied += self._isolate(
-                conn, upserts, lambda rows: run_steps(conn, _merge_steps(target, rows, staged))
+                conn,
+                upserts,
+                lambda puts: run_steps(
+                    conn, _merge_steps(target, _column_runs(target, puts), staged)
+                ),
             )
         if deletes:
             counts.deleted += self._isolate(
@@ -296,7 +305,9 @@ def stage_name(target: Target) -> str:
     return f"{UPSERT_STAGE_PREFIX}{target.name[:40]}_{digest}"
 
 
-def _merge_steps(target: Target, puts: list[Put], staged: set[str]) -> list[Step]:
+def _merge_steps(
+    target: Target, column_runs: list[tuple[list[str], list[Row]]], staged: set[str]
+) -> list[Step]:
     """Upsert through a staging table: each run of rows names the columns it carries, so a
     column a record lacks takes its default in a new row and stays as it is in an old one.
 
@@ -314,7 +325,7 @@ def _merge_steps(target: Target, puts: list[Put], staged: set[str]) -> list[Step
     table = target.identifier
     keys = sql.SQL(", ").join(map(sql.Identifier, target.route.key_columns))
     steps = []
-    for columns, rows in _column_runs(target, puts):
+    for columns, rows in column_runs:
         # Made here every time, cheap when it exists: a savepoint rolled back may have undone
         # its creation.
         steps.append(
@@ -370,6 +381,18 @@ def _describe(exc: psycopg.Error) -> str:
     if exc.sqlstate is None:
         return f"refused before sending: {exc}"
     return f"{exc.sqlstate}: {exc.diag.message_primary}"
+
+
+def _last_row_per_key(rows: list[Row], key: Callable[[Row], Any]) -> list[Row] | None:
+    """Upsert mode, rows without a tombstone among them: the last row of each key, in C loops;
+    None when a key holds a nested value (unhashable), for `_last_per_key` to compare."""
+    try:
+        last = dict(zip(map(key, rows), range(len(rows)), strict=True))  # each key's last place
+    except TypeError:
+        return None
+    if len(last) == len(rows):
+        return rows  # no key twice, as in most batches
+    return list(map(rows.__getitem__, sorted(last.values())))
 
 
 def _last_per_key(target: Target, ops: list[AnyOp], *, deletes: bool) -> list[AnyOp]:

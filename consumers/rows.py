@@ -36,18 +36,30 @@ _NESTED = (dict, list)
 
 class RowDecoder:
     """Decodes a record value into a `Row` of the given columns: UNSET where a `tracked` column
-    is absent, None where any other column is absent or null."""
+    is absent, None where any other column is absent or null.
 
-    def __init__(self, columns: Sequence[str], *, tracked: Collection[str] = ()) -> None:
+    `filled`: the columns the table fills (a default, an identity, a generated column), which
+    producers seldom send; the others are the `carried` columns, for `decode_carried`."""
+
+    def __init__(
+        self,
+        columns: Sequence[str],
+        *,
+        tracked: Collection[str] = (),
+        filled: Collection[str] = (),
+    ) -> None:
         self._decode = _struct_decoder(
             [(c, UNSET if c in tracked else None) for c in columns], forbid_unknown=False
         )
-        # The columns every record carries in the common case: all but the tracked ones, which
-        # the table's defaults fill because producers never send them.
-        self.carried = tuple(i for i, c in enumerate(columns) if c not in tracked)
+        self.carried = tuple(i for i, c in enumerate(columns) if c not in filled)
+        # With nothing tracked, `decode_all` gives what `decode_carried` would, as cheaply. A
+        # tracked column is required among the carried ones: absent is not null there.
         self._decode_carried = (
-            _struct_decoder([(columns[i], None) for i in self.carried], forbid_unknown=True)
-            if 0 < len(self.carried) < len(columns)
+            _struct_decoder(
+                [(columns[i], _REQUIRED if columns[i] in tracked else None) for i in self.carried],
+                forbid_unknown=True,
+            )
+            if tracked and self.carried
             else None
         )
         self._carried_skips = 0  # batches left before the carried columns are tried again
@@ -69,11 +81,12 @@ class RowDecoder:
             return None
 
     def decode_carried(self, raws: Iterable[bytes]) -> list[Row] | None:
-        """Every value as a row of the `carried` columns only, in C loops, when none holds a
-        tracked column or a key that is not a column: the same rows as `decode_all` gives
-        without their tracked columns (all UNSET), and no Python step per row to take them
-        out. None otherwise, and then the next batches are not tried for a while, so that a
-        topic whose records do carry more pays for a failed try once in so many batches."""
+        """Every value as a row of the `carried` columns only, in C loops, when each holds
+        every tracked one of them and no other key: the same rows as `decode_all` gives
+        without their filled columns (all UNSET) and with no UNSET elsewhere, and no Python
+        step per row to take the filled ones out. None otherwise, and then the next batches
+        are not tried for a while, so that a topic whose records do not fit pays for a failed
+        try once in so many batches."""
         if self._decode_carried is None or self._carried_skips:
             self._carried_skips = max(0, self._carried_skips - 1)
             return None
@@ -87,6 +100,7 @@ class RowDecoder:
 # After a batch whose records carry more than the carried columns: how many batches go straight
 # to the whole decoding before the carried columns are tried again.
 _CARRIED_SKIPS = 100
+_REQUIRED = msgspec.NODEFAULT  # a field without a default: a value without it is refused
 
 
 def _struct_decoder(
@@ -98,9 +112,13 @@ def _struct_decoder(
     # positional names renamed to the columns, which are the JSON keys.
     struct = msgspec.defstruct(
         "Row",
-        [(f"c{i}", Any, default) for i, (_, default) in enumerate(fields)],
+        [
+            (f"c{i}", Any) if default is _REQUIRED else (f"c{i}", Any, default)
+            for i, (_, default) in enumerate(fields)
+        ],
         rename={f"c{i}": name for i, (name, _) in enumerate(fields)},
         forbid_unknown_fields=forbid_unknown,
+        kw_only=True,  # required and defaulted fields in any order, kept in the given one
     )
     return msgspec.json.Decoder(struct, float_hook=Decimal).decode
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Any
@@ -36,7 +36,11 @@ class Target:
     _must_carry: tuple[int, ...] = field(init=False, repr=False, compare=False)
     _key_positions: tuple[int, ...] = field(init=False, repr=False, compare=False)
     _generated: tuple[int, ...] = field(init=False, repr=False, compare=False)
-    _must_carry_of_carried: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    _must_carry_of_carried: tuple[int, ...] | None = field(init=False, repr=False, compare=False)
+    # The key of a row that `carried_rows` gives.
+    carried_key: Callable[[Row], Any] | None = field(
+        init=False, default=None, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         position = {name: i for i, name in enumerate(self.columns)}
@@ -46,16 +50,23 @@ class Target:
         # A generated column is tracked too, so that a record carrying it can be told apart.
         fills = self.defaulted | self.generated
         tracked = self.columns if upsert else [c for c in self.columns if c in fills]
-        object.__setattr__(self, "decoder", RowDecoder(self.columns, tracked=tracked))
+        decoder = RowDecoder(self.columns, tracked=tracked, filled=fills)
+        object.__setattr__(self, "decoder", decoder)
         object.__setattr__(self, "tracked", tuple(position[c] for c in tracked))
         object.__setattr__(self, "_must_carry", tuple(dict.fromkeys(required + keys * upsert)))
         object.__setattr__(self, "_key_positions", keys)
         object.__setattr__(self, "_generated", tuple(position[c] for c in sorted(self.generated)))
-        # Upsert tracks every column, so nothing is carried there; insert's required columns
-        # are never tracked, so each has its place among the carried ones.
-        carried = self.decoder.carried
-        must_carry = tuple(carried.index(i) for i in self._must_carry) if carried else ()
-        object.__setattr__(self, "_must_carry_of_carried", must_carry)
+        # Where the key and the columns a row must hold are among the carried columns. A key
+        # the table fills (an identity) is not: a record that carries it is not decoded that way.
+        carried = decoder.carried
+        in_carried = [carried.index(i) if i in carried else None for i in self._must_carry]
+        if None in in_carried:
+            object.__setattr__(self, "_must_carry_of_carried", None)
+        else:
+            object.__setattr__(self, "_must_carry_of_carried", tuple(in_carried))
+            if upsert:  # then the key is among the columns a row must hold
+                key = itemgetter(*(carried.index(i) for i in keys))
+                object.__setattr__(self, "carried_key", key)
 
     @property
     def identifier(self) -> sql.Identifier:
@@ -94,10 +105,12 @@ class Target:
         return rows
 
     def carried_rows(self, raws: list[bytes]) -> tuple[list[str], list[Row]] | None:
-        """Insert mode, when no value holds a column the table fills (a default, an identity,
-        a generated column) nor a key that is not a column: the columns the values carry and
-        the rows of just those, with no Python step per record. None otherwise, or when a
-        required column is missing, for `rows` to tell."""
+        """When every value holds no column the table fills (a default, an identity, a
+        generated column) and no key that is not a column, and in upsert mode every other
+        column: those columns and the rows of just them, with no Python step per record. None
+        otherwise, or when a required column or the key is null, for `rows` to tell."""
+        if self._must_carry_of_carried is None:
+            return None
         rows = self.decoder.decode_carried(raws)
         if rows is None:
             return None
