@@ -6,6 +6,7 @@ import concurrent.futures
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from confluent_kafka import (
     Consumer,
@@ -22,6 +23,7 @@ from confluent_kafka.admin._listoffsets import OffsetSpec
 from confluent_kafka.cimpl import NewTopic
 
 from bridge.errors import BridgeError
+from bridge.kafka_refusal import RefusalWatch
 
 
 class TopicError(BridgeError):
@@ -48,25 +50,8 @@ def create_topic(
     node, 3 on a replicated cluster).
 
     `config`: extra client properties (security settings and the like)."""
-    admin = AdminClient({**(config or {}), "bootstrap.servers": bootstrap_servers})
-    futures = admin.create_topics(
-        [NewTopic(name, num_partitions=partitions, replication_factor=replication_factor)],
-        operation_timeout=timeout,
-        request_timeout=timeout,
-    )
-    try:
-        futures[name].result(timeout=timeout)
-    except KafkaException as exc:
-        error: KafkaError = exc.args[0]
-        if error.code() != KafkaError.TOPIC_ALREADY_EXISTS:
-            raise TopicError(
-                f"cannot create topic {name!r}: {error.str()}", retriable=error.retriable()
-            ) from exc
-    except concurrent.futures.TimeoutError:
-        raise TopicError(
-            f"cannot create topic {name!r}: no answer from {bootstrap_servers} in {timeout:.0f}s",
-            retriable=True,
-        ) from None
+    admin = KafkaAdmin({**(config or {}), "bootstrap.servers": bootstrap_servers}, timeout=timeout)
+    admin.create_topic(name, partitions=partitions, replication_factor=replication_factor)
 
 
 def offset_range(
@@ -82,6 +67,9 @@ def offset_range(
         key: (log.log_start, log.last_stable) for key, log in admin.log_ranges(partitions).items()
     }
 
+
+T = TypeVar("T")
+_REFUSAL_CHECK_S = 0.5  # how often a request's wait looks for a refusal of the client
 
 PartitionKey = tuple[str, int]
 """(topic, partition)."""
@@ -110,8 +98,55 @@ class KafkaAdmin:
         self, client_config: Mapping[str, str | int | float], *, timeout: float = 30.0
     ) -> None:
         self._config = dict(client_config)
-        self._admin = AdminClient(self._config)
+        self._watch = RefusalWatch()
+        config: dict[str, Any] = {**self._config, "error_cb": self._watch}
+        self._admin = AdminClient(config)
         self._timeout = timeout
+
+    def _result(self, future: concurrent.futures.Future[T]) -> T:
+        """The request's answer, waited for at most the timeout. A refusal of this client's
+        credentials or TLS ends the wait at once: waiting does not mend it, and the request
+        would only time out."""
+        deadline = time.monotonic() + self._timeout
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                return future.result(timeout=max(0.0, min(_REFUSAL_CHECK_S, left)))
+            except concurrent.futures.TimeoutError:
+                self._admin.poll(0)  # serves the error callback
+                if self._watch.refused is not None or left <= _REFUSAL_CHECK_S:
+                    raise
+
+    def _error(self, what: str, exc: BaseException) -> TopicError:
+        """`what` failed with `exc`. A request that failed because the brokers refused this
+        client's credentials or TLS says so and what to check, and is not worth retrying; one
+        the cluster did not answer in time, or was briefly unable to, is."""
+        self._admin.poll(0)  # serves the error callback
+        refused = self._watch.refused
+        if refused is not None:
+            return TopicError(f"{what}: the brokers refused this client: {refused}")
+        if isinstance(exc, KafkaException):
+            error: KafkaError = exc.args[0]
+            return TopicError(f"{what}: {error.str()}", retriable=error.retriable())
+        servers = self._config.get("bootstrap.servers")
+        return TopicError(
+            f"{what}: no answer from {servers} in {self._timeout:.0f}s", retriable=True
+        )
+
+    def create_topic(self, name: str, *, partitions: int, replication_factor: int) -> None:
+        """See `create_topic`."""
+        new = NewTopic(name, num_partitions=partitions, replication_factor=replication_factor)
+        futures = self._admin.create_topics(
+            [new], operation_timeout=self._timeout, request_timeout=self._timeout
+        )
+        try:
+            self._result(futures[name])
+        except KafkaException as exc:
+            error: KafkaError = exc.args[0]
+            if error.code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise self._error(f"cannot create topic {name!r}", exc) from exc
+        except concurrent.futures.TimeoutError as exc:
+            raise self._error(f"cannot create topic {name!r}", exc) from None
 
     def partitions(self, topic: str) -> list[int]:
         # describe_topics, unlike a metadata request, never creates the topic it asks about.
@@ -119,9 +154,9 @@ class KafkaAdmin:
             TopicCollection([topic]), request_timeout=self._timeout
         )
         try:
-            description = futures[topic].result(self._timeout)
-        except KafkaException as exc:
-            raise TopicError(f"topic {topic!r}: {exc.args[0].str()}") from exc
+            description = self._result(futures[topic])
+        except (KafkaException, concurrent.futures.TimeoutError) as exc:
+            raise self._error(f"topic {topic!r}", exc) from exc
         return sorted(p.id for p in description.partitions)
 
     def log_ranges(self, partitions: Iterable[PartitionKey]) -> dict[PartitionKey, LogRange]:
@@ -181,9 +216,9 @@ class KafkaAdmin:
         by the reset and claims it again."""
         future = self._admin.describe_consumer_groups([group], request_timeout=self._timeout)
         try:
-            description = future[group].result(self._timeout)
-        except KafkaException as exc:
-            raise TopicError(f"cannot describe consumer group {group!r}: {exc}") from exc
+            description = self._result(future[group])
+        except (KafkaException, concurrent.futures.TimeoutError) as exc:
+            raise self._error(f"cannot describe consumer group {group!r}", exc) from exc
         held: dict[PartitionKey, str] = {}
         for member in description.members:
             who = f"{member.client_id}@{member.host.lstrip('/')}"
@@ -199,11 +234,9 @@ class KafkaAdmin:
 
     def group_ids(self, prefix: str) -> list[str]:
         try:
-            listing = self._admin.list_consumer_groups(request_timeout=self._timeout).result(
-                self._timeout
-            )
-        except KafkaException as exc:
-            raise TopicError(f"cannot list consumer groups: {exc}") from exc
+            listing = self._result(self._admin.list_consumer_groups(request_timeout=self._timeout))
+        except (KafkaException, concurrent.futures.TimeoutError) as exc:
+            raise self._error("cannot list consumer groups", exc) from exc
         return sorted(g.group_id for g in listing.valid if g.group_id.startswith(prefix))
 
     def stable_committed(self, group: str, partitions: list[PartitionKey]) -> list[TopicPartition]:
@@ -215,9 +248,9 @@ class KafkaAdmin:
             [request], require_stable=True, request_timeout=self._timeout
         )
         try:
-            result = futures[group].result(self._timeout)
-        except KafkaException as exc:
-            raise TopicError(f"cannot read the offsets of group {group!r}: {exc}") from exc
+            result = self._result(futures[group])
+        except (KafkaException, concurrent.futures.TimeoutError) as exc:
+            raise self._error(f"cannot read the offsets of group {group!r}", exc) from exc
         return list(result.topic_partitions or [])
 
     def _list_offsets(
@@ -228,9 +261,9 @@ class KafkaAdmin:
         )
         try:
             return {
-                (tp.topic, tp.partition): int(future.result(self._timeout).offset)
+                (tp.topic, tp.partition): int(self._result(future).offset)
                 for tp, future in futures.items()
             }
-        except KafkaException as exc:
+        except (KafkaException, concurrent.futures.TimeoutError) as exc:
             names = ", ".join(f"{tp.topic}[{tp.partition}]" for tp in wanted)
-            raise TopicError(f"cannot list the offsets of {names}: {exc}") from exc
+            raise self._error(f"cannot list the offsets of {names}", exc) from exc

@@ -22,6 +22,7 @@ import time
 from confluent_kafka import KafkaError
 
 from bridge.errors import BridgeError
+from bridge.kafka_refusal import refusal
 
 log = logging.getLogger("bridge.consumer")
 
@@ -46,16 +47,6 @@ class KafkaAccessDenied(BridgeError):
     """The ACLs do not give this member's principal a right it needs."""
 
 
-# What to check, by the error librdkafka reports for a refused connection.
-_REFUSALS = {
-    KafkaError._AUTHENTICATION: (
-        "check kafka.properties sasl.username, sasl.password and sasl.mechanism"
-    ),
-    KafkaError._SSL: (
-        "check kafka.properties ssl.ca.location (the CA that signed the brokers' certificates) "
-        "and security.protocol"
-    ),
-}
 # A client that speaks PLAINTEXT to a TLS or SASL listener is hung up on before any answer:
 # librdkafka reports no error of its own, only that the brokers are down.
 _PLAINTEXT_HINT = (
@@ -103,8 +94,9 @@ class KafkaHealth:
         code = error.code()
         if code == KafkaError._ALL_BROKERS_DOWN:
             return  # the statistics say so, broker by broker
-        if code in _REFUSALS:
-            self._last_error = f"{error.str()}; {_REFUSALS[code]}"
+        refused = refusal(error)
+        if refused is not None:
+            self._last_error = refused
             log.error("Kafka refused the connection: %s", self._last_error)
             if not self._ever_up:
                 self._refused = KafkaRefused(

@@ -37,6 +37,7 @@ from tenacity import (
 )
 
 from bridge.errors import BridgeError
+from bridge.kafka_refusal import RefusalWatch
 from bridge.names import PROVENANCE_EPOCH, PROVENANCE_PARTITION, PROVENANCE_QUERY
 from spark_jobs.epoch_markers import MarkerReader, marker_position
 from spark_jobs.faults import TaskFaults
@@ -202,7 +203,7 @@ class EpochTransaction:
         )
         # Credentials or TLS the brokers refused: librdkafka says so only to its error callback,
         # while the call it blocks in ends in a bare timeout.
-        self._refused: str | None = None
+        self._refused = RefusalWatch()
         # librdkafka connects in the background from here on.
         self._producer = Producer(self._producer_config())
         self._markers = MarkerReader(
@@ -294,19 +295,15 @@ class EpochTransaction:
         config.update(self._options.kafka)
         config["transactional.id"] = self._transactional_id
         config["transaction.timeout.ms"] = self._options.transaction_timeout_ms
-        config["error_cb"] = self._client_error
+        config["error_cb"] = self._refused
         return config
-
-    def _client_error(self, error: KafkaError) -> None:
-        if error.code() in (KafkaError._AUTHENTICATION, KafkaError._SSL):
-            self._refused = error.str()
 
     def _refusal(self) -> str | None:
         """The brokers' refusal of this client's credentials or TLS, if any (the callback runs
         in a poll: this serves it)."""
         with contextlib.suppress(KafkaException):  # a fatal error raises from any poll
             self._producer.poll(0)
-        return self._refused
+        return self._refused.refused
 
     def _produce(self, producer: Producer, chunks: Iterator[RecordChunk]) -> tuple[int, int]:
         """Every row into the open transaction: how many, and their bytes of key and value.
@@ -407,10 +404,7 @@ class EpochTransaction:
         )
         refused = self._refusal()
         if refused is not None:
-            hints += (
-                f"; the brokers refused this client: {refused}; check kafka.properties "
-                "sasl.username, sasl.password, sasl.mechanism and ssl.ca.location"
-            )
+            hints += f"; the brokers refused this client: {refused}"
         return EpochWriteError(
             f"{self._where} (transactional.id {self._transactional_id}): {what} failed:"
             f" {error.str()} {kind}".rstrip()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +16,7 @@ from pyspark.errors import StreamingQueryException
 
 from bridge import acls
 from bridge.errors import PermissionMissing
-from bridge.kafka_admin import create_topic
+from bridge.kafka_admin import KafkaAdmin, TopicError, create_topic
 from bridge.stack.tls import CertificateAuthority
 from consumers.kafka_health import KafkaAccessDenied, KafkaRefused, KafkaUnavailable
 from consumers.service import ConsumerService
@@ -169,6 +170,27 @@ def test_a_producer_with_a_wrong_password_fails_saying_so_and_writes_nothing(
     assert "Authentication failed" in message and "sasl.password" in message
     assert "not-the-password" not in message
     assert_nothing_written(stack, topic_name)
+
+
+def test_the_operator_tools_with_a_wrong_password_say_so_instead_of_timing_out(
+    stack: Endpoints,
+) -> None:
+    """`bridge offsets` and `bridge txn` ask through KafkaAdmin, the sink creates its marker
+    topic with it: a refused login ends the request at once, saying why, and is not retried."""
+    wrong = stack.client("tools", **{"sasl.password": "not-the-password"})
+    started = time.monotonic()
+    with pytest.raises(TopicError) as listing:
+        KafkaAdmin(wrong, timeout=120).group_ids("bridge-")
+    producer = {**stack.properties("producer"), "sasl.password": "not-the-password"}
+    with pytest.raises(TopicError) as creating:
+        create_topic(stack.bootstrap_servers, f"never-{uuid.uuid4().hex[:8]}", timeout=120,
+                     config=producer)  # fmt: skip
+    assert time.monotonic() - started < 60  # not the requests' 120 s each
+    for refused in (listing.value, creating.value):
+        assert "the brokers refused this client" in str(refused), str(refused)
+        assert "Authentication failed" in str(refused) and "sasl.password" in str(refused)
+        assert "not-the-password" not in str(refused)
+        assert not refused.retriable
 
 
 def producer_failure(
