@@ -25,7 +25,7 @@ from bridge.names import SINK_FORMAT
 from spark_jobs.locations import local_path, progress_path, spark_location
 from spark_jobs.progress import SinkCounters
 from spark_jobs.spark_kafka_options import java_client_options
-from spark_jobs.spark_session import build_session
+from spark_jobs.spark_session import build_session, stop_session
 
 log = logging.getLogger("bridge.produce")
 
@@ -140,7 +140,7 @@ def run(job: ProducerJob, spark: Any | None = None) -> SinkCounters:
             _await_or_stop_on_signal(query)
     finally:
         if own:
-            spark.stop()
+            stop_session(spark)
     return SinkCounters.load(job.progress_path)
 
 
