@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rich.table import Table
 
-from consumers.positions import Position
+if TYPE_CHECKING:  # the command line imports this module on every start: keep it light
+    from consumers.positions import Position
 
 
 def positions_table(positions: list[Position], *, title: str) -> Table:

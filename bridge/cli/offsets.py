@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import psycopg
 import typer
 from rich.table import Table
 
@@ -23,6 +22,9 @@ from bridge.kafka_admin import KafkaAdmin
 from bridge.names import DEFAULT_STACK_DIR
 from bridge.settings import BridgeSettings, load_settings, stack_env_files
 from bridge.tables import or_dash, positions_table
+
+if TYPE_CHECKING:  # imported where used: every `bridge` command imports this module
+    import psycopg
 
 app = typer.Typer(help="The consumer's stored positions: inspect them, move them safely.")
 console = output_console()
@@ -42,6 +44,8 @@ def _settings(config: Path | None, stack_dir: Path) -> BridgeSettings:
 
 
 def _connect(settings: BridgeSettings) -> psycopg.Connection[Any]:
+    import psycopg
+
     try:
         return psycopg.connect(settings.postgres.dsn.get_secret_value(), autocommit=True)
     except psycopg.OperationalError as exc:
