@@ -252,8 +252,11 @@ def _wait_for_consumer(
     log: Path,
 ) -> None:
     started = time.monotonic()
-    with console.status("consumer: Kafka -> PostgreSQL ...", spinner="dots") as status:
-        while (position := applied_position(dsn, group, DEFAULT_STATE_SCHEMA)) < target:
+    with (
+        console.status("consumer: Kafka -> PostgreSQL ...", spinner="dots") as status,
+        psycopg.connect(dsn, autocommit=True) as watcher,
+    ):
+        while (position := applied_position(watcher, group, DEFAULT_STATE_SCHEMA)) < target:
             if consumer.poll() is not None:
                 raise DemoFailed(
                     f"the consumer exited ({consumer.returncode}); log {log}:\n{_tail(log)}"
