@@ -23,6 +23,9 @@ RESULTS = Path(__file__).parent / "results"
 class Endpoints:
     bootstrap_servers: str
     dsn: str
+    # The first broker's JVM and PostgreSQL's postmaster, for CPU accounting (bench/cpu.py).
+    kafka_pid: int | None = None
+    postgres_pid: int | None = None
 
 
 @contextmanager
@@ -30,7 +33,7 @@ def running_stack() -> Iterator[Endpoints]:
     """The repository's local stack if it is up, else a throwaway one for this run."""
     status = LocalStack(Path(DEFAULT_STACK_DIR)).status()
     if status.running and status.bootstrap_servers and status.dsn:
-        yield Endpoints(status.bootstrap_servers, status.dsn)
+        yield Endpoints(status.bootstrap_servers, status.dsn, status.kafka_pid, status.postgres_pid)
         return
     scratch = Path(tempfile.mkdtemp(prefix="bridge-bench-"))
     scratch.chmod(0o755)  # the postgres user must reach its data directory
@@ -38,7 +41,9 @@ def running_stack() -> Iterator[Endpoints]:
     started = stack.up()
     try:
         assert started.bootstrap_servers and started.dsn
-        yield Endpoints(started.bootstrap_servers, started.dsn)
+        yield Endpoints(
+            started.bootstrap_servers, started.dsn, started.kafka_pid, started.postgres_pid
+        )
     finally:
         stack.down()
 

@@ -1,6 +1,7 @@
 """Consumer benchmark: the service against the limits of its parts, in one run on one machine.
 
     .venv/bin/python -m bench.consumer [--records 1000000] [--rate 10000] [--seconds 20]
+        [--rounds 3] [--warm-up-rounds 1] [--baseline-tree DIR]
 
 (a) raw psycopg COPY of the same rows as ready-made tuples into the same table (the baseline),
 (b) raw read_committed consumption of the topic with that decoding and the service's tuning,
@@ -8,10 +9,21 @@
 (d) end-to-end latency under a steady load: send time to the row's insertion, p50 / p99,
 (e) the best hand-written upsert of the same ready-made tuples (staged COPY + ON CONFLICT),
     upsert's baseline as (a) is insert's.
+The baselines' rows are the topic's, decoded before any clock starts, in the order a consumer
+receives them (a run of consecutive ids from each partition in turn); each batch of (e) is
+sorted by key, the most a hand-written streaming upsert can do (the service keeps the records'
+order: of two keys PostgreSQL equates and Python does not, "a" and "A" under a case-insensitive
+collation, the later record must win). The same upsert of the rows in
+id order over the whole topic, which no consumer of a partitioned topic sees and which spares
+the index all but its rightmost page, is run and reported for reference.
 (a), (b), (c) and (e) are measured in alternating rounds (--rounds, default 3):
 on a shared machine their rates drift by a third within minutes, and a ratio is only worth
 something between runs made next to each other. Each round gives its own ratio; the figures
-are the medians, with every round's kept. Writes them to bench/results/consumer-*.json.
+are the medians, with every round's kept. One round runs first and is not counted (reported as
+the warm-up; --warm-up-rounds): in three runs of four on a new stack, the first round's raw
+COPY ran at half the rate of the later rounds'. Each timed run starts after a CHECKPOINT (see
+`checkpoint`) and reports the CPU seconds of its parts (client or service, PostgreSQL, the
+broker) and how busy the machine was (bench/cpu.py). Writes bench/results/consumer-*.json.
 
 `--baseline-tree DIR` (another commit's checkout) also runs that tree's service in every round,
 each tree first in every other round: a change's before and after, alternated in one run."""
@@ -27,6 +39,8 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
+from operator import itemgetter
 from pathlib import Path
 from statistics import median
 from typing import Any
@@ -36,6 +50,7 @@ import yaml
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 from bench.common import Endpoints, running_stack, write_results
+from bench.cpu import CpuMeter
 from bridge.kafka_admin import KafkaAdmin, create_topic
 from bridge.names import DEFAULT_STATE_SCHEMA
 from consumers.offsets import applied_position
@@ -80,6 +95,15 @@ def sql(dsn: str, statement: str) -> list[tuple[Any, ...]]:
         return cursor.fetchall() if cursor.description else []
 
 
+def checkpoint(dsn: str) -> None:
+    """Before each timed run, baseline or service alike: a fresh cluster has no spent WAL
+    segments to recycle, so PostgreSQL zero-fills a new 16 MB segment every few batches, 40-60
+    ms each, and whichever run came when the WAL ran out paid for it (rates swung by a quarter
+    between runs of the same code). After a CHECKPOINT the segments already written are
+    recycled for the next run, as on a database that has been running a while."""
+    sql(dsn, "CHECKPOINT")
+
+
 NAMES = ["id", "customer", "amount", "currency", "note", "sent_ms"]
 RAW_BATCH = 5_000  # rows per transaction of the hand-written baselines
 
@@ -88,6 +112,17 @@ def ready_rows(records: int) -> list[tuple[Any, ...]]:
     """The topic's rows as tuples, decoded before any clock starts."""
     decoder = RowDecoder(NAMES)
     return [decoder.decode(json.dumps(record(i, 0)).encode()) for i in range(records)]
+
+
+def sorted_per_batch(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """Each batch of the hand-written upsert sorted by its key (id, the first column): index
+    pages are then touched in order within a batch, the most a streaming upsert can do, since
+    it sees the rows only as they arrive."""
+    return [
+        row
+        for start in range(0, len(rows), RAW_BATCH)
+        for row in sorted(rows[start : start + RAW_BATCH], key=itemgetter(0))
+    ]
 
 
 def raw_copy(stack: Endpoints, rows: list[tuple[Any, ...]]) -> float:
@@ -135,7 +170,11 @@ def raw_upsert(stack: Endpoints, rows: list[tuple[Any, ...]]) -> float:
     return time.perf_counter() - started
 
 
-def raw_consume(stack: Endpoints, topic: str) -> tuple[float, int]:
+def raw_consume(
+    stack: Endpoints, topic: str, keep: list[tuple[Any, ...]] | None = None
+) -> tuple[float, int]:
+    """Seconds to read and decode the whole topic as a read_committed consumer does, and the
+    records read; `keep` collects the rows in the order they arrived."""
     consumer = Consumer({"bootstrap.servers": stack.bootstrap_servers, "group.id": "bench-raw",
                          "isolation.level": "read_committed", "enable.partition.eof": True,
                          "enable.auto.commit": False, **CONSUMER_FETCH_DEFAULTS})  # fmt: skip
@@ -149,7 +188,9 @@ def raw_consume(stack: Endpoints, topic: str) -> tuple[float, int]:
             if error is not None and error.code() == KafkaError._PARTITION_EOF:
                 at_end.add(message.partition() or 0)
             elif error is None:
-                decoder.decode(message.value() or b"{}")  # the service decodes every value too
+                row = decoder.decode(message.value() or b"{}")  # the service decodes every value
+                if keep is not None:
+                    keep.append(row)
                 seen += 1
     seconds = time.perf_counter() - started
     consumer.close()
@@ -237,18 +278,46 @@ def service_run(
     table = f"svc_{mode}_{uuid.uuid4().hex[:8]}"
     key = ", PRIMARY KEY (id)" if mode == "upsert" else ""
     sql(stack.dsn, f"CREATE TABLE public.{table} ({COLUMNS}{key})")
+    checkpoint(stack.dsn)
     started = time.perf_counter()
     service = Service(stack, topic, table, mode, scratch, tree)
+    meter = stack_meter(stack)
     try:
         service.wait_for(1)  # offsets claimed: the group is joined
         joined = time.perf_counter()
+        before = meter.read(service=service.process.pid)
         service.wait_for(caught_up(stack, topic))
         seconds = time.perf_counter() - joined
+        cpu = CpuMeter.spent(before, meter.read(service=service.process.pid), seconds)
         rss = service.peak_rss_mb()
     finally:
         service.stop()
     return {"mode": mode, "seconds": round(seconds, 2), "rows_per_second": round(records / seconds),
-            "start_seconds": round(joined - started, 2), "peak_rss_mb": round(rss, 1)}  # fmt: skip
+            "start_seconds": round(joined - started, 2), "peak_rss_mb": round(rss, 1),
+            "cpu": cpu}  # fmt: skip
+
+
+def stack_meter(stack: Endpoints) -> CpuMeter:
+    return CpuMeter(trees={"postgres": stack.postgres_pid}, processes={"kafka": stack.kafka_pid})
+
+
+def metered(stack: Endpoints, run: Callable[[], float]) -> tuple[float, dict[str, Any]]:
+    """A hand-written baseline's seconds, after a checkpoint, and the CPU of its run; the
+    client is this process."""
+    checkpoint(stack.dsn)
+    meter = stack_meter(stack)
+    before = meter.read(client=os.getpid())
+    seconds = run()
+    return seconds, CpuMeter.spent(before, meter.read(client=os.getpid()), seconds)
+
+
+def cpu_line(cpu: dict[str, Any]) -> str:
+    parts = ", ".join(
+        f"{name.removesuffix('_cpu_s')} {value}"
+        for name, value in cpu.items()
+        if name.endswith("_cpu_s")
+    )
+    return f"CPU s in {cpu['wall_s']} s: {parts}; machine {cpu['machine_busy']:.0%} busy"
 
 
 def latency_run(stack: Endpoints, rate: int, seconds: int, scratch: Path) -> dict[str, Any]:
@@ -311,6 +380,10 @@ def main() -> None:
     parser.add_argument("--rate", type=int, default=10_000)
     parser.add_argument("--seconds", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--warm-up-rounds", type=int, default=1,
+        help="rounds run first and not counted: the first runs on a new stack are the slowest",
+    )  # fmt: skip
     parser.add_argument("--baseline-tree", type=Path, help="also run this checkout's service")
     args = parser.parse_args()
     base = args.baseline_tree.resolve() if args.baseline_tree else None
@@ -320,10 +393,22 @@ def main() -> None:
         topic = f"bench-c-{uuid.uuid4().hex[:8]}"
         fill = fill_topic(stack, topic, args.records)
         print(f"{args.records:,} records of ~150 bytes in Kafka ({args.records / fill:,.0f}/s)")
-        rows = ready_rows(args.records)
+        # The baselines write the very rows the service writes, in the order a consumer of the
+        # topic receives them: a run of consecutive ids from each partition in turn.
+        arrived: list[tuple[Any, ...]] = []
+        raw_consume(stack, topic, keep=arrived)
+        assert len(arrived) == args.records, len(arrived)
+        upsert_rows = sorted_per_batch(arrived)
+        # For reference only: the rows in key order over the whole topic, as no consumer of a
+        # partitioned topic receives them. Every insert then lands on the index's rightmost
+        # page; rows as they arrive cost PostgreSQL a tenth more CPU or more in the same upsert.
+        id_order = ready_rows(args.records)
         rounds: list[dict[str, Any]] = []
-        for _ in range(args.rounds):
-            copy_rate = args.records / raw_copy(stack, rows)
+        warm_up: dict[str, Any] = {}
+        for number in range(args.warm_up_rounds + args.rounds):
+            counted = number >= args.warm_up_rounds
+            copy_s, copy_cpu = metered(stack, lambda: raw_copy(stack, arrived))
+            copy_rate = args.records / copy_s
             consume_s, consumed = raw_consume(stack, topic)
             assert consumed == args.records, consumed
             # With a baseline tree, each goes first in every other round.
@@ -334,25 +419,51 @@ def main() -> None:
             if base is not None and before is None:
                 before = service_run(stack, topic, args.records, "insert", scratch, base)
             ratio = round(insert["rows_per_second"] / copy_rate, 3)
-            raw_upsert_rate = args.records / raw_upsert(stack, rows)
+            upsert_s, upsert_cpu = metered(stack, lambda: raw_upsert(stack, upsert_rows))
+            raw_upsert_rate = args.records / upsert_s
             upsert = service_run(stack, topic, args.records, "upsert", scratch)
             upsert_ratio = round(upsert["rows_per_second"] / raw_upsert_rate, 3)
-            rounds.append({
+            id_order_s, id_order_cpu = metered(stack, lambda: raw_upsert(stack, id_order))
+            id_order_rate = args.records / id_order_s
+            done = {
                 "raw_copy_rows_per_second": round(copy_rate),
+                "raw_copy_cpu": copy_cpu,
                 "raw_consume_records_per_second": round(args.records / consume_s),
                 "insert": insert,
                 "insert_ratio_to_copy": ratio,
                 "raw_upsert_rows_per_second": round(raw_upsert_rate),
+                "raw_upsert_cpu": upsert_cpu,
                 "upsert": upsert,
                 "upsert_ratio_to_raw_upsert": upsert_ratio,
-            })  # fmt: skip
-            print(f"round {len(rounds)}: raw COPY {copy_rate:,.0f} rows/s, "
+                "raw_upsert_id_order_rows_per_second": round(id_order_rate),
+                "raw_upsert_id_order_cpu": id_order_cpu,
+                "upsert_ratio_to_raw_upsert_id_order": round(
+                    upsert["rows_per_second"] / id_order_rate, 3
+                ),
+            }  # fmt: skip
+            if counted:
+                rounds.append(done)
+            else:
+                warm_up = done
+            label = f"round {len(rounds)}" if counted else "warm-up (not counted)"
+            print(f"{label}: raw COPY {copy_rate:,.0f} rows/s, "
                   f"service insert {insert['rows_per_second']:,} rows/s = {ratio}x; "
                   f"hand-written upsert {raw_upsert_rate:,.0f} rows/s, service upsert "
-                  f"{upsert['rows_per_second']:,} rows/s = {upsert_ratio}x",
+                  f"{upsert['rows_per_second']:,} rows/s = {upsert_ratio}x "
+                  f"(= {done['upsert_ratio_to_raw_upsert_id_order']}x of the same upsert "
+                  f"in id order, {id_order_rate:,.0f} rows/s)",
                   flush=True)  # fmt: skip
+            measured = {
+                "raw COPY": copy_cpu,
+                "service insert": insert["cpu"],
+                "hand-written upsert": upsert_cpu,
+                "service upsert": upsert["cpu"],
+                "upsert in id order": id_order_cpu,
+            }
+            for name, cpu in measured.items():
+                print(f"         {name:<20} {cpu_line(cpu)}", flush=True)
             if before is not None:
-                rounds[-1]["baseline_insert"] = before
+                done["baseline_insert"] = before
                 print(f"         baseline tree's insert {before['rows_per_second']:,} rows/s")
         baseline: dict[str, Any] = {}
         if base is not None:
@@ -369,6 +480,8 @@ def main() -> None:
     raw_upsert_rate = median(r["raw_upsert_rows_per_second"] for r in rounds)
     upsert = median_run(rounds, "upsert")
     upsert_ratio = median(r["upsert_ratio_to_raw_upsert"] for r in rounds)
+    id_order_upsert_rate = median(r["raw_upsert_id_order_rows_per_second"] for r in rounds)
+    id_order_ratio = median(r["upsert_ratio_to_raw_upsert_id_order"] for r in rounds)
     print(f"(a) raw COPY of ready-made tuples         : {copy_rate:>10,.0f} rows/s (median)")
     print(f"(b) raw read_committed consumption        : {consume_rate:>10,.0f} records/s (median)")
     for run, ratio in ((insert, insert_ratio), (upsert, upsert["rows_per_second"] / copy_rate)):
@@ -383,6 +496,9 @@ def main() -> None:
     print(f"(e) hand-written upsert (staged COPY)     : {raw_upsert_rate:>10,.0f} rows/s (median); "
           f"service upsert = {upsert_ratio:.2f}x of it (median of the rounds' ratios: "
           + ", ".join(f"{r['upsert_ratio_to_raw_upsert']}x" for r in rounds) + ")")  # fmt: skip
+    print("    its rows as they arrive from the topic, each batch sorted by key; the same upsert "
+          f"of the rows in id order, as no consumer receives them: {id_order_upsert_rate:,.0f} "
+          f"rows/s, service = {id_order_ratio:.2f}x of it")  # fmt: skip
     if baseline:
         before_insert = baseline["insert_rows_per_second"]
         before_upsert = baseline["upsert"]["rows_per_second"]
@@ -406,10 +522,13 @@ def main() -> None:
         "insert": insert | {"ratio_to_copy": round(insert_ratio, 3),
                             "ratio_to_consume": round(insert["rows_per_second"] / consume_rate, 3)},
         "raw_upsert_rows_per_second": round(raw_upsert_rate),
+        "raw_upsert_id_order_rows_per_second": round(id_order_upsert_rate),
         "upsert": upsert | {"ratio_to_copy": round(upsert["rows_per_second"] / copy_rate, 3),
                             "ratio_to_raw_upsert": round(upsert_ratio, 3),
+                            "ratio_to_raw_upsert_id_order": round(id_order_ratio, 3),
                             "ratio_to_consume": round(upsert["rows_per_second"] / consume_rate, 3)},
         "rounds": rounds,
+        "warm_up": warm_up,
         "latency": latency,
         "baseline": baseline,
         "goals": {"insert_ratio": 0.6, "upsert_ratio_to_raw_upsert": 0.9, "p99_ms": 200,
