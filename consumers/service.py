@@ -79,6 +79,8 @@ class ConsumerService:
         self._committer: Committer | None = None
         self._next_reconcile = 0.0
         self._behind = False  # the last poll filled a batch: more records are waiting
+        # The batch settled last, kept until the next one is on the wire (see `_settle`).
+        self._settled: CommitResult | None = None
         self._consumer: Consumer | None = None
         self.applied_total = 0
         self._http: HealthServer | None = None
@@ -278,6 +280,7 @@ class ConsumerService:
         batch = Batch(ours, leases, plans)
         self._partitions.sent(list(ours))
         result = committer.commit(self._db.connection(), batch)
+        self._settled = None  # PostgreSQL is busy with this batch while the last one is freed
         if result is not None:
             self._done(result)
 
@@ -310,6 +313,10 @@ class ConsumerService:
         if result is None:
             return True
         self._done(result)
+        # Freeing a batch (thousands of records, rows and their COPY text) takes longer than
+        # anything else between one batch's outcome and the next one's sending, all of it time
+        # PostgreSQL would sit idle: it is freed once the next batch is sent instead.
+        self._settled = result
         return result.whole
 
     def _done(self, result: CommitResult) -> None:
