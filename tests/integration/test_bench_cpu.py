@@ -10,7 +10,9 @@ import time
 
 from bench.cpu import CpuMeter, process_seconds, tree_seconds
 
-_BURN = "import time\nend = time.process_time() + {seconds}\nwhile time.process_time() < end: pass\n"
+_BURN = (
+    "import time\nend = time.process_time() + {seconds}\nwhile time.process_time() < end: pass\n"
+)
 
 
 def test_a_reaped_child_counts_in_its_parents_tree() -> None:
