@@ -1,7 +1,7 @@
 """Consumer benchmark: the service against the limits of its parts, in one run on one machine.
 
     .venv/bin/python -m bench.consumer [--records 1000000] [--rate 10000] [--seconds 20]
-        [--rounds 3] [--warm-up-rounds 1] [--baseline-tree DIR]
+        [--rounds 5] [--warm-up-rounds 1] [--baseline-tree DIR]
 
 (a) raw psycopg COPY of the same rows as ready-made tuples into the same table (the baseline),
 (b) raw read_committed consumption of the topic with that decoding and the service's tuning,
@@ -16,14 +16,15 @@ order: of two keys PostgreSQL equates and Python does not, "a" and "A" under a c
 collation, the later record must win). The same upsert of the rows in
 id order over the whole topic, which no consumer of a partitioned topic sees and which spares
 the index all but its rightmost page, is run and reported for reference.
-(a), (b), (c) and (e) are measured in alternating rounds (--rounds, default 3):
-on a shared machine their rates drift by a third within minutes, and a ratio is only worth
-something between runs made next to each other. Each round gives its own ratio; the figures
-are the medians, with every round's kept. One round runs first and is not counted (reported as
-the warm-up; --warm-up-rounds): in three runs of four on a new stack, the first round's raw
-COPY ran at half the rate of the later rounds'. Each timed run starts after a CHECKPOINT (see
-`checkpoint`) and reports the CPU seconds of its parts (client or service, PostgreSQL, the
-broker) and how busy the machine was (bench/cpu.py). Writes bench/results/consumer-*.json.
+(a), (b), (c) and (e) are measured in alternating rounds (--rounds, default 5): on a shared
+machine their rates drift by a third within minutes, and a ratio is only worth something between
+runs made next to each other, and five rounds keep an odd one out of the median. Each round
+gives its own ratio; the figures are the medians, with every round's kept. One round runs first
+and is not counted (reported as the warm-up; --warm-up-rounds): in three runs of four on a new
+stack, the first round's raw COPY ran at half the rate of the later rounds'. Each timed run
+starts after a CHECKPOINT (see `checkpoint`) and reports the CPU seconds of its parts (client or
+service, PostgreSQL, the broker) and how busy the machine was (bench/cpu.py). Writes
+bench/results/consumer-*.json.
 
 `--baseline-tree DIR` (another commit's checkout) also runs that tree's service in every round,
 each tree first in every other round: a change's before and after, alternated in one run."""
@@ -278,6 +279,9 @@ def service_run(
     table = f"svc_{mode}_{uuid.uuid4().hex[:8]}"
     key = ", PRIMARY KEY (id)" if mode == "upsert" else ""
     sql(stack.dsn, f"CREATE TABLE public.{table} ({COLUMNS}{key})")
+    # Asked before the clock starts: a new admin client now and then takes a second or more
+    # to answer (1 s in 40 tries), which once counted against the service.
+    target = caught_up(stack, topic)
     checkpoint(stack.dsn)
     started = time.perf_counter()
     service = Service(stack, topic, table, mode, scratch, tree)
@@ -286,7 +290,7 @@ def service_run(
         service.wait_for(1)  # offsets claimed: the group is joined
         joined = time.perf_counter()
         before = meter.read(service=service.process.pid)
-        service.wait_for(caught_up(stack, topic))
+        service.wait_for(target)
         seconds = time.perf_counter() - joined
         cpu = CpuMeter.spent(before, meter.read(service=service.process.pid), seconds)
         rss = service.peak_rss_mb()
@@ -317,7 +321,10 @@ def cpu_line(cpu: dict[str, Any]) -> str:
         for name, value in cpu.items()
         if name.endswith("_cpu_s")
     )
-    return f"CPU s in {cpu['wall_s']} s: {parts}; machine {cpu['machine_busy']:.0%} busy"
+    return (
+        f"CPU s in {cpu['wall_s']} s: {parts}; machine {cpu['machine_busy']:.0%} busy, "
+        f"{cpu['machine_iowait']:.0%} waiting for I/O"
+    )
 
 
 def latency_run(stack: Endpoints, rate: int, seconds: int, scratch: Path) -> dict[str, Any]:
@@ -379,7 +386,7 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=1_000_000)
     parser.add_argument("--rate", type=int, default=10_000)
     parser.add_argument("--seconds", type=int, default=20)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument(
         "--warm-up-rounds", type=int, default=1,
         help="rounds run first and not counted: the first runs on a new stack are the slowest",

@@ -53,20 +53,22 @@ def tree_seconds(root: int) -> float:
     return total
 
 
-def machine_busy_seconds() -> tuple[float, float]:
-    """(busy, all) CPU seconds of the whole machine since boot, summed over its CPUs."""
+def machine_seconds() -> tuple[float, float, float]:
+    """(busy, waiting for I/O, all) CPU seconds of the whole machine since boot, summed over
+    its CPUs. Time waiting for I/O is idle time: a CPU waits while a disk works."""
     first = Path("/proc/stat").read_text().splitlines()[0].split()
     ticks = [int(v) for v in first[1:]]
-    idle = ticks[3] + ticks[4]  # idle and iowait
+    idle, iowait = ticks[3], ticks[4]
     # guest time is counted in user time already; leave it out of the sum.
     everything = sum(ticks[:8])
-    return (everything - idle) / _TICKS, everything / _TICKS
+    return (everything - idle - iowait) / _TICKS, iowait / _TICKS, everything / _TICKS
 
 
 @dataclass(frozen=True)
 class Reading:
     parts: dict[str, float]
     busy: float
+    iowait: float
     total: float
 
 
@@ -83,17 +85,18 @@ class CpuMeter:
         parts = {name: tree_seconds(pid) for name, pid in self._trees.items()}
         parts |= {name: process_seconds(pid) for name, pid in self._processes.items()}
         parts |= {name: process_seconds(pid) for name, pid in more.items()}
-        busy, total = machine_busy_seconds()
-        return Reading(parts, busy, total)
+        return Reading(parts, *machine_seconds())
 
     @staticmethod
     def spent(before: Reading, after: Reading, wall_seconds: float) -> dict[str, float]:
-        """CPU seconds of each part between the readings, and the machine's busy share."""
+        """CPU seconds of each part between the readings, and the machine's busy share and
+        share waiting for I/O."""
         figures = {
             f"{name}_cpu_s": round(after.parts[name] - before.parts.get(name, 0.0), 2)
             for name in after.parts
         }
         all_seconds = after.total - before.total
         figures["machine_busy"] = round((after.busy - before.busy) / all_seconds, 3)
+        figures["machine_iowait"] = round((after.iowait - before.iowait) / all_seconds, 3)
         figures["wall_s"] = round(wall_seconds, 2)
         return figures

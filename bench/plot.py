@@ -30,6 +30,11 @@ PLOTS = Path(__file__).resolve().parents[1] / "docs" / "plots"
 STRONGER_COPY_BASELINE = datetime(2026, 11, 23, 15, 35)
 # Runs before this timed both sinks inside one warm Spark session; from here, whole processes.
 WHOLE_PROCESS_PRODUCER = datetime(2026, 11, 23, 17, 0)
+# From here the baselines write the topic's own rows in the order a consumer receives them, each
+# timed run starts after a CHECKPOINT, and a warm-up round goes uncounted.
+SAME_ROWS_CONSUMER = datetime(2026, 11, 25, 4, 0)
+# From here each sink runs once uncounted before the rounds.
+WARMED_UP_PRODUCER = datetime(2026, 11, 25, 3, 50)
 
 
 def runs(name: str, results: Path) -> list[dict[str, Any]]:
@@ -58,6 +63,8 @@ def consumer_ratios(results: Path, out: Path) -> Path | None:
     axes.axhline(1.0, color="grey", linestyle="--", linewidth=1)
     _mark_since(axes, STRONGER_COPY_BASELINE, "baseline from here: COPY of\nready-made tuples "
                 "(stronger)", 1.02)  # fmt: skip
+    _mark_since(axes, SAME_ROWS_CONSUMER, "from here: the topic's own rows,\nCHECKPOINT before "
+                "each run", 0.3)  # fmt: skip
     axes.set_ylim(0, 1.1)
     axes.set_ylabel("rows/s as a share of COPY")
     axes.set_title("Consumer against PostgreSQL's COPY of the same rows, per run")
@@ -76,6 +83,7 @@ def producer_ratios(results: Path, out: Path) -> Path | None:
     axes.set_ylim(0, max(1.2, max(r["ratio"] for r in found) * 1.1))
     _mark_since(axes, WHOLE_PROCESS_PRODUCER, "from here: whole processes,\nstart-up "
                 "included (stronger)", 1.15)  # fmt: skip
+    _mark_since(axes, WARMED_UP_PRODUCER, "from here: a warm-up\nrun per sink", 0.3)
     axes.set_ylabel("rows/s against the built-in sink")
     axes.set_title("bridge-kafka against Spark's Kafka sink, per run")
     figure.autofmt_xdate()
