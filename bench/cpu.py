@@ -34,7 +34,8 @@ def process_seconds(pid: int, *, reaped: bool = False) -> float:
     fields = _stat_fields(pid)
     if fields is None:
         return 0.0
-    # After the name: state ppid ... utime(12th field of the whole line) is index 11 here.
+    # utime, stime, cutime and cstime are the 14th to 17th fields of the line: 11 to 14 here,
+    # where the fields start after the name, at the state (the 3rd).
     ticks = int(fields[11]) + int(fields[12])
     if reaped:
         ticks += int(fields[13]) + int(fields[14])
