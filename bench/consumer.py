@@ -20,10 +20,10 @@ the index all but its rightmost page, is run and reported for reference.
 machine their rates drift by a third within minutes, and a ratio is only worth something between
 runs made next to each other, and five rounds keep an odd one out of the median. Each round
 gives its own ratio; the figures are the medians, with every round's kept. One round runs first
-and is not counted (reported as the warm-up; --warm-up-rounds): in three runs of four on a new
-stack, the first round's raw COPY ran at half the rate of the later rounds'. Each timed run
-starts after a CHECKPOINT (see `checkpoint`) and reports the CPU seconds of its parts (client or
-service, PostgreSQL, the broker) and how busy the machine was (bench/cpu.py). Writes
+and is not counted (reported as the warm-up; --warm-up-rounds): in six runs of nine on a new
+stack, the first round's raw COPY ran at half to two thirds of the later rounds' rate. Each
+timed run starts after a CHECKPOINT (see `checkpoint`) and reports the CPU seconds of its parts
+(client or service, PostgreSQL, the broker) and how busy the machine was (bench/cpu.py). Writes
 bench/results/consumer-*.json.
 
 `--baseline-tree DIR` (another commit's checkout) also runs that tree's service in every round,
