@@ -71,21 +71,37 @@ def default_executor_python() -> str:
 
 def build_executor_env(cache: Path | None = None) -> ExecutorEnv:
     """The environment for the code installed here, built on first use, then taken from the
-    cache (`~/.cache/bridge/executor-env-<content hash>`)."""
+    cache (`~/.cache/bridge/executor-env-<content hash>.tar`, and beside it the driver's
+    directory of links, `executor-env-<content hash>-<installation hash>`)."""
     members = _members()
     key = _content_key(members)
     root = cache or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "bridge"
-    directory = root / f"executor-env-{key}"
+    # The driver's copy only links to the files here, so it belongs to this installation: two
+    # checkouts of the same code share the archive, but links into one of them would dangle
+    # once it is removed, and the other's driver would import a half-empty package.
+    directory = root / f"executor-env-{key}-{_installation_key(members)}"
     archive = root / f"executor-env-{key}.tar"
-    if not (directory.is_dir() and archive.is_file()):
+    if not _links_resolve(directory, members):
         root.mkdir(parents=True, exist_ok=True)
         _prune(root, keep=key)
-        # The driver's copy only links to the files here: it serves this machine alone.
+        if directory.exists():  # its files were removed or replaced under it: useless to all
+            shutil.rmtree(directory)
         _write_directory(members, directory, link=True)
+    if not archive.is_file():
         _write_archive(members, archive)
     for used in (directory, archive):  # what a job used lately is never pruned
         os.utime(used)
     return ExecutorEnv(directory=directory, archive=archive)
+
+
+def _installation_key(members: dict[str, Path]) -> str:
+    where = "\0".join(sorted(str(path) for path in members.values()))
+    return hashlib.sha256(where.encode()).hexdigest()[:8]
+
+
+def _links_resolve(directory: Path, members: dict[str, Path]) -> bool:
+    """Whether every member is in `directory` and leads to a file (a dangling link does not)."""
+    return directory.is_dir() and all((directory / inside).is_file() for inside in members)
 
 
 def _prune(root: Path, *, keep: str) -> None:
