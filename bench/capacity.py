@@ -24,7 +24,6 @@ import re
 import struct
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 import uuid
@@ -35,7 +34,7 @@ import psycopg
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from bench.common import Endpoints, write_results
+from bench.common import Endpoints, scratch_dir, write_results
 from bench.consumer import (
     COLUMNS,
     Service,
@@ -236,19 +235,18 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=4)
     parser.add_argument("--records", type=int, default=200_000)
     args = parser.parse_args()
-    scratch = Path(tempfile.mkdtemp(prefix="bridge-bench-capacity-"))
-    scratch.chmod(0o755)  # the postgres user must reach its data directory
-    stack = LocalStack(scratch / "stack", brokers=3)
-    status = stack.up(timeout=240)
-    try:
-        assert status.bootstrap_servers and status.dsn
-        endpoints = Endpoints(status.bootstrap_servers, status.dsn)
-        nodes = stack.kafka_nodes(stack.state())
-        producer = [produce_run(endpoints, scratch, nodes, naming, args)
-                    for naming in ("per-epoch", "per-partition")]  # fmt: skip
-        consumer = consumer_run(endpoints, scratch, args.records)
-    finally:
-        stack.down()
+    with scratch_dir("bridge-bench-capacity-") as scratch:
+        stack = LocalStack(scratch / "stack", brokers=3)
+        status = stack.up(timeout=240)
+        try:
+            assert status.bootstrap_servers and status.dsn
+            endpoints = Endpoints(status.bootstrap_servers, status.dsn)
+            nodes = stack.kafka_nodes(stack.state())
+            producer = [produce_run(endpoints, scratch, nodes, naming, args)
+                        for naming in ("per-epoch", "per-partition")]  # fmt: skip
+            consumer = consumer_run(endpoints, scratch, args.records)
+        finally:
+            stack.down()
     for run in producer:
         print(json.dumps(run))
     print(json.dumps(consumer))

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 import platform
+import shutil
+import signal
 import statistics
+import sys
 import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -29,23 +32,57 @@ class Endpoints:
 
 
 @contextmanager
+def scratch_dir(prefix: str) -> Iterator[Path]:
+    """A directory in the system's temporary directory for one run: its inputs, logs and any
+    throwaway stack. Removed when the run ends; a throwaway stack's Kafka logs and PostgreSQL data
+    come to gigabytes a run, and left behind they fill the disk within a day of benchmarking.
+    A run that fails keeps it for its logs and says where. SIGTERM ends the run through here too
+    (as SystemExit), so a benchmark stopped by its supervisor stops its stack and cleans up."""
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    scratch = Path(tempfile.mkdtemp(prefix=prefix))
+    scratch.chmod(0o755)  # the postgres user must reach its data directory
+    try:
+        yield scratch
+    except Exception:
+        print(f"kept {scratch} for the failed run's logs; remove it when done", file=sys.stderr)
+        raise
+    except BaseException:  # stopped (SIGTERM, Ctrl-C): nothing failed that its logs would explain
+        _remove(scratch)
+        raise
+    else:
+        _remove(scratch)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _exit_on_sigterm(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _remove(scratch: Path) -> None:
+    try:
+        shutil.rmtree(scratch)
+    except OSError as error:
+        print(f"could not remove {scratch}: {error}", file=sys.stderr)
+
+
+@contextmanager
 def running_stack() -> Iterator[Endpoints]:
     """The repository's local stack if it is up, else a throwaway one for this run."""
     status = LocalStack(Path(DEFAULT_STACK_DIR)).status()
     if status.running and status.bootstrap_servers and status.dsn:
         yield Endpoints(status.bootstrap_servers, status.dsn, status.kafka_pid, status.postgres_pid)
         return
-    scratch = Path(tempfile.mkdtemp(prefix="bridge-bench-"))
-    scratch.chmod(0o755)  # the postgres user must reach its data directory
-    stack = LocalStack(scratch)
-    started = stack.up()
-    try:
-        assert started.bootstrap_servers and started.dsn
-        yield Endpoints(
-            started.bootstrap_servers, started.dsn, started.kafka_pid, started.postgres_pid
-        )
-    finally:
-        stack.down()
+    with scratch_dir("bridge-bench-stack-") as scratch:
+        stack = LocalStack(scratch)
+        started = stack.up()
+        try:
+            assert started.bootstrap_servers and started.dsn
+            yield Endpoints(
+                started.bootstrap_servers, started.dsn, started.kafka_pid, started.postgres_pid
+            )
+        finally:
+            stack.down()
 
 
 def percentile(values: Sequence[float], fraction: float) -> float:

@@ -37,7 +37,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Callable
@@ -50,7 +49,7 @@ import psycopg
 import yaml
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
-from bench.common import Endpoints, running_stack, write_results
+from bench.common import Endpoints, running_stack, scratch_dir, write_results
 from bench.cpu import CpuMeter
 from bridge.kafka_admin import KafkaAdmin, create_topic
 from bridge.names import DEFAULT_STATE_SCHEMA
@@ -394,9 +393,7 @@ def main() -> None:
     parser.add_argument("--baseline-tree", type=Path, help="also run this checkout's service")
     args = parser.parse_args()
     base = args.baseline_tree.resolve() if args.baseline_tree else None
-    scratch = Path(tempfile.mkdtemp(prefix="bridge-bench-consumer-"))
-
-    with running_stack() as stack:
+    with scratch_dir("bridge-bench-consumer-") as scratch, running_stack() as stack:
         topic = f"bench-c-{uuid.uuid4().hex[:8]}"
         fill = fill_topic(stack, topic, args.records)
         print(f"{args.records:,} records of ~150 bytes in Kafka ({args.records / fill:,.0f}/s)")

@@ -19,10 +19,9 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from statistics import median
-from tempfile import mkdtemp
 from typing import Any
 
-from bench.common import Endpoints, running_stack, write_results
+from bench.common import Endpoints, running_stack, scratch_dir, write_results
 from bench.consumer import COLUMNS, Service, caught_up, fill_topic, raw_copy, ready_rows, sql
 
 PARTITIONS = 12
@@ -69,9 +68,7 @@ def main() -> None:
     parser.add_argument("--instances", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
-    scratch = Path(mkdtemp(prefix="bridge-bench-consumer-scale-"))
-
-    with running_stack() as stack:
+    with scratch_dir("bridge-bench-consumer-scale-") as scratch, running_stack() as stack:
         topic = f"bench-scale-{uuid.uuid4().hex[:8]}"
         fill_topic(stack, topic, args.records, partitions=PARTITIONS)
         rows = ready_rows(args.records)

@@ -33,13 +33,12 @@ import json
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
-from bench.common import RESULTS, Endpoints, running_stack, write_results
+from bench.common import RESULTS, Endpoints, running_stack, scratch_dir, write_results
 from bench.consumer import Service, sql
 from bench.plot import PLOTS, latency_cdf
 from bridge.kafka_admin import create_topic
@@ -178,9 +177,8 @@ def main() -> None:
     args = parser.parse_args()
     for trigger in args.triggers:
         trigger_seconds(trigger)  # refuse a trigger this benchmark cannot read, before any run
-    scratch = Path(tempfile.mkdtemp(prefix="bridge-bench-latency-"))
     runs = []
-    with running_stack() as stack:
+    with scratch_dir("bridge-bench-latency-") as scratch, running_stack() as stack:
         for trigger in args.triggers:
             run = run_pipeline(
                 stack, trigger, rate=args.rate, seconds=args.seconds, scratch=scratch

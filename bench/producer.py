@@ -43,7 +43,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -54,7 +53,7 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
-from bench.common import Endpoints, percentile, running_stack, write_results
+from bench.common import Endpoints, percentile, running_stack, scratch_dir, write_results
 from bridge.kafka_admin import create_topic
 from bridge.maven import spark_kafka_jars
 from bridge.stack.process import free_port
@@ -354,15 +353,18 @@ def main() -> None:
     if args.triggers is None:
         args.triggers = [] if args.cluster_workers else ["1 second", "250 milliseconds"]
 
-    scratch = Path(tempfile.mkdtemp(prefix="bridge-bench-producer-"))
-    data = scratch / "in"
-    write_input(data, rows=args.rows, row_bytes=args.row_bytes, files=args.files)
     # Every process's Python workers run this interpreter (the virtualenv's), as bridge's do.
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
     home = precompiled_spark_home()
     if home is not None:
         env["SPARK_HOME"] = str(home)
-    with running_stack() as stack, spark_cluster(scratch, args.cluster_workers) as master:
+    with (
+        scratch_dir("bridge-bench-producer-") as scratch,
+        running_stack() as stack,
+        spark_cluster(scratch, args.cluster_workers) as master,
+    ):
+        data = scratch / "in"
+        write_input(data, rows=args.rows, row_bytes=args.row_bytes, files=args.files)
         bench = Bench(stack, scratch, ",".join(spark_kafka_jars()), env, master)
         files = ["--input", str(data), "--max-files-per-trigger", str(args.files_per_epoch)]
         warm_up = {sink: bench.run(sink, files).figures() for sink in SINKS} if args.warm_up else {}
