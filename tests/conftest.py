@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 import uuid
 from collections.abc import Callable, Iterator
@@ -19,6 +20,25 @@ from tests.harness import Endpoints, endpoints
 from tests.toxiproxy import Proxy, Toxiproxy, ToxiproxyMissing, toxiproxy_binary
 
 _HERE = Path(__file__).parent
+
+# What the session's processes put in the temporary directory lands in one directory that the
+# session removes at its end. JVMs the tests kill (Spark drivers and executors, brokers) never run
+# their shutdown hooks, and each Spark application leaves a copy of the 120 MB executor
+# environment behind: half a gigabyte in /tmp per run of the suite, until the disk is full.
+# Children inherit TMPDIR (Python, librdkafka) and java.io.tmpdir, which is also Spark's default
+# spark.local.dir. The JVMs print one "Picked up JAVA_TOOL_OPTIONS" line to stderr for it.
+_SESSION_TMP = Path(tempfile.mkdtemp(prefix="bridge-tests-tmp-"))
+_SESSION_TMP.chmod(0o1777)  # like /tmp: PostgreSQL runs as its own user
+os.environ["TMPDIR"] = str(_SESSION_TMP)
+os.environ["JAVA_TOOL_OPTIONS"] = " ".join(
+    filter(None, [os.environ.get("JAVA_TOOL_OPTIONS"), f"-Djava.io.tmpdir={_SESSION_TMP}"])
+)
+
+# The integration tests' peak use of the temporary directory's file system: the session's Kafka
+# and PostgreSQL, the brokers and clusters single tests start, and Spark's unpacked executor
+# environments. Below it the suite fails at random places (a broker dies, an archive does not
+# unpack), so the session refuses to start instead.
+_NEEDED_FREE_BYTES = 5 * 1024**3
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -39,6 +59,10 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    shutil.rmtree(_SESSION_TMP, ignore_errors=True)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # The directory decides the marker, so `-m unit` and `-m integration` never miss a test.
     for item in items:
@@ -49,6 +73,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         kept = [item for item in items if item.get_closest_marker("secured")]
         config.hook.pytest_deselected(items=[item for item in items if item not in kept])
         items[:] = kept
+    if any(item.get_closest_marker("integration") for item in items):
+        _refuse_a_full_disk(_SESSION_TMP)
+
+
+def _refuse_a_full_disk(directory: Path) -> None:
+    free = shutil.disk_usage(directory).free
+    if free < _NEEDED_FREE_BYTES:
+        pytest.exit(
+            f"only {free / 1024**3:.1f} GiB free on the file system of {directory.parent}; the "
+            f"integration tests need {_NEEDED_FREE_BYTES / 1024**3:.0f} GiB there (Kafka logs, "
+            "PostgreSQL data, Spark's executor environments). Free some space, or point TMPDIR "
+            "at a larger file system.",
+            returncode=3,
+        )
 
 
 @pytest.fixture(scope="session")
@@ -86,7 +124,7 @@ def topic_name() -> str:
 
 # The sink's fault-injection rules file: fixed for the session, because Spark's Python workers
 # inherit the environment of the JVM, which starts once.
-_FAULTS_FILE = Path(tempfile.mkdtemp(prefix="bridge-faults-")) / "rules.json"
+_FAULTS_FILE = Path(tempfile.mkdtemp(prefix="bridge-faults-", dir=_SESSION_TMP)) / "rules.json"
 
 FaultRules = Callable[[list[dict[str, Any]]], Path]
 
