@@ -55,6 +55,7 @@ def precompiled_spark_home(cache: Path | None = None) -> Path | None:
     if (home / _ZIP).is_file():
         return home
     root.mkdir(parents=True, exist_ok=True)
+    _prune(root)
     # Built aside and renamed into place: concurrent sessions (tests, a demo) never see half.
     building = Path(tempfile.mkdtemp(prefix=f"{home.name}.", dir=root))
     try:
@@ -68,6 +69,16 @@ def precompiled_spark_home(cache: Path | None = None) -> Path | None:
     finally:
         shutil.rmtree(building, ignore_errors=True)
     return home
+
+
+def _prune(root: Path) -> None:
+    """Remove the homes of PySpark installations that are gone (a removed checkout or
+    virtualenv): their links lead nowhere, and each holds a 26 MB zip. Homes being built
+    (`spark-home-<key>.<random>`) are another process's."""
+    for home in root.glob("spark-home-*"):
+        built = "." not in home.name
+        if built and home.is_dir() and not (home / "bin").exists():  # a dangling link: gone
+            shutil.rmtree(home, ignore_errors=True)
 
 
 def _link_entries(installed: Path, home: Path) -> None:

@@ -67,3 +67,16 @@ def test_the_real_home_is_built_once_and_reused(tmp_path: Path) -> None:
     assert (first / "bin" / "spark-submit").is_file()
     assert [p.name for p in tmp_path.iterdir()] == [first.name]  # no half-built leftovers
     assert first.stat().st_mode & 0o777 == 0o755  # readable by the users a process runs as
+
+
+def test_homes_of_removed_installations_go_when_a_home_is_built(tmp_path: Path) -> None:
+    gone = tmp_path / "spark-home-0123456789ab"  # its checkout removed: the links dangle
+    gone.mkdir()
+    (gone / "bin").symlink_to(tmp_path / "removed-checkout" / "bin")
+    building = tmp_path / "spark-home-ba9876543210.x1y2"  # another process's, mid-build
+    building.mkdir()
+
+    home = precompiled_spark_home(tmp_path)
+    assert home is not None
+    assert not gone.exists()
+    assert building.exists()
