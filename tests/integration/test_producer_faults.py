@@ -207,6 +207,12 @@ def _last_stable_offset(stack: Endpoints, topic: str) -> int:
     return offset_range(stack.bootstrap_servers, [(topic, 0)])[(topic, 0)][1]
 
 
+def committed_epochs(checkpoint: Path) -> int:
+    """Epochs in Spark's commit log: the job's progress, whatever the machine's speed."""
+    commits = checkpoint / "commits"
+    return sum(1 for f in commits.iterdir() if f.name.isdigit()) if commits.is_dir() else 0
+
+
 def test_driver_killed_at_random_moments_until_done(
     stack: Endpoints, topic_name: str, tmp_path: Path
 ) -> None:
@@ -214,14 +220,27 @@ def test_driver_killed_at_random_moments_until_done(
     chance = random.Random(seed)  # noqa: S311 - test timing, not secrets
     create_topic(stack.bootstrap_servers, topic_name, partitions=3)
     expected = write_orders(tmp_path / "in", files=30, rows_per_file=10_000)
-    producer = Producer(stack, tmp_path, topic_name, "--max-files-per-trigger", "3", *SPLITS)
+    producer = Producer(stack, tmp_path, topic_name, "--max-files-per-trigger", "2", *SPLITS)
 
+    # Moments drawn from the job's progress rather than the clock, which a faster job or
+    # machine outruns: in its start-up, or 1-2 epochs on and then anywhere in an epoch, within
+    # its commit or between epochs. 15 epochs outlast three kills of up to ~4 epochs each.
     kills = 0
     for _ in range(3):
         process = producer.start()
-        time.sleep(chance.uniform(8, 20))
-        if process.poll() is not None:
-            break  # finished before the kill
+        epochs_on = chance.randint(0, 2)
+        if epochs_on == 0:
+            time.sleep(chance.uniform(1, 6))
+        else:
+            target = committed_epochs(producer.checkpoint) + epochs_on
+            deadline = time.monotonic() + 180
+            while committed_epochs(producer.checkpoint) < target and process.poll() is None:
+                assert time.monotonic() < deadline, producer.log.read_text()[-3000:]
+                time.sleep(0.1)
+            time.sleep(chance.uniform(0, 1.5))
+        if process.poll() is not None:  # finished before the kill
+            assert process.returncode == 0, producer.log.read_text()[-3000:]
+            break
         kill_group(process)
         kills += 1
     producer.run_to_end(timeout=300)
