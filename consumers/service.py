@@ -35,6 +35,10 @@ from consumers.state import ensure_state_tables, sqlalchemy_engine, state_tables
 from consumers.targets import Target, reflect_target
 
 log = logging.getLogger("bridge.consumer")
+# librdkafka's own log lines (a broker refusing connections, a coordinator moving), as records of
+# this logger, so that they reach stderr as JSON like every other line of the service instead of
+# librdkafka's raw `%3|...` lines. They are forwarded from the polling thread, in its polls.
+rdkafka_log = logging.getLogger("bridge.rdkafka")
 
 # Fetch tuning the user may override in kafka.properties. librdkafka stops fetching a partition
 # once queued.min.messages (100,000) are queued locally, then waits fetch.queue.backoff.ms, 1 s by
@@ -163,6 +167,7 @@ class ConsumerService:
         config["stats_cb"] = self._on_statistics
         config["error_cb"] = self._kafka.client_error
         config["on_commit"] = self._on_mirror_commit
+        config["logger"] = rdkafka_log
         return config
 
     def stop(self) -> None:
