@@ -16,6 +16,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import psycopg
+from confluent_kafka.admin import AdminClient
+
+from bridge.kafka_admin import create_topic
 from bridge.names import DEFAULT_STACK_DIR
 from bridge.stack import LocalStack
 
@@ -66,12 +70,53 @@ def _remove(scratch: Path) -> None:
         print(f"could not remove {scratch}: {error}", file=sys.stderr)
 
 
+# What this run made, so that a run on the user's own stack drops it at its end: each run's
+# topics hold up to a million records, and its tables as many rows.
+_made_topics: list[str] = []
+_made_tables: list[str] = []
+
+
+def new_topic(stack: Endpoints, name: str, *, partitions: int) -> None:
+    create_topic(stack.bootstrap_servers, name, partitions=partitions)
+    _made_topics.append(name)
+
+
+def new_table(stack: Endpoints, name: str, definition: str) -> None:
+    """`public.<name> (<definition>)`."""
+    with psycopg.connect(stack.dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE public.{name} ({definition})".encode())
+    _made_tables.append(name)
+
+
+def _drop_made(stack: Endpoints) -> None:
+    if _made_tables:
+        with psycopg.connect(stack.dsn, autocommit=True) as conn:
+            for table in _made_tables:
+                conn.execute(f"DROP TABLE IF EXISTS public.{table}".encode())
+    if _made_topics:
+        admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
+        for topic, deleted in admin.delete_topics(list(_made_topics), operation_timeout=30).items():
+            try:
+                deleted.result(timeout=60)
+            except Exception as error:  # noqa: BLE001 - a leftover is reported, not fatal
+                print(f"could not delete topic {topic}: {error}", file=sys.stderr)
+    _made_tables.clear()
+    _made_topics.clear()
+
+
 @contextmanager
 def running_stack() -> Iterator[Endpoints]:
-    """The repository's local stack if it is up, else a throwaway one for this run."""
+    """The repository's local stack if it is up, else a throwaway one for this run. On the
+    repository's stack, the topics and tables the run made are dropped at its end."""
     status = LocalStack(Path(DEFAULT_STACK_DIR)).status()
     if status.running and status.bootstrap_servers and status.dsn:
-        yield Endpoints(status.bootstrap_servers, status.dsn, status.kafka_pid, status.postgres_pid)
+        shared = Endpoints(
+            status.bootstrap_servers, status.dsn, status.kafka_pid, status.postgres_pid
+        )
+        try:
+            yield shared
+        finally:
+            _drop_made(shared)
         return
     with scratch_dir("bridge-bench-stack-") as scratch:
         stack = LocalStack(scratch)

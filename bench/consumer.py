@@ -49,9 +49,9 @@ import psycopg
 import yaml
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
-from bench.common import Endpoints, running_stack, scratch_dir, write_results
+from bench.common import Endpoints, new_table, new_topic, running_stack, scratch_dir, write_results
 from bench.cpu import CpuMeter
-from bridge.kafka_admin import KafkaAdmin, create_topic
+from bridge.kafka_admin import KafkaAdmin
 from bridge.names import DEFAULT_STATE_SCHEMA
 from consumers.offsets import applied_position
 from consumers.positions import caught_up_position
@@ -70,7 +70,7 @@ def record(i: int, sent_ms: int) -> dict[str, Any]:
 
 
 def fill_topic(stack: Endpoints, topic: str, records: int, partitions: int = PARTITIONS) -> float:
-    create_topic(stack.bootstrap_servers, topic, partitions=partitions)
+    new_topic(stack, topic, partitions=partitions)
     producer = Producer({"bootstrap.servers": stack.bootstrap_servers, "linger.ms": 20,
                          "transactional.id": f"bench-{uuid.uuid4().hex}"})  # fmt: skip
     producer.init_transactions(30)
@@ -130,7 +130,7 @@ def raw_copy(stack: Endpoints, rows: list[tuple[Any, ...]]) -> float:
     identical table, one transaction per 5,000 rows. Nothing else is timed: no decoding, no
     offset update, which the service must do on top."""
     table = f"raw_{uuid.uuid4().hex[:8]}"
-    sql(stack.dsn, f"CREATE TABLE public.{table} ({COLUMNS})")
+    new_table(stack, table, COLUMNS)
     statement = f"COPY {table} ({', '.join(NAMES)}) FROM STDIN".encode()
     started = time.perf_counter()
     with psycopg.connect(stack.dsn) as conn:
@@ -146,7 +146,7 @@ def raw_upsert(stack: Endpoints, rows: list[tuple[Any, ...]]) -> float:
     (ON COMMIT DELETE ROWS empties it at each commit for free), and per 5,000 rows one COPY into
     it and one INSERT ... ON CONFLICT DO UPDATE into the keyed table."""
     table = f"raw_up_{uuid.uuid4().hex[:8]}"
-    sql(stack.dsn, f"CREATE TABLE public.{table} ({COLUMNS}, PRIMARY KEY (id))")
+    new_table(stack, table, f"{COLUMNS}, PRIMARY KEY (id)")
     columns = ", ".join(NAMES)
     updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in NAMES if c != "id")
     copy_in = f"COPY stage ({columns}) FROM STDIN".encode()
@@ -277,7 +277,7 @@ def service_run(
 ) -> dict[str, Any]:
     table = f"svc_{mode}_{uuid.uuid4().hex[:8]}"
     key = ", PRIMARY KEY (id)" if mode == "upsert" else ""
-    sql(stack.dsn, f"CREATE TABLE public.{table} ({COLUMNS}{key})")
+    new_table(stack, table, f"{COLUMNS}{key}")
     # Asked before the clock starts: a new admin client now and then takes a second or more
     # to answer (1 s in 40 tries), which once counted against the service.
     target = caught_up(stack, topic)
@@ -328,9 +328,9 @@ def cpu_line(cpu: dict[str, Any]) -> str:
 
 def latency_run(stack: Endpoints, rate: int, seconds: int, scratch: Path) -> dict[str, Any]:
     topic = f"bench-lat-{uuid.uuid4().hex[:8]}"
-    create_topic(stack.bootstrap_servers, topic, partitions=PARTITIONS)
+    new_topic(stack, topic, partitions=PARTITIONS)
     table = f"lat_{uuid.uuid4().hex[:8]}"
-    sql(stack.dsn, f"CREATE TABLE public.{table} ({COLUMNS})")
+    new_table(stack, table, COLUMNS)
     service = Service(stack, topic, table, "insert", scratch)
     producer = Producer({"bootstrap.servers": stack.bootstrap_servers, "linger.ms": 5,
                          "transactional.id": f"bench-lat-{uuid.uuid4().hex}"})  # fmt: skip

@@ -21,7 +21,7 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
-from bench.common import Endpoints, running_stack, scratch_dir, write_results
+from bench.common import Endpoints, new_table, running_stack, scratch_dir, write_results
 from bench.consumer import COLUMNS, Service, caught_up, fill_topic, raw_copy, ready_rows, sql
 
 PARTITIONS = 12
@@ -31,7 +31,7 @@ def group_run(
     stack: Endpoints, topic: str, records: int, instances: int, scratch: Path
 ) -> dict[str, Any]:
     table = f"scale_{instances}_{uuid.uuid4().hex[:8]}"
-    sql(stack.dsn, f"CREATE TABLE public.{table} ({COLUMNS})")
+    new_table(stack, table, COLUMNS)
     group = f"bench-scale-{uuid.uuid4().hex[:8]}"
     target = caught_up(stack, topic, PARTITIONS)
     started = time.perf_counter()

@@ -96,7 +96,8 @@ class CpuMeter:
             f"{name}_cpu_s": round(after.parts[name] - before.parts.get(name, 0.0), 2)
             for name in after.parts
         }
-        all_seconds = after.total - before.total
+        # Readings within one clock tick (a run too short to measure) have no machine time.
+        all_seconds = after.total - before.total or float("inf")
         figures["machine_busy"] = round((after.busy - before.busy) / all_seconds, 3)
         figures["machine_iowait"] = round((after.iowait - before.iowait) / all_seconds, 3)
         figures["wall_s"] = round(wall_seconds, 2)

@@ -38,10 +38,17 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from bench.common import RESULTS, Endpoints, running_stack, scratch_dir, write_results
+from bench.common import (
+    RESULTS,
+    Endpoints,
+    new_table,
+    new_topic,
+    running_stack,
+    scratch_dir,
+    write_results,
+)
 from bench.consumer import Service, sql
 from bench.plot import PLOTS, latency_cdf
-from bridge.kafka_admin import create_topic
 
 PARTITIONS = 4
 WARM_UP_S = 15  # the producer's and consumer's start-up, left out of the figures
@@ -58,10 +65,10 @@ def run_pipeline(
     stack: Endpoints, trigger: str, *, rate: int, seconds: float, scratch: Path
 ) -> dict[str, Any]:
     name = f"lat-{uuid.uuid4().hex[:8]}"
-    create_topic(stack.bootstrap_servers, name, partitions=PARTITIONS)
+    new_topic(stack, name, partitions=PARTITIONS)
     table = name.replace("-", "_")
-    sql(stack.dsn, f'CREATE TABLE public.{table} (value bigint, "timestamp" timestamptz, '
-                   "applied_at timestamptz DEFAULT clock_timestamp())")  # fmt: skip
+    new_table(stack, table, 'value bigint, "timestamp" timestamptz, '
+                            "applied_at timestamptz DEFAULT clock_timestamp()")  # fmt: skip
     consumer = Service(stack, name, table, "insert", scratch, batch_max_wait_ms=None)
     checkpoint = scratch / f"checkpoint-{name}"
     command = [

@@ -53,8 +53,14 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
-from bench.common import Endpoints, percentile, running_stack, scratch_dir, write_results
-from bridge.kafka_admin import create_topic
+from bench.common import (
+    Endpoints,
+    new_topic,
+    percentile,
+    running_stack,
+    scratch_dir,
+    write_results,
+)
 from bridge.maven import spark_kafka_jars
 from bridge.stack.process import free_port
 from bridge.stack.spark import DaemonPorts, SparkCluster
@@ -144,7 +150,7 @@ class Bench:
         """One whole process; a processing-time run is stopped (SIGTERM) `stop_after` seconds
         after its first epoch."""
         name = f"{sink}-{uuid.uuid4().hex[:8]}"
-        create_topic(self.stack.bootstrap_servers, name, partitions=TOPIC_PARTITIONS)
+        new_topic(self.stack, name, partitions=TOPIC_PARTITIONS)
         events = self.scratch / "events" / name
         events.mkdir(parents=True)
         conf = {

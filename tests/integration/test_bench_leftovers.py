@@ -1,6 +1,6 @@
-"""A benchmark's scratch directory (inputs, logs, a throwaway stack's gigabytes of data) goes
-away when the run ends, by success or by its supervisor's SIGTERM; a failed run keeps it and says
-where."""
+"""What a benchmark leaves: its scratch directory (inputs, logs, a throwaway stack's gigabytes of
+data) goes away when the run ends, by success or by its supervisor's SIGTERM, and a failed run
+keeps it and says where; on the user's own stack, the topics and tables it made are dropped."""
 
 from __future__ import annotations
 
@@ -8,11 +8,16 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psycopg
 import pytest
+from confluent_kafka.admin import AdminClient
 
-from bench.common import scratch_dir
+from bench import common
+from bench.common import new_table, new_topic, scratch_dir
+from tests.harness import Endpoints
 
 _HOLD = (
     "import time\n"
@@ -58,3 +63,22 @@ def test_a_run_stopped_by_sigterm_exits_and_leaves_nothing() -> None:
             assert not scratch.exists()
         finally:
             child.kill()
+
+
+def test_the_topics_and_tables_a_run_made_are_dropped(
+    stack: Endpoints, names: dict[str, str]
+) -> None:
+    shared = common.Endpoints(stack.bootstrap_servers, stack.dsn)
+    new_topic(shared, names["topic"], partitions=2)
+    new_table(shared, names["table"], "id bigint")
+    admin = AdminClient(stack.client())
+    assert names["topic"] in admin.list_topics(timeout=30).topics
+
+    common._drop_made(shared)
+    with psycopg.connect(stack.dsn) as conn:
+        found = conn.execute("SELECT to_regclass(%s)", (f"public.{names['table']}",)).fetchone()
+    assert found == (None,)
+    deadline = time.monotonic() + 60  # deletion completes in the background
+    while names["topic"] in admin.list_topics(timeout=30).topics:
+        assert time.monotonic() < deadline, "the topic was not deleted"
+        time.sleep(0.5)
