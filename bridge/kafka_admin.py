@@ -23,6 +23,7 @@ from confluent_kafka.admin._listoffsets import OffsetSpec
 from confluent_kafka.cimpl import NewTopic
 
 from bridge.errors import BridgeError
+from bridge.kafka_client_log import ClientLog
 from bridge.kafka_refusal import RefusalWatch
 
 
@@ -99,7 +100,12 @@ class KafkaAdmin:
     ) -> None:
         self._config = dict(client_config)
         self._watch = RefusalWatch()
-        config: dict[str, Any] = {**self._config, "error_cb": self._watch}
+        self._log = ClientLog()
+        config: dict[str, Any] = {
+            **self._config,
+            "error_cb": self._watch,
+            "logger": self._log.logger,
+        }
         self._admin = AdminClient(config)
         self._timeout = timeout
 
@@ -125,12 +131,13 @@ class KafkaAdmin:
         refused = self._watch.refused
         if refused is not None:
             return TopicError(f"{what}: the brokers refused this client: {refused}")
+        cause = self._log.cause(self._admin)
         if isinstance(exc, KafkaException):
             error: KafkaError = exc.args[0]
-            return TopicError(f"{what}: {error.str()}", retriable=error.retriable())
+            return TopicError(f"{what}: {error.str()}{cause}", retriable=error.retriable())
         servers = self._config.get("bootstrap.servers")
         return TopicError(
-            f"{what}: no answer from {servers} in {self._timeout:.0f}s", retriable=True
+            f"{what}: no answer from {servers} in {self._timeout:.0f}s{cause}", retriable=True
         )
 
     def create_topic(self, name: str, *, partitions: int, replication_factor: int) -> None:
@@ -190,7 +197,7 @@ class KafkaAdmin:
             return set()
         consumer = Consumer({**self._config, "group.id": "bridge-tools-probe",
                              "isolation.level": "read_committed", "enable.auto.commit": False,
-                             "enable.partition.eof": True})  # fmt: skip
+                             "enable.partition.eof": True, "logger": self._log.logger})  # fmt: skip
         try:
             consumer.assign([TopicPartition(t, p, offset) for (t, p), offset in positions.items()])
             pending, found = set(positions), set()

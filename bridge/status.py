@@ -21,6 +21,7 @@ from confluent_kafka.admin import AdminClient
 
 from bridge.errors import BridgeError
 from bridge.kafka_admin import KafkaAdmin, TopicError
+from bridge.kafka_client_log import ClientLog
 from bridge.names import MARKER_GROUP_INFIX
 from consumers.positions import Position, read_positions
 from spark_jobs.txn_admin import PartitionEpoch, committed_epochs
@@ -130,10 +131,13 @@ def gather(
 
 
 def _brokers(status: Status, config: dict[str, Any]) -> bool:
+    log = ClientLog()
+    admin = AdminClient({**config, "logger": log.logger})  # type: ignore[dict-item]
     try:
-        metadata = AdminClient(config).list_topics(timeout=_TIMEOUT_S)
+        metadata = admin.list_topics(timeout=_TIMEOUT_S)
     except KafkaException as exc:
-        status.components.append(Component("kafka", False, f"unreachable: {exc.args[0]}"))
+        detail = f"unreachable: {exc.args[0].str()}{log.cause(admin)}"
+        status.components.append(Component("kafka", False, detail))
         return False
     for broker in sorted(metadata.brokers.values(), key=lambda b: b.id):
         where = f"{broker.host}:{broker.port}"

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from confluent_kafka import KafkaException, Producer
 
 from bridge.kafka_admin import KafkaAdmin, TopicError
+from bridge.kafka_client_log import ClientLog
 from bridge.names import MARKER_GROUP_INFIX
 from spark_jobs.epoch_markers import Marker, partition_of_marker_group
 from spark_jobs.epoch_transaction import TaskCoordinates
@@ -63,10 +64,14 @@ def transactional_ids(
 def fence(client_config: Mapping[str, str | int | float], transactional_id: str) -> None:
     """Take over `transactional_id`: the broker aborts its open transaction, if any, and fences
     every earlier holder, which then fails on its next call instead of committing."""
-    producer = Producer({**client_config, "transactional.id": transactional_id})
+    log = ClientLog()
+    producer = Producer(
+        {**client_config, "transactional.id": transactional_id, "logger": log.logger}
+    )
     try:
         producer.init_transactions(60)
     except KafkaException as exc:
-        raise TopicError(f"cannot fence {transactional_id!r}: {exc.args[0].str()}") from exc
+        cause = f"{exc.args[0].str()}{log.cause(producer)}"
+        raise TopicError(f"cannot fence {transactional_id!r}: {cause}") from exc
     finally:
         producer.flush(5)

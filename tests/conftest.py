@@ -25,8 +25,9 @@ _HERE = Path(__file__).parent
 # session removes at its end. JVMs the tests kill (Spark drivers and executors, brokers) never run
 # their shutdown hooks, and each Spark application leaves a copy of the 120 MB executor
 # environment behind: half a gigabyte in /tmp per run of the suite, until the disk is full.
-# Children inherit TMPDIR (Python, librdkafka) and java.io.tmpdir, which is also Spark's default
-# spark.local.dir. The JVMs print one "Picked up JAVA_TOOL_OPTIONS" line to stderr for it.
+# Children inherit TMPDIR (Python's tempfile, most programs) and java.io.tmpdir, which is also
+# Spark's default spark.local.dir. The JVMs print one "Picked up JAVA_TOOL_OPTIONS" line to
+# stderr for it.
 _SESSION_TMP = Path(tempfile.mkdtemp(prefix="bridge-tests-tmp-"))
 _SESSION_TMP.chmod(0o1777)  # like /tmp: PostgreSQL runs as its own user
 os.environ["TMPDIR"] = str(_SESSION_TMP)
@@ -36,8 +37,8 @@ os.environ["JAVA_TOOL_OPTIONS"] = " ".join(
 
 # The integration tests' peak use of the temporary directory's file system: the session's Kafka
 # and PostgreSQL, the brokers and clusters single tests start, and Spark's unpacked executor
-# environments. Below it the suite fails at random places (a broker dies, an archive does not
-# unpack), so the session refuses to start instead.
+# environments: 3.3 GB at the peak of a full run. Below it the suite fails at random places (a
+# broker dies, an archive does not unpack), so the session refuses to start instead.
 _NEEDED_FREE_BYTES = 5 * 1024**3
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 import uuid
 from typing import Any
@@ -10,7 +11,9 @@ from typing import Any
 import pytest
 
 from bridge.kafka_admin import create_topic
+from bridge.stack.process import free_port
 from spark_jobs.epoch_markers import MarkerReader, marker_position
+from tests.cli import run_bridge
 from tests.consumer_helpers import eventually, produce, running, settings_for, sql
 from tests.harness import Endpoints
 from tests.integration.test_operator_tools import bridge, count
@@ -84,3 +87,21 @@ def test_status_healthy_then_a_stalled_partition_then_a_consumer_down(
     assert down["problems"][0].startswith(f"consumer {url}: not answering"), down["problems"]
     shown = bridge(stack, "status", *common, "--consumer", url)
     assert shown.returncode == 1 and "problem(s)" in shown.stdout, shown.stdout
+
+
+def test_status_with_kafka_unreachable_names_the_cause_and_prints_no_raw_client_lines(
+    stack: Endpoints,
+) -> None:
+    """The table says why Kafka is down (the address and the refusal, from librdkafka's own
+    lines) and stderr carries none of librdkafka's raw `%3|...` lines."""
+    unreachable = f"127.0.0.1:{free_port()}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BRIDGE_")}
+    env |= {"BRIDGE_KAFKA__BOOTSTRAP_SERVERS": unreachable, "BRIDGE_POSTGRES__DSN": stack.dsn,
+            "BRIDGE_STACK_DIR": "/nonexistent"}  # fmt: skip
+    result = run_bridge("status", "--format", "json", env=env, timeout=120)
+
+    assert result.returncode != 0
+    kafka = [c for c in json.loads(result.stdout)["components"] if c["name"] == "kafka"]
+    assert kafka and not kafka[0]["ok"], result.stdout
+    assert f"Connect to ipv4#{unreachable} failed: Connection refused" in kafka[0]["detail"]
+    assert "%3|" not in result.stderr + result.stdout, result.stderr[-2000:]
