@@ -127,11 +127,10 @@ class KafkaAdmin:
         """`what` failed with `exc`. A request that failed because the brokers refused this
         client's credentials or TLS says so and what to check, and is not worth retrying; one
         the cluster did not answer in time, or was briefly unable to, is."""
-        self._admin.poll(0)  # serves the error callback
+        cause = self._log.cause(self._admin)  # its poll serves the error callback too
         refused = self._watch.refused
         if refused is not None:
             return TopicError(f"{what}: the brokers refused this client: {refused}")
-        cause = self._log.cause(self._admin)
         if isinstance(exc, KafkaException):
             error: KafkaError = exc.args[0]
             return TopicError(f"{what}: {error.str()}{cause}", retriable=error.retriable())

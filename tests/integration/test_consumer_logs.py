@@ -36,18 +36,24 @@ def test_librdkafka_lines_arrive_as_json_records(
         )
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("BRIDGE_")}
-    with subprocess.Popen(
+    log = tmp_path / "consumer.log"
+    with log.open("wb") as out, subprocess.Popen(
         [sys.executable, "-m", "consumers", "--config", str(config)],
-        stdout=subprocess.PIPE,
+        stdout=out,
         stderr=subprocess.STDOUT,
         env=env,
-        text=True,
     ) as service:
         try:
-            time.sleep(8)  # start-up, then several reconnection attempts
+            # Until librdkafka has said something, through the service's own log.
+            deadline = time.monotonic() + 60
+            while '"logger": "bridge.rdkafka"' not in log.read_text():
+                assert service.poll() is None, log.read_text()[-3000:]
+                assert time.monotonic() < deadline, log.read_text()[-3000:]
+                time.sleep(0.2)
         finally:
             service.terminate()
-            output, _ = service.communicate(timeout=60)
+            service.wait(timeout=60)
+    output = log.read_text()
 
     lines = [line for line in output.splitlines() if line.strip()]
     assert lines, "the consumer wrote nothing"
