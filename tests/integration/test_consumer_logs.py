@@ -37,12 +37,15 @@ def test_librdkafka_lines_arrive_as_json_records(
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("BRIDGE_")}
     log = tmp_path / "consumer.log"
-    with log.open("wb") as out, subprocess.Popen(
-        [sys.executable, "-m", "consumers", "--config", str(config)],
-        stdout=out,
-        stderr=subprocess.STDOUT,
-        env=env,
-    ) as service:
+    with (
+        log.open("wb") as out,
+        subprocess.Popen(
+            [sys.executable, "-m", "consumers", "--config", str(config)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+        ) as service,
+    ):
         try:
             # Until librdkafka has said something, through the service's own log.
             deadline = time.monotonic() + 60
