@@ -16,14 +16,15 @@ ENV JAVA_HOME=/usr/lib/jvm/java-17 \
 WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY bridge ./bridge
+COPY bridge_shell ./bridge_shell
 COPY spark_jobs ./spark_jobs
 COPY consumers ./consumers
 RUN pip install --no-cache-dir .
 
-# Spark's Python processes import a compiled PySpark (spark_jobs/spark_home.py); it is built
-# here, once, where the unprivileged user can read it.
+# Spark's Python processes import a compiled PySpark (bridge_shell/spark/spark_home.py); it is
+# built here, once, where the unprivileged user can read it.
 ENV XDG_CACHE_HOME=/opt/cache
-RUN python -c "from spark_jobs.spark_home import precompiled_spark_home; precompiled_spark_home()"
+RUN python -c "from bridge_shell.spark.spark_home import precompiled_spark_home; precompiled_spark_home()"
 
 # /data holds the producer's input and checkpoint. A named volume mounted there starts as a
 # copy of this directory, ownership included, so the unprivileged user can write it.

@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
-PACKAGES := bridge spark_jobs consumers tests bench
+PACKAGES := bridge bridge_shell spark_jobs consumers tests bench
 
 .PHONY: setup demo test lint unit integration stack-up stack-down clean
 

@@ -4,8 +4,8 @@
         --bootstrap-servers HOST:PORT --jars a.jar,b.jar [--trigger available-now] [--conf K=V] \
         [--sink kafka|python-noop]
 
-It reads exactly as `bridge produce` does (spark_jobs/producer_job.py: the files source without
-blank lines, or the rate source as JSON), on the same master, and hands the rows to
+It reads exactly as `bridge produce` does (bridge_shell/spark/producer_job.py: the files source
+without blank lines, or the rate source as JSON), on the same master, and hands the rows to
 `format("kafka")`, Spark's built-in Kafka sink. It imports nothing from bridge, as a user's own
 script would not.
 

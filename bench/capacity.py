@@ -46,10 +46,10 @@ from bench.consumer import (
 )
 from bridge.kafka_admin import create_topic
 from bridge.names import DEFAULT_STATE_SCHEMA, MARKER_GROUP_INFIX, METRIC_BATCHES
-from bridge.stack import LocalStack
-from bridge.stack.kafka import KafkaServer
-from bridge.stack.process import free_port
-from spark_jobs.locations import PROGRESS_FILE
+from bridge_shell.spark.locations import PROGRESS_FILE
+from bridge_shell.stack import LocalStack
+from bridge_shell.stack.kafka import KafkaServer
+from bridge_shell.stack.process import free_port
 from spark_jobs.progress import SinkCounters
 
 CONSUMER_PARTITIONS = 12

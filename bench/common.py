@@ -21,7 +21,7 @@ from confluent_kafka.admin import AdminClient
 
 from bridge.kafka_admin import create_topic
 from bridge.names import DEFAULT_STACK_DIR
-from bridge.stack import LocalStack
+from bridge_shell.stack import LocalStack
 
 RESULTS = Path(__file__).parent / "results"
 

@@ -8,7 +8,7 @@ Each run is a whole process, start-up included: `bridge produce` (the command us
 the plain PySpark script `bench/baseline_job.py` (same source, same master) with Spark's
 built-in Kafka sink (the baseline), or with a Python data source sink that does nothing (what
 Spark's Python sink machinery costs before a sink does anything). All use the same Spark home
-(bridge's compiled one, spark_jobs/spark_home.py): a plain script from the shipped home is
+(bridge's compiled one, bridge_shell/spark/spark_home.py): a plain script from the shipped home is
 slower, and the baseline is the faster of the two.
 
 (a) available-now over the same JSON-lines files (--files-per-epoch per epoch), in alternated
@@ -29,9 +29,10 @@ slower, and the baseline is the faster of the two.
 Figures go to bench/results/producer-*.json.
 
 With --cluster-workers N, every run goes to a Spark standalone cluster of N workers started for
-the benchmark (bridge/stack/spark.py, as `bridge stack up --spark-workers N` starts it), each
+the benchmark (bridge_shell/stack/spark.py, as `bridge stack up --spark-workers N` starts it), each
 worker with 2 cores: the same input, the same master for all; bridge ships its executors'
-environment as a user's job would (spark_jobs/executor_env.py). No trigger runs unless asked.
+environment as a user's job would (bridge_shell/spark/executor_env.py). No trigger runs unless
+asked.
 Figures go to bench/results/producer-cluster-*.json.
 """
 
@@ -61,12 +62,12 @@ from bench.common import (
     scratch_dir,
     write_results,
 )
-from bridge.maven import spark_kafka_jars
-from bridge.stack.process import free_port
-from bridge.stack.spark import DaemonPorts, SparkCluster
+from bridge_shell.maven import spark_kafka_jars
+from bridge_shell.spark.spark_home import precompiled_spark_home
+from bridge_shell.spark.spark_session import DEFAULT_MASTER
+from bridge_shell.stack.process import free_port
+from bridge_shell.stack.spark import DaemonPorts, SparkCluster
 from spark_jobs.progress import STEPS
-from spark_jobs.spark_home import precompiled_spark_home
-from spark_jobs.spark_session import DEFAULT_MASTER
 
 TOPIC_PARTITIONS = 2
 BASELINE_SCRIPT = Path(__file__).with_name("baseline_job.py")

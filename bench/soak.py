@@ -50,9 +50,9 @@ from bench.soak_checks import (
 from bench.soak_faults import CATALOGUE, Fault, Pipeline, heal_everything, inject
 from bench.soak_processes import Supervised, Supervisor, wait_for
 from bridge.kafka_admin import KafkaAdmin, create_topic
-from bridge.stack.kafka import KafkaPorts, KafkaServer, new_cluster_id
-from bridge.stack.postgres import PostgresServer
-from bridge.stack.process import free_port
+from bridge_shell.stack.kafka import KafkaPorts, KafkaServer, new_cluster_id
+from bridge_shell.stack.postgres import PostgresServer
+from bridge_shell.stack.process import free_port
 from tests.toxiproxy import Toxiproxy, toxiproxy_binary
 
 TOPIC = "soak"
@@ -289,7 +289,7 @@ class Soak:
 
     def _driver(self, bootstrap: str) -> Supervised:
         argv = [
-            sys.executable, "-m", "bridge.cli", "produce", "--source", "rate",
+            sys.executable, "-m", "bridge_shell.cli", "produce", "--source", "rate",
             "--rows-per-second", str(self.options.rows_per_second),
             "--trigger", self.options.trigger, "--topic", TOPIC, "--key-field", "value",
             "--checkpoint", str(self.work / "checkpoint"),

@@ -30,8 +30,8 @@ import psycopg
 from confluent_kafka import Message
 
 from bench.soak_processes import Supervised, Supervisor, signal_tree, wait_for
-from bridge.stack.kafka import KafkaServer
-from bridge.stack.postgres import PostgresServer
+from bridge_shell.stack.kafka import KafkaServer
+from bridge_shell.stack.postgres import PostgresServer
 from tests.kafka_helpers import transactional_producer
 from tests.toxiproxy import Proxy
 

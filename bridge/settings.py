@@ -143,7 +143,7 @@ _SPARK_MASTER = re.compile(r"^(local(\[[0-9*]+(,\s*[0-9]+)?\])?|spark://\S+|yarn
 class SparkSettings(_Section):
     """Where the producer job runs. `master`: a Spark master URL (local[...] when not set);
     `executor_python`: the interpreter the executors of a cluster run (see
-    spark_jobs/executor_env.py), by default the one this Python was made from."""
+    bridge_shell/spark/executor_env.py), by default the one this Python was made from."""
 
     master: str | None = None
     executor_python: str | None = None

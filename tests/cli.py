@@ -11,7 +11,7 @@ def run_bridge(
     *args: str, env: Mapping[str, str] | None = None, timeout: float = 300
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "bridge.cli", *args],
+        [sys.executable, "-m", "bridge_shell.cli", *args],
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from bridge.stack.kafka import KafkaPorts, KafkaServer, new_cluster_id
-from bridge.stack.process import free_port
+from bridge_shell.stack.kafka import KafkaPorts, KafkaServer, new_cluster_id
+from bridge_shell.stack.process import free_port
 from consumers.state import StateTables, ensure_state
 from tests.harness import Endpoints, endpoints
 from tests.toxiproxy import Proxy, Toxiproxy, ToxiproxyMissing, toxiproxy_binary
@@ -133,8 +133,8 @@ FaultRules = Callable[[list[dict[str, Any]]], Path]
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
     """One local Spark session (2 cores, up to 4 attempts per task) for the whole test session."""
-    from bridge.maven import spark_kafka_jars
-    from spark_jobs.spark_session import build_session
+    from bridge_shell.maven import spark_kafka_jars
+    from bridge_shell.spark.spark_session import build_session
 
     os.environ["BRIDGE_SINK_FAULTS"] = str(_FAULTS_FILE)
     session = build_session(

@@ -17,10 +17,10 @@ from typing import Any
 
 from bridge.acls import ROLES
 from bridge.secrets import resolve_file_reference
-from bridge.stack import LocalStack
-from bridge.stack.kafka import KafkaServer
-from bridge.stack.postgres import PostgresServer, grant_table
-from bridge.stack.secure import KAFKA_ADMIN, KAFKA_USERS, POSTGRES_CONSUMER
+from bridge_shell.stack import LocalStack
+from bridge_shell.stack.kafka import KafkaServer
+from bridge_shell.stack.postgres import PostgresServer, grant_table
+from bridge_shell.stack.secure import KAFKA_ADMIN, KAFKA_USERS, POSTGRES_CONSUMER
 
 ENV_TEST_KAFKA = "BRIDGE_TEST_KAFKA_BOOTSTRAP"
 ENV_TEST_DSN = "BRIDGE_TEST_POSTGRES_DSN"
@@ -131,7 +131,7 @@ def _containers() -> Iterator[Endpoints]:
     from testcontainers.core.waiting_utils import wait_for_logs
     from testcontainers.postgres import PostgresContainer
 
-    from bridge.stack.process import free_port
+    from bridge_shell.stack.process import free_port
 
     # The official image advertises the address we give it, so the host port is fixed up front.
     port = free_port()

@@ -16,7 +16,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from bridge.stack.process import free_port
+from bridge_shell.stack.process import free_port
 
 ENSURE_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "ensure-toxiproxy.sh"
 

@@ -25,12 +25,12 @@ from confluent_kafka.admin import AdminClient
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from bridge.maven import java_binary
 from bridge.secrets import resolve_file_reference
-from bridge.stack.kafka import resolve_kafka_libs
-from bridge.stack.postgres import consumer_role_statements
-from bridge.stack.process import free_port
-from bridge.stack.secure import KAFKA_USERS, StackSecurity
+from bridge_shell.maven import java_binary
+from bridge_shell.stack.kafka import resolve_kafka_libs
+from bridge_shell.stack.postgres import consumer_role_statements
+from bridge_shell.stack.process import free_port
+from bridge_shell.stack.secure import KAFKA_USERS, StackSecurity
 from tests.cli import run_bridge
 from tests.consumer_helpers import eventually
 from tests.harness import Endpoints
@@ -207,7 +207,7 @@ class ComposeService:
         env = {k: v for k, v in os.environ.items() if not k.startswith("BRIDGE_")} | self.env
         with log.open("ab") as out:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "bridge.cli", *self.argv],
+                [sys.executable, "-m", "bridge_shell.cli", *self.argv],
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env=env,

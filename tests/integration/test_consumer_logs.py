@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from bridge.stack.process import free_port
+from bridge_shell.stack.process import free_port
 from tests.consumer_helpers import sql
 from tests.harness import Endpoints
 

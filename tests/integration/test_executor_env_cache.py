@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from spark_jobs import executor_env
-from spark_jobs.executor_env import build_executor_env
+from bridge_shell.spark import executor_env
+from bridge_shell.spark.executor_env import build_executor_env
 
 _FILES = {"bridge/__init__.py": "VERSION = 1\n", "tenacity/__init__.py": "class Retrying: ...\n"}
 

@@ -17,9 +17,9 @@ from confluent_kafka.admin import AdminClient
 
 from bridge.kafka_admin import create_topic
 from bridge.names import MARKER_GROUP_INFIX
-from bridge.stack.kafka import KafkaServer, new_cluster_id, stop_kafka_nodes
-from bridge.stack.local import LocalStack, StackState
-from bridge.stack.process import free_port
+from bridge_shell.stack.kafka import KafkaServer, new_cluster_id, stop_kafka_nodes
+from bridge_shell.stack.local import LocalStack, StackState
+from bridge_shell.stack.process import free_port
 from tests.harness import Endpoints
 from tests.integration.test_consumer_operations import stream_through_fault
 from tests.integration.test_producer_faults import SPLITS, Producer, assert_exactly, kill_group

@@ -44,7 +44,7 @@ class Producer:
         self.rules = tmp_path / "faults.json"
         self.log = tmp_path / "producer.log"
         self.argv = [
-            sys.executable, "-m", "bridge.cli", "produce", "--source", "files",
+            sys.executable, "-m", "bridge_shell.cli", "produce", "--source", "files",
             "--input", str(tmp_path / "in"), "--topic", topic, "--key-field", "id",
             "--checkpoint", str(self.checkpoint), "--stack-dir", str(tmp_path / "no-stack"),
             *extra,

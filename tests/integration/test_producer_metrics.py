@@ -11,7 +11,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from bridge.kafka_admin import create_topic
-from bridge.stack.process import free_port
+from bridge_shell.stack.process import free_port
 from tests.consumer_helpers import eventually
 from tests.harness import Endpoints
 from tests.integration.test_producer_faults import SPLITS, Producer

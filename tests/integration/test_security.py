@@ -17,10 +17,10 @@ from pyspark.errors import StreamingQueryException
 from bridge import acls
 from bridge.errors import PermissionMissing
 from bridge.kafka_admin import KafkaAdmin, TopicError, create_topic
-from bridge.stack.tls import CertificateAuthority
+from bridge_shell.spark.producer_job import ProducerJob, Source, run
+from bridge_shell.stack.tls import CertificateAuthority
 from consumers.kafka_health import KafkaAccessDenied, KafkaRefused, KafkaUnavailable
 from consumers.service import ConsumerService
-from spark_jobs.producer_job import ProducerJob, Source, run
 from tests.consumer_helpers import in_background, produce, settings_for, sql
 from tests.harness import Endpoints
 from tests.kafka_helpers import read_all

@@ -14,6 +14,7 @@ import pytest
 from pyspark.errors import StreamingQueryException
 
 from bridge.kafka_admin import create_topic
+from bridge_shell.spark.producer_job import ProducerJob, Source, run
 from spark_jobs.epoch_markers import MarkerReader
 from spark_jobs.epoch_transaction import (
     EpochTransaction,
@@ -21,7 +22,6 @@ from spark_jobs.epoch_transaction import (
     TaskCoordinates,
 )
 from spark_jobs.kafka_rows import RecordChunk
-from spark_jobs.producer_job import ProducerJob, Source, run
 from spark_jobs.progress import SinkCounters
 from spark_jobs.sink_options import SinkOptions
 from tests.conftest import FaultRules

@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from bridge.kafka_admin import create_topic
-from bridge.stack import process
-from bridge.stack.spark import DaemonPorts, SparkCluster
-from spark_jobs.executor_env import default_executor_python
-from spark_jobs.spark_home import installed_spark_home
+from bridge_shell.spark.executor_env import default_executor_python
+from bridge_shell.spark.spark_home import installed_spark_home
+from bridge_shell.stack import process
+from bridge_shell.stack.spark import DaemonPorts, SparkCluster
 from tests.cli import run_bridge
 from tests.harness import Endpoints
 from tests.integration.test_producer_faults import (

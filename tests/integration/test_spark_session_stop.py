@@ -14,7 +14,7 @@ _SCRIPT = textwrap.dedent(
     """
     import threading
     from pyspark import SparkContext
-    from spark_jobs.spark_session import build_session, stop_session
+    from bridge_shell.spark.spark_session import build_session, stop_session
 
     spark = build_session("stop-session-test", master="local[2]")
     server = spark.sparkContext._accumulatorServer

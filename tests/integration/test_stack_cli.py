@@ -17,8 +17,8 @@ from confluent_kafka.admin._config import ConfigResource
 
 from bridge.kafka_admin import create_topic
 from bridge.settings import load_settings
-from bridge.stack import LocalStack
-from bridge.stack.process import alive
+from bridge_shell.stack import LocalStack
+from bridge_shell.stack.process import alive
 from tests.cli import run_bridge
 from tests.kafka_helpers import read_all, transactional_producer
 

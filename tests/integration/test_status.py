@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from bridge.kafka_admin import create_topic
-from bridge.stack.process import free_port
+from bridge_shell.stack.process import free_port
 from spark_jobs.epoch_markers import MarkerReader, marker_position
 from tests.cli import run_bridge
 from tests.consumer_helpers import eventually, produce, running, settings_for, sql

@@ -8,9 +8,9 @@ import pytest
 
 from bridge.errors import ConfigError
 from bridge.settings import load_settings
-from bridge.stack.local import StackState
-from spark_jobs.executor_env import ARCHIVE_ALIAS, ExecutorEnv, _members
-from spark_jobs.locations import local_path, progress_path, spark_location
+from bridge_shell.spark.executor_env import ARCHIVE_ALIAS, ExecutorEnv, _members
+from bridge_shell.spark.locations import local_path, progress_path, spark_location
+from bridge_shell.stack.local import StackState
 
 
 @pytest.mark.parametrize(

@@ -204,8 +204,8 @@ def test_require_consumer_refuses_when_absent() -> None:
 
 
 def test_a_state_schema_from_the_command_line_must_be_a_plain_name(tmp_path: Path) -> None:
-    from bridge.cli.options import state_schema
     from bridge.names import DEFAULT_STATE_SCHEMA
+    from bridge_shell.cli.options import state_schema
 
     settings = load_settings(write(tmp_path, GOOD))
     with pytest.raises(ConfigError) as raised:

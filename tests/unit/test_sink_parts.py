@@ -21,6 +21,7 @@ from pyspark.sql.types import (
 
 from bridge.acls import table_rights
 from bridge.errors import ConfigError
+from bridge_shell.spark.spark_session import REDACTION_REGEX
 from spark_jobs.epoch_markers import (
     Marker,
     marker_group,
@@ -33,7 +34,6 @@ from spark_jobs.kafka_rows import RecordChunk, RowError, check_schema, record_ch
 from spark_jobs.progress import EpochSummary, SinkCounters
 from spark_jobs.sink_options import IdNaming, SinkOptions
 from spark_jobs.spark_kafka_options import java_client_options
-from spark_jobs.spark_session import REDACTION_REGEX
 
 BASE = {"kafka.bootstrap.servers": "127.0.0.1:9092", "topic": "orders"}
 
@@ -238,7 +238,7 @@ def test_a_call_is_bounded_even_when_the_library_ignores_its_own_timeout() -> No
 
 
 def test_the_sink_options_and_the_job_never_show_kafka_secrets() -> None:
-    from spark_jobs.producer_job import ProducerJob, Source
+    from bridge_shell.spark.producer_job import ProducerJob, Source
 
     secret = {"sasl.password": "hunter2", "sasl.jaas.config": "password=hunter2;"}
     options = SinkOptions.parse(

@@ -7,7 +7,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-from spark_jobs.spark_home import _link_entries, _write_compiled_zip, precompiled_spark_home
+from bridge_shell.spark.spark_home import _link_entries, _write_compiled_zip, precompiled_spark_home
 
 
 def _fake_home(root: Path) -> Path:

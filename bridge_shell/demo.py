@@ -27,8 +27,8 @@ from bridge.errors import BridgeError
 from bridge.kafka_admin import KafkaAdmin, create_topic
 from bridge.names import DEFAULT_STATE_SCHEMA, ENV_PREFIX
 from bridge.settings import load_settings, stack_env_files
-from bridge.stack import LocalStack
-from bridge.stack.postgres import grant_table, role_of
+from bridge_shell.stack import LocalStack
+from bridge_shell.stack.postgres import grant_table, role_of
 from consumers.offsets import applied_position
 from consumers.positions import caught_up_position
 
@@ -203,7 +203,7 @@ def _pipeline(
         _run_step(
             console,
             f"Spark producer: files -> Kafka topic {topic} in transactions, one epoch per file",
-            [sys.executable, "-m", "bridge.cli", "produce", "--source", "files",
+            [sys.executable, "-m", "bridge_shell.cli", "produce", "--source", "files",
              "--input", str(work / "input"), "--max-files-per-trigger", "1",
              "--topic", topic, "--key-field", "order_id", "--trigger", "available-now",
              "--checkpoint", str(work / "checkpoint"), "--stack-dir", str(stack_dir)],
@@ -229,7 +229,7 @@ def _pipeline(
         consumer = None
 
         verdict = verify(dsn, run, records, group)
-        from bridge.tables import positions_table
+        from bridge_shell.tables import positions_table
         from consumers.positions import read_positions
 
         with psycopg.connect(dsn, autocommit=True) as conn:

@@ -9,9 +9,9 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from spark_jobs.executor_env import build_executor_env, default_executor_python
+from bridge_shell.spark.executor_env import build_executor_env, default_executor_python
+from bridge_shell.spark.spark_home import precompiled_spark_home
 from spark_jobs.sink import register
-from spark_jobs.spark_home import precompiled_spark_home
 
 log = logging.getLogger("bridge.spark")
 

@@ -5,7 +5,8 @@ source, the line itself: each line of a JSON-lines file already is one). A line 
 still goes through, unchanged: the consumer dead-letters it with its coordinates, so nothing is
 lost and the operator sees it where the other bad records are.
 
-Run it with `bridge produce ...`, or `spark-submit spark_jobs/producer_job.py ...` (same options).
+Run it with `bridge produce ...`, or `spark-submit bridge_shell/cli/spark_submit.py ...` (same
+options).
 """
 
 from __future__ import annotations
@@ -22,10 +23,10 @@ from typing import Any
 
 from bridge.errors import ConfigError
 from bridge.names import SINK_FORMAT
-from spark_jobs.locations import local_path, progress_path, spark_location
+from bridge_shell.spark.locations import local_path, progress_path, spark_location
+from bridge_shell.spark.spark_session import build_session, stop_session
 from spark_jobs.progress import SinkCounters
 from spark_jobs.spark_kafka_options import java_client_options
-from spark_jobs.spark_session import build_session, stop_session
 
 log = logging.getLogger("bridge.produce")
 
@@ -59,7 +60,7 @@ class ProducerJob:
     transactional_id_naming: str | None = None  # the sink's default (per-epoch) when not set
     transaction_timeout_ms: int | None = None
     master: str | None = None
-    executor_python: str | None = None  # on a cluster; see spark_jobs/executor_env.py
+    executor_python: str | None = None  # on a cluster; see bridge_shell/spark/executor_env.py
     spark_conf: dict[str, str] = field(default_factory=dict)
     jars: tuple[str, ...] = ()  # for the kafka source: Spark's connector
     metrics_port: int | None = None  # Prometheus /metrics from the driver; 0: any free port

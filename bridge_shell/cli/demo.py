@@ -7,8 +7,8 @@ from typing import Annotated
 
 import typer
 
-from bridge.cli.options import Brokers, Secure, SparkWorkers, StackDir, output_console
 from bridge.names import DEFAULT_STACK_DIR
+from bridge_shell.cli.options import Brokers, Secure, SparkWorkers, StackDir, output_console
 
 
 def demo(
@@ -25,8 +25,8 @@ def demo(
 ) -> None:
     """Sample orders through Spark, Kafka and the consumer into PostgreSQL; verify that every
     order id arrived exactly once; print the offsets and a summary."""
-    from bridge.demo import DemoFailed, run_demo
-    from bridge.stack import LocalStack
+    from bridge_shell.demo import DemoFailed, run_demo
+    from bridge_shell.stack import LocalStack
 
     console = output_console()
     stack = LocalStack(stack_dir, brokers=brokers, spark_workers=spark_workers, secure=secure)
@@ -49,7 +49,7 @@ def sample_orders(
 ) -> None:
     """Write the demo's sample orders (unique `order_id`s from 0) as JSON-lines files: the
     input of the files source, for docker-compose and for trying the producer by hand."""
-    from bridge.demo import write_orders
+    from bridge_shell.demo import write_orders
 
     write_orders(output, run, count, files)
     output_console().print(f"{count} orders in {files} files under {output}")

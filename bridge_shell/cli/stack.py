@@ -9,14 +9,14 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from bridge.cli.options import Brokers, Secure, SparkWorkers
 from bridge.errors import ConfigError
 from bridge.names import DEFAULT_STACK_DIR, ENV_STACK_DIR
+from bridge_shell.cli.options import Brokers, Secure, SparkWorkers
 
 # Each command imports the stack's modules itself: every `bridge` command, `bridge produce`
 # among them, imports this module as it starts, and they cost a tenth of a second.
 if TYPE_CHECKING:
-    from bridge.stack import StackStatus
+    from bridge_shell.stack import StackStatus
 
 app = typer.Typer(
     help="A local stack: Apache Kafka (KRaft), PostgreSQL and optionally a Spark standalone "
@@ -38,7 +38,7 @@ DataDir = Annotated[
 @app.command()
 def prepare() -> None:
     """Resolve the Kafka jars from Maven Central and find the PostgreSQL server; start nothing."""
-    from bridge.stack import LocalStack
+    from bridge_shell.stack import LocalStack
 
     LocalStack.prepare()
     console.print("stack prepared: Kafka jars resolved, PostgreSQL server found")
@@ -60,7 +60,7 @@ def up(
 ) -> None:
     """Start Kafka and PostgreSQL, and a Spark cluster if asked (or leave them running), and
     write stack.env (and, on a secured stack, one env file per role beside it)."""
-    from bridge.stack import LocalStack
+    from bridge_shell.stack import LocalStack
 
     stack = LocalStack(
         data_dir,
@@ -84,7 +84,7 @@ def up(
 @app.command()
 def down(data_dir: DataDir = Path(DEFAULT_STACK_DIR)) -> None:
     """Stop both servers; their data stays in the data directory."""
-    from bridge.stack import LocalStack
+    from bridge_shell.stack import LocalStack
 
     _show(LocalStack(data_dir).down())
 
@@ -92,7 +92,7 @@ def down(data_dir: DataDir = Path(DEFAULT_STACK_DIR)) -> None:
 @app.command()
 def status(data_dir: DataDir = Path(DEFAULT_STACK_DIR)) -> None:
     """Say what runs where. Exits 1 when a server is down."""
-    from bridge.stack import LocalStack
+    from bridge_shell.stack import LocalStack
 
     current = LocalStack(data_dir).status()
     _show(current)
@@ -139,7 +139,7 @@ def credentials(
 ) -> None:
     """The secured compose stack's CA, certificates, passwords and first-start files
     (docker-compose.secure.yml runs this once); kept as they are on a second run."""
-    from bridge.stack.compose_credentials import Ownership, write_compose_credentials
+    from bridge_shell.stack.compose_credentials import Ownership, write_compose_credentials
 
     uid_gid = None
     if owner is not None:
@@ -173,7 +173,7 @@ def grant(
     principal, as the admin principal of the credentials in --dir: the secured compose
     stack's step once its broker is up. Both are kept as they are when they exist."""
     from bridge.kafka_admin import create_topic
-    from bridge.stack.secure import KAFKA_USERS, StackSecurity
+    from bridge_shell.stack.secure import KAFKA_USERS, StackSecurity
 
     if not (directory / "secrets").is_dir():
         raise ConfigError(

@@ -10,7 +10,12 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.table import Table
 
-from bridge.cli.options import (
+from bridge.names import (
+    DEFAULT_MARKER_TOPIC,
+    DEFAULT_STACK_DIR,
+)
+from bridge.settings import load_settings, stack_env_files
+from bridge_shell.cli.options import (
     ConfigFile,
     Format,
     OutputFormat,
@@ -18,14 +23,9 @@ from bridge.cli.options import (
     output_console,
     state_schema,
 )
-from bridge.names import (
-    DEFAULT_MARKER_TOPIC,
-    DEFAULT_STACK_DIR,
-)
-from bridge.settings import load_settings, stack_env_files
 
 if TYPE_CHECKING:
-    from bridge.status import Status
+    from bridge_shell.status import Status
 
 
 def status(
@@ -65,7 +65,7 @@ def status(
     """Each component's health (brokers, PostgreSQL, consumers' /readyz), each consumer group's
     lag and stalled partitions, each producer's last committed epoch per Spark partition.
     Exits 1 when anything is wrong, so that it can serve as a probe."""
-    from bridge.status import gather
+    from bridge_shell.status import gather
 
     settings = load_settings(config, env_file=stack_env_files(stack_dir, "tools"))
     consumers = list(consumer or [])

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bridge.cli.options import ConfigFile, StackDir
 from bridge.names import DEFAULT_STACK_DIR
+from bridge_shell.cli.options import ConfigFile, StackDir
 
 
 def consume(config: ConfigFile = None, stack_dir: StackDir = Path(DEFAULT_STACK_DIR)) -> None:

@@ -25,8 +25,8 @@ from psycopg import sql
 from bridge.acls import table_rights
 from bridge.errors import MissingToolError, ServerStartError, StackError
 from bridge.names import DEFAULT_STATE_SCHEMA, POSTGRES_DATABASE, POSTGRES_USER
-from bridge.stack import process
-from bridge.stack.secure import POSTGRES_ADMIN, POSTGRES_CONSUMER, StackSecurity
+from bridge_shell.stack import process
+from bridge_shell.stack.secure import POSTGRES_ADMIN, POSTGRES_CONSUMER, StackSecurity
 
 ENV_POSTGRES_BINDIR = "BRIDGE_POSTGRES_BINDIR"
 SERVER_USER_WHEN_ROOT = "postgres"

@@ -1,4 +1,4 @@
-"""`spark-submit bridge/cli/spark_submit.py --source files ...` runs `bridge produce`.
+"""`spark-submit bridge_shell/cli/spark_submit.py --source files ...` runs `bridge produce`.
 
 The producer job's own module stays free of the command line (the core never imports the
 shell); this file is the entry point spark-submit runs on the driver.
@@ -6,7 +6,7 @@ shell); this file is the entry point spark-submit runs on the driver.
 
 import sys
 
-from bridge.cli import main
+from bridge_shell.cli import main
 
 if __name__ == "__main__":
     sys.argv[1:1] = ["produce"]

@@ -21,19 +21,19 @@ from bridge.names import (
     STACK_STATE_FILE,
 )
 from bridge.settings import role_env_file
-from bridge.stack import process
-from bridge.stack.kafka import (
+from bridge_shell.stack import process
+from bridge_shell.stack.kafka import (
     KafkaPorts,
     KafkaServer,
     new_cluster_id,
     resolve_kafka_libs,
     stop_kafka_nodes,
 )
-from bridge.stack.postgres import PostgresServer, find_bindir
-from bridge.stack.secure import StackSecurity
-from bridge.stack.spark import DaemonPorts, SparkCluster
+from bridge_shell.stack.postgres import PostgresServer, find_bindir
+from bridge_shell.stack.secure import StackSecurity
+from bridge_shell.stack.spark import DaemonPorts, SparkCluster
 
-# The roles that get an env file of their own on a secured stack (bridge/stack/secure.py).
+# The roles that get an env file of their own on a secured stack (bridge_shell/stack/secure.py).
 _ROLE_FILES = ("producer", "consumer", "tools", "admin")
 
 
@@ -50,7 +50,7 @@ class StackState:
     # A Spark standalone cluster: the master's [rpc port, web UI port], and each worker's.
     spark_master: list[int] = field(default_factory=list)
     spark_workers: list[list[int]] = field(default_factory=list)
-    # TLS, SASL/SCRAM and ACLs on Kafka; TLS and SCRAM on PostgreSQL (bridge/stack/secure.py).
+    # TLS, SASL/SCRAM and ACLs on Kafka; TLS and SCRAM on PostgreSQL (bridge_shell/stack/secure.py).
     secure: bool = False
 
     @property

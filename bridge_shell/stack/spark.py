@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bridge.errors import ServerStartError, StackError
-from bridge.stack import process
-from spark_jobs.spark_home import installed_spark_home, precompiled_spark_home
+from bridge_shell.spark.spark_home import installed_spark_home, precompiled_spark_home
+from bridge_shell.stack import process
 
 ENV_WORKER_CORES = "BRIDGE_SPARK_WORKER_CORES"
 ENV_WORKER_MEMORY = "BRIDGE_SPARK_WORKER_MEMORY"
@@ -27,7 +27,7 @@ _WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
 
 def spark_home() -> Path:
     """The Spark home the daemons run from: the compiled one (its executors' Python workers
-    start faster, see spark_jobs/spark_home.py), else the installed one."""
+    start faster, see bridge_shell/spark/spark_home.py), else the installed one."""
     try:
         home = precompiled_spark_home()
     except OSError:

@@ -9,9 +9,9 @@ import typer
 from rich.console import Console
 
 from bridge import logs
-from bridge.cli.options import ConfigFile, StackDir
 from bridge.names import DEFAULT_STACK_DIR
 from bridge.settings import load_settings, stack_env_files
+from bridge_shell.cli.options import ConfigFile, StackDir
 
 
 def produce(
@@ -116,10 +116,10 @@ def produce(
 ) -> None:
     """Run a Spark streaming query into Kafka, one transaction per partition and epoch."""
     from bridge.errors import ConfigError
-    from bridge.maven import spark_kafka_jars
-    from spark_jobs.locations import spark_location
-    from spark_jobs.producer_job import ProducerJob, Source, run
-    from spark_jobs.spark_session import started_by_spark_submit
+    from bridge_shell.maven import spark_kafka_jars
+    from bridge_shell.spark.locations import spark_location
+    from bridge_shell.spark.producer_job import ProducerJob, Source, run
+    from bridge_shell.spark.spark_session import started_by_spark_submit
 
     logs.configure()
     overrides = {"kafka": {"bootstrap_servers": bootstrap_servers}} if bootstrap_servers else {}
@@ -174,7 +174,11 @@ def executor_env(
 ) -> None:
     """Pack what a cluster's executors need to run the sink (our code, confluent-kafka, pyarrow,
     tenacity) for a plain spark-submit, and print the options that ship it."""
-    from spark_jobs.executor_env import ARCHIVE_ALIAS, default_executor_python, write_executor_env
+    from bridge_shell.spark.executor_env import (
+        ARCHIVE_ALIAS,
+        default_executor_python,
+        write_executor_env,
+    )
 
     env = write_executor_env(output.resolve())
     conf = env.spark_conf(executor_python or default_executor_python())

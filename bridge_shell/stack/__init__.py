@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from bridge.stack.local import LocalStack, StackState, StackStatus
+from bridge_shell.stack.local import LocalStack, StackState, StackStatus
 
 __all__ = ["LocalStack", "StackState", "StackStatus"]

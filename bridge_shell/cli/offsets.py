@@ -9,7 +9,11 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.table import Table
 
-from bridge.cli.options import (
+from bridge.errors import BridgeError
+from bridge.kafka_admin import KafkaAdmin
+from bridge.names import DEFAULT_STACK_DIR
+from bridge.settings import BridgeSettings, load_settings, stack_env_files
+from bridge_shell.cli.options import (
     ConfigFile,
     Format,
     OutputFormat,
@@ -17,11 +21,7 @@ from bridge.cli.options import (
     output_console,
     state_schema,
 )
-from bridge.errors import BridgeError
-from bridge.kafka_admin import KafkaAdmin
-from bridge.names import DEFAULT_STACK_DIR
-from bridge.settings import BridgeSettings, load_settings, stack_env_files
-from bridge.tables import or_dash, positions_table
+from bridge_shell.tables import or_dash, positions_table
 
 if TYPE_CHECKING:  # imported where used: every `bridge` command imports this module
     import psycopg

@@ -21,9 +21,9 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from bridge.stack.kafka import KafkaPorts, new_cluster_id, node_settings
-from bridge.stack.postgres import consumer_role_statements, scram_sha_256_verifier
-from bridge.stack.secure import KAFKA_BROKER, POSTGRES_ADMIN, POSTGRES_CONSUMER, StackSecurity
+from bridge_shell.stack.kafka import KafkaPorts, new_cluster_id, node_settings
+from bridge_shell.stack.postgres import consumer_role_statements, scram_sha_256_verifier
+from bridge_shell.stack.secure import KAFKA_BROKER, POSTGRES_ADMIN, POSTGRES_CONSUMER, StackSecurity
 
 KAFKA_PORTS = KafkaPorts(broker=9092, controller=9093)
 POSTGRES_PORT = 5432

@@ -9,11 +9,11 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from bridge.cli.options import ConfigFile, Format, OutputFormat, StackDir, output_console
 from bridge.errors import BridgeError
 from bridge.kafka_admin import KafkaAdmin
 from bridge.names import DEFAULT_MARKER_TOPIC, DEFAULT_STACK_DIR
 from bridge.settings import load_settings, stack_env_files
+from bridge_shell.cli.options import ConfigFile, Format, OutputFormat, StackDir, output_console
 
 app = typer.Typer(help="The Spark producer's Kafka transactions: committed epochs, and aborts.")
 console = output_console()

@@ -14,9 +14,9 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
 from bridge.errors import ServerStartError
-from bridge.maven import cached_jars_dir, java_binary, repo_root, resolve_jars
-from bridge.stack import process
-from bridge.stack.secure import StackSecurity
+from bridge_shell.maven import cached_jars_dir, java_binary, repo_root, resolve_jars
+from bridge_shell.stack import process
+from bridge_shell.stack.secure import StackSecurity
 
 ENV_KAFKA_LIBS = "BRIDGE_KAFKA_LIBS"
 ENV_KAFKA_HEAP = "BRIDGE_KAFKA_HEAP"
@@ -118,7 +118,7 @@ class KafkaServer:
         """`voters`: the quorum, `id@host:port,...` over every node's controller port (this
         node alone when not given); `cluster_size`: how many nodes, for the replication
         settings and for `wait_ready`; `security`: SASL_SSL with SCRAM and ACLs (see
-        bridge/stack/secure.py) instead of PLAINTEXT."""
+        bridge_shell/stack/secure.py) instead of PLAINTEXT."""
         self.home = home
         self.ports = ports
         self.cluster_id = cluster_id

@@ -25,7 +25,7 @@ from urllib.parse import quote, urlencode
 from bridge import acls
 from bridge.acls import Role
 from bridge.names import ENV_KAFKA_PROPERTIES, ENV_POSTGRES_DSN, POSTGRES_DATABASE, POSTGRES_USER
-from bridge.stack.tls import Certificate, CertificateAuthority
+from bridge_shell.stack.tls import Certificate, CertificateAuthority
 
 SCRAM_MECHANISM: Final = "SCRAM-SHA-512"
 _SCRAM_ITERATIONS: Final = 8192

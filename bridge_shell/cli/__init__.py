@@ -7,8 +7,8 @@ import sys
 import typer
 from rich.console import Console
 
-from bridge.cli import consume, demo, offsets, produce, stack, status, txn
 from bridge.errors import BridgeError
+from bridge_shell.cli import consume, demo, offsets, produce, stack, status, txn
 
 app = typer.Typer(
     name="bridge",

@@ -1,3 +1,0 @@
-from bridge.cli import main
-
-main()

@@ -1,0 +1,3 @@
+from bridge_shell.cli import main
+
+main()
