@@ -42,3 +42,18 @@ class ServerStartError(StackError):
 
 class PermissionMissing(BridgeError):
     """A principal or role lacks a right it needs; the message names the right and the grant."""
+
+
+class StateSchemaTooNew(BridgeError):
+    """bridge's own tables were migrated by a newer release than this one; running on them could
+    write what that release does not expect, so this one refuses to start."""
+
+    def __init__(self, *, schema: str, found: str, known: str) -> None:
+        self.schema = schema
+        self.found = found
+        self.known = known
+        super().__init__(
+            f"the state tables in schema {schema!r} are at version {found}, newer than this "
+            f"release of bridge knows (up to version {known}): run a release that knows "
+            f"version {found}"
+        )

@@ -25,6 +25,8 @@ POSTGRES_USER: Final = "bridge"
 OFFSETS_TABLE: Final = "offsets"
 DEAD_LETTERS_TABLE: Final = "dead_letters"
 OFFSET_RESETS_TABLE: Final = "offset_resets"
+# Alembic's version table for the tables above: which version of their shape the schema holds.
+STATE_VERSION_TABLE: Final = "state_version"
 ADVANCE_OFFSETS_FUNCTION: Final = "advance_offsets"
 # The session name of a group's members, which lets a member end a stalled member's session.
 CONSUMER_APPLICATION_PREFIX: Final = "bridge-consumer:"

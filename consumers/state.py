@@ -1,16 +1,23 @@
 """The consumer's own tables in PostgreSQL: offsets with an owner lease, resets, dead letters.
 
-SQLAlchemy Core describes them; `ensure_state_tables` creates them idempotently, under an
-advisory lock so that two instances starting together do not race on CREATE TABLE. The offsets
-table, its audit trail and the fenced advance function are defined by `consumers.offsets`,
-their only home; this module puts them in a schema beside the dead letters.
+SQLAlchemy Core describes them as this release uses them. Their shape has a version, kept in
+the schema's version table: `ensure_state_tables` brings it to this release's version with the
+migrations of `consumers.state_migrations`, in one transaction, under an advisory lock so that
+two instances starting together do not race, and refuses a version newer than it knows. The
+offsets table and its audit trail are defined by `consumers.offsets`, their only home; this
+module puts them in a schema beside the dead letters.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from importlib.resources import files
 
 import psycopg
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from psycopg import sql
 from sqlalchemy import (
     BigInteger,
@@ -32,9 +39,9 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.exc import ProgrammingError
 from sqlalchemy.schema import CreateSchema
 
-from bridge.errors import PermissionMissing
-from bridge.names import DEAD_LETTERS_TABLE
-from consumers.offsets import advance_function_ddl, define_tables
+from bridge.errors import PermissionMissing, StateSchemaTooNew
+from bridge.names import DEAD_LETTERS_TABLE, STATE_VERSION_TABLE
+from consumers.offsets import define_tables
 
 # Any constant works: it only has to be the same for every instance of bridge.
 _DDL_LOCK_KEY = 0x62726964  # "brid"
@@ -76,7 +83,9 @@ def state_tables(schema: str) -> StateTables:
 
 
 def ensure_state_tables(conn: Connection, tables: StateTables) -> None:
-    """Create the schema, the tables and the advance function when missing; commits."""
+    """Create the schema when missing and migrate its tables to this release's version; commits.
+
+    Refuses, with `StateSchemaTooNew`, a schema that a newer release has migrated further."""
     with conn.begin():
         conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _DDL_LOCK_KEY})
         exists = conn.execute(
@@ -95,8 +104,42 @@ def ensure_state_tables(conn: Connection, tables: StateTables) -> None:
                     f"create it for the role (CREATE SCHEMA {tables.schema} AUTHORIZATION "
                     "<role>), or grant the role CREATE on the database"
                 ) from None
-        tables.offsets.metadata.create_all(conn, checkfirst=True)
-        conn.execute(text(advance_function_ddl(tables.schema)))
+        _migrate(conn, tables.schema)
+
+
+def state_version(conn: Connection, schema: str) -> str | None:
+    """The version of the state tables in `schema`; None before the first migration."""
+    context = MigrationContext.configure(
+        conn, opts={"version_table": STATE_VERSION_TABLE, "version_table_schema": schema}
+    )
+    return context.get_current_revision()
+
+
+def known_state_version() -> str:
+    """The newest version of the state tables this release knows."""
+    head = ScriptDirectory.from_config(_alembic_config()).get_current_head()
+    assert head is not None  # noqa: S101 - the package ships at least its first version
+    return head
+
+
+def _migrate(conn: Connection, schema: str) -> None:
+    """Step 1: refuse a version this release does not know (a newer release made it).
+    Step 2: run the migrations after the stored version, in the caller's transaction."""
+    config = _alembic_config()
+    found = state_version(conn, schema)
+    if found is not None:
+        known = {script.revision for script in ScriptDirectory.from_config(config).walk_revisions()}
+        if found not in known:
+            raise StateSchemaTooNew(schema=schema, found=found, known=known_state_version())
+    config.attributes["connection"] = conn
+    config.attributes["schema"] = schema
+    command.upgrade(config, "head")
+
+
+def _alembic_config() -> Config:
+    config = Config()
+    config.set_main_option("script_location", str(files("consumers") / "state_migrations"))
+    return config
 
 
 def sqlalchemy_engine(dsn: str) -> Engine:

@@ -11,7 +11,10 @@ from typing import Any
 
 import psycopg
 
+from bridge.kafka_admin import KafkaAdmin
 from bridge.settings import BridgeSettings, load_settings
+from consumers.offsets import applied_position
+from consumers.positions import caught_up_position
 from consumers.service import ConsumerService
 from tests.harness import Endpoints
 from tests.kafka_helpers import transactional_producer
@@ -105,6 +108,15 @@ def in_background(service: ConsumerService) -> tuple[threading.Thread, list[Base
     thread = threading.Thread(target=loop, daemon=True)
     thread.start()
     return thread, failure
+
+
+def drained(stack: Endpoints, names: dict[str, str], partitions: int, timeout: float = 60) -> None:
+    """Until the group's stored offsets reach the end of every partition of its topic (written
+    in transactions): nothing is left for the consumer to apply, so a count taken after this is
+    final, with no sleep to guess it by."""
+    admin = KafkaAdmin(stack.client())
+    end = caught_up_position(admin, names["topic"], partitions)
+    eventually(lambda: applied_position(stack.dsn, names["group"], names["schema"]) >= end, timeout)
 
 
 def eventually(check: Callable[[], bool], timeout: float = 60) -> None:

@@ -4,7 +4,7 @@
 `updated_at`; no module outside this package spells its columns.
 """
 
-from consumers.offsets.schema import advance_function_ddl, define_tables
+from consumers.offsets.schema import define_tables
 from consumers.offsets.store import (
     Lease,
     OffsetStore,
@@ -24,7 +24,6 @@ __all__ = [
     "ResetMove",
     "StoredPosition",
     "StoredRow",
-    "advance_function_ddl",
     "application_name",
     "applied_position",
     "define_tables",

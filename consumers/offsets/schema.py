@@ -1,12 +1,12 @@
-"""The shape of the offsets table, its audit trail, and the fenced advance function.
+"""The shape of the offsets table and its audit trail, as this release reads and writes them.
 
-Part of the offsets table's one home (`consumers.offsets`): created by `consumers.state`, read
-and written only by `consumers.offsets.store`.
+Part of the offsets table's one home (`consumers.offsets`): created and migrated, with the fenced
+advance function (`bridge.names.ADVANCE_OFFSETS_FUNCTION`), by `consumers.state_migrations`;
+read and written only by `consumers.offsets.store`.
 """
 
 from __future__ import annotations
 
-from psycopg import sql
 from sqlalchemy import (
     BigInteger,
     Boolean,
@@ -21,7 +21,7 @@ from sqlalchemy import (
     text,
 )
 
-from bridge.names import ADVANCE_OFFSETS_FUNCTION, OFFSET_RESETS_TABLE, OFFSETS_TABLE
+from bridge.names import OFFSET_RESETS_TABLE, OFFSETS_TABLE
 
 
 def define_tables(metadata: MetaData) -> tuple[Table, Table]:
@@ -55,40 +55,3 @@ def define_tables(metadata: MetaData) -> tuple[Table, Table]:
         Column("reset_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     )
     return offsets, resets
-
-
-def advance_function_ddl(schema: str) -> str:
-    """Moves each partition to its new next offset where the lease still holds (same owner
-    epoch, same expected offset) and returns the partitions it did not move. With `p_strict`
-    it raises instead, aborting the transaction that holds it, and with it the batch's rows."""
-    return (
-        sql.SQL("""
-CREATE OR REPLACE FUNCTION {function}(
-    p_group text, p_topics text[], p_partitions integer[], p_epochs bigint[],
-    p_expected bigint[], p_next bigint[], p_strict boolean)
-RETURNS TABLE (fenced_topic text, fenced_partition integer)
-LANGUAGE plpgsql AS $advance$
-BEGIN
-    RETURN QUERY
-    WITH moved AS (
-        UPDATE {table} AS o
-        SET next_offset = x.n, updated_at = now()
-        FROM unnest(p_topics, p_partitions, p_epochs, p_expected, p_next)
-            AS x(t, p, e, expected, n)
-        WHERE o.group_id = p_group AND o.topic = x.t AND o.partition = x.p
-          AND o.owner_epoch = x.e AND o.next_offset = x.expected
-        RETURNING o.topic, o.partition)
-    SELECT x.t, x.p FROM unnest(p_topics, p_partitions) AS x(t, p)
-    EXCEPT SELECT m.topic, m.partition FROM moved AS m;
-    IF FOUND AND p_strict THEN
-        RAISE EXCEPTION 'an offset lease of group % is no longer held', p_group
-            USING HINT = 'another member took the partition over, or its offset was reset';
-    END IF;
-END
-$advance$""")
-        .format(
-            function=sql.Identifier(schema, ADVANCE_OFFSETS_FUNCTION),
-            table=sql.Identifier(schema, OFFSETS_TABLE),
-        )
-        .as_string()
-    )
