@@ -11,9 +11,11 @@
 | `out_of_range` | the stored offset is outside the log         | an operator's reset: a claim    |
 
 A partition enters the table when it is claimed and leaves it when Kafka revokes or loses it;
-no state needs a rebalance to be left. `fenced` and `out_of_range` partitions are paused in
-Kafka; records of any partition not `consuming` are not applied. The table does no I/O: the
-service moves it, and reads from it what to pause, where to seek and what to report.
+no state needs a rebalance to be left. Every move is an event (`PartitionEvent`) looked up in
+`TRANSITIONS`, (state, event) -> next state; a pair it does not list raises. `fenced` and
+`out_of_range` partitions are paused in Kafka; records of any partition not `consuming` are not
+applied. The table does no I/O: the service moves it, and reads from it what to pause, where to
+seek and what to report.
 """
 
 from __future__ import annotations
@@ -34,25 +36,55 @@ class PartitionState(StrEnum):
     OUT_OF_RANGE = "out_of_range"
 
 
-_ANY = frozenset(PartitionState)
-_SETTLED = _ANY - {PartitionState.IN_FLIGHT}
-# event -> the states it may start from. A claim happens only with no batch in flight.
-MOVES: dict[str, frozenset[PartitionState]] = {
-    "claimed": _SETTLED,
-    "sent": frozenset({PartitionState.CONSUMING}),
-    "committed": frozenset({PartitionState.IN_FLIGHT}),
-    "not_committed": frozenset({PartitionState.IN_FLIGHT}),
-    "lost": frozenset({PartitionState.IN_FLIGHT}),
-    "resolved": frozenset({PartitionState.UNRESOLVED}),
-    "taken": _SETTLED - {PartitionState.FENCED},
-    "fell_out_of_range": frozenset({PartitionState.CONSUMING}),
+class PartitionEvent(StrEnum):
+    CLAIMED = "claimed"  # claimed at a stored offset the log holds
+    CLAIMED_OUT_OF_RANGE = "claimed_out_of_range"  # claimed at one it does not
+    SENT = "sent"  # a batch with its records went to the database
+    COMMITTED = "committed"
+    NOT_COMMITTED = "not_committed"  # refused with an answer: nothing was written
+    LOST = "lost"  # no answer, or the fenced advance refused: the outcome is unknown
+    RESOLVED_OURS = "resolved_ours"  # the offsets table still names this member's epoch
+    RESOLVED_TAKEN = "resolved_taken"  # it names another, or no row
+    TAKEN = "taken"  # reconcile found another owner epoch
+    FELL_OUT_OF_RANGE = "fell_out_of_range"  # Kafka refused to fetch from the stored offset
+    REVOKED = "revoked"  # Kafka revoked or lost it: it leaves the table
+
+
+S, E = PartitionState, PartitionEvent
+# (state, event) -> the state it moves to; None: it leaves the table. A pair not listed is an
+# illegal move. A claim happens only with no batch in flight.
+TRANSITIONS: dict[tuple[PartitionState, PartitionEvent], PartitionState | None] = {
+    (S.CONSUMING, E.CLAIMED): S.CONSUMING,
+    (S.CONSUMING, E.CLAIMED_OUT_OF_RANGE): S.OUT_OF_RANGE,
+    (S.CONSUMING, E.SENT): S.IN_FLIGHT,
+    (S.CONSUMING, E.TAKEN): S.FENCED,
+    (S.CONSUMING, E.FELL_OUT_OF_RANGE): S.OUT_OF_RANGE,
+    (S.CONSUMING, E.REVOKED): None,
+    (S.IN_FLIGHT, E.COMMITTED): S.CONSUMING,
+    (S.IN_FLIGHT, E.NOT_COMMITTED): S.CONSUMING,
+    (S.IN_FLIGHT, E.LOST): S.UNRESOLVED,
+    (S.IN_FLIGHT, E.REVOKED): None,
+    (S.UNRESOLVED, E.CLAIMED): S.CONSUMING,
+    (S.UNRESOLVED, E.CLAIMED_OUT_OF_RANGE): S.OUT_OF_RANGE,
+    (S.UNRESOLVED, E.RESOLVED_OURS): S.CONSUMING,
+    (S.UNRESOLVED, E.RESOLVED_TAKEN): S.FENCED,
+    (S.UNRESOLVED, E.TAKEN): S.FENCED,
+    (S.UNRESOLVED, E.REVOKED): None,
+    (S.FENCED, E.CLAIMED): S.CONSUMING,
+    (S.FENCED, E.CLAIMED_OUT_OF_RANGE): S.OUT_OF_RANGE,
+    (S.FENCED, E.REVOKED): None,
+    (S.OUT_OF_RANGE, E.CLAIMED): S.CONSUMING,
+    (S.OUT_OF_RANGE, E.CLAIMED_OUT_OF_RANGE): S.OUT_OF_RANGE,
+    (S.OUT_OF_RANGE, E.TAKEN): S.FENCED,
+    (S.OUT_OF_RANGE, E.REVOKED): None,
 }
+del S, E
 
 
 class IllegalTransition(BridgeError):
     """A move the state table does not allow: a bug, never an operating condition."""
 
-    def __init__(self, key: PartitionKey, state: PartitionState, event: str) -> None:
+    def __init__(self, key: PartitionKey, state: PartitionState, event: PartitionEvent) -> None:
         self.key, self.state, self.event = key, state, event
         super().__init__(f"{key[0]}[{key[1]}]: '{event}' is not allowed in state {state}")
 
@@ -99,12 +131,16 @@ class PartitionTable:
         """The leases this member still holds (all states but `fenced`)."""
         return [p.lease for p in self._partitions.values() if p.state is not PartitionState.FENCED]
 
-    def _move(
-        self, key: PartitionKey, event: str, to: PartitionState, reason: str = ""
-    ) -> Partition:
+    def _move(self, key: PartitionKey, event: PartitionEvent, reason: str = "") -> Partition:
+        """Moves `key` as the table says for `event` in its state, or raises."""
         partition = self._partitions[key]
-        if partition.state not in MOVES[event]:
-            raise IllegalTransition(key, partition.state, event)
+        try:
+            to = TRANSITIONS[partition.state, event]
+        except KeyError:
+            raise IllegalTransition(key, partition.state, event) from None
+        if to is None:
+            del self._partitions[key]
+            return partition
         if partition.state is not to:
             partition.since = time.monotonic()
         partition.state, partition.reason = to, reason
@@ -116,22 +152,23 @@ class PartitionTable:
         """A fresh claim (on assignment, or after the row's owner was cleared)."""
         now = time.monotonic()
         reason = out_of_range_reason(lease.next_offset, log_start, log_end)
-        state = PartitionState.OUT_OF_RANGE if reason else PartitionState.CONSUMING
+        event = PartitionEvent.CLAIMED_OUT_OF_RANGE if reason else PartitionEvent.CLAIMED
         if lease.key in self._partitions:
-            partition = self._move(lease.key, "claimed", state, reason)
+            partition = self._move(lease.key, event, reason)
             partition.lease, partition.progressed = lease, now
-        else:
-            self._partitions[lease.key] = Partition(lease, state, now, now, reason=reason)
+            return partition.state
+        state = PartitionState.OUT_OF_RANGE if reason else PartitionState.CONSUMING
+        self._partitions[lease.key] = Partition(lease, state, now, now, reason=reason)
         return state
 
     def sent(self, keys: list[PartitionKey]) -> None:
         for key in keys:
-            self._move(key, "sent", PartitionState.IN_FLIGHT)
+            self._move(key, PartitionEvent.SENT)
 
     def committed(self, advanced: dict[PartitionKey, int]) -> None:
         now = time.monotonic()
         for key, next_offset in advanced.items():
-            partition = self._move(key, "committed", PartitionState.CONSUMING)
+            partition = self._move(key, PartitionEvent.COMMITTED)
             partition.lease = replace(partition.lease, next_offset=next_offset)
             partition.progressed = now
 
@@ -139,7 +176,7 @@ class PartitionTable:
         """The database refused its batch with an answer: nothing of it was written."""
         for key in keys:
             if key in self._partitions:
-                self._move(key, "not_committed", PartitionState.CONSUMING)
+                self._move(key, PartitionEvent.NOT_COMMITTED)
 
     def lost(self, keys: list[PartitionKey], why: str) -> None:
         """The database connection dropped while a batch of theirs was open or being committed;
@@ -147,27 +184,27 @@ class PartitionTable:
         thought. Either way the offsets table must say where they stand."""
         for key in keys:
             if key in self._partitions:
-                self._move(key, "lost", PartitionState.UNRESOLVED, f"outcome unknown: {why}")
+                self._move(key, PartitionEvent.LOST, f"outcome unknown: {why}")
 
     def resolved(self, key: PartitionKey, row: StoredRow | None) -> PartitionState:
         """The offsets table was read: still ours (at the stored offset, whichever way the
         batch went), or taken by another member."""
         partition = self._partitions[key]
         if row is not None and row.owner_epoch == partition.lease.epoch:
-            self._move(key, "resolved", PartitionState.CONSUMING)
+            self._move(key, PartitionEvent.RESOLVED_OURS)
             partition.lease = replace(partition.lease, next_offset=row.next_offset)
             partition.progressed = time.monotonic()
         else:
-            self._move(key, "resolved", PartitionState.FENCED, _taken_reason(row))
+            self._move(key, PartitionEvent.RESOLVED_TAKEN, _taken_reason(row))
         return partition.state
 
     def taken(self, key: PartitionKey, row: StoredRow | None) -> None:
         """The offsets table shows another owner epoch: this member's lease is void."""
-        self._move(key, "taken", PartitionState.FENCED, _taken_reason(row))
+        self._move(key, PartitionEvent.TAKEN, _taken_reason(row))
 
     def fell_out_of_range(self, key: PartitionKey, reason: str) -> None:
         """Kafka refused to fetch from the stored offset: the log no longer holds it."""
-        self._move(key, "fell_out_of_range", PartitionState.OUT_OF_RANGE, reason)
+        self._move(key, PartitionEvent.FELL_OUT_OF_RANGE, reason)
 
     def delivered(self, key: PartitionKey, next_offset: int) -> None:
         partition = self._partitions.get(key)
@@ -175,9 +212,10 @@ class PartitionTable:
             partition.delivered = next_offset
 
     def forget(self, keys: list[PartitionKey]) -> None:
-        """Revoked or lost by Kafka: no longer this member's in any state."""
+        """Revoked or lost by Kafka: no longer this member's, from any state the table allows."""
         for key in keys:
-            self._partitions.pop(key, None)
+            if key in self._partitions:
+                self._move(key, PartitionEvent.REVOKED)
 
     # -- what the service reads ---------------------------------------------------------------
 

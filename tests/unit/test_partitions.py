@@ -7,7 +7,12 @@ from collections.abc import Callable
 import pytest
 
 from consumers.offsets import Lease, StoredRow
-from consumers.partitions import MOVES, IllegalTransition, PartitionState, PartitionTable
+from consumers.partitions import (
+    IllegalTransition,
+    PartitionEvent,
+    PartitionState,
+    PartitionTable,
+)
 
 KEY = ("orders", 0)
 
@@ -85,42 +90,112 @@ def test_a_consuming_partition_with_records_waiting_and_no_commit_is_stalled() -
     assert reasons and "stalled" in reasons[0]
 
 
-@pytest.mark.parametrize(
-    ("setup", "event"),
-    [
-        ("consuming", "committed"),
-        ("consuming", "lost"),
-        ("consuming", "resolved"),
-        ("in_flight", "sent"),
-        ("in_flight", "claimed"),
-        ("fenced", "sent"),
-        ("fenced", "taken"),
-        ("out_of_range", "sent"),
-    ],
-)
-def test_a_move_the_table_does_not_allow_raises(setup: str, event: str) -> None:
+# The moves as the design in docs/architecture.md states them, written out here rather than read
+# from the code's table: state -> {event: the state after, or GONE}; an event not named is refused.
+GONE = "gone"
+EXPECTED: dict[str, dict[str, str]] = {
+    "consuming": {
+        "claimed": "consuming",
+        "claimed_out_of_range": "out_of_range",
+        "sent": "in_flight",
+        "taken": "fenced",
+        "fell_out_of_range": "out_of_range",
+        "revoked": GONE,
+    },
+    "in_flight": {
+        "committed": "consuming",
+        "not_committed": "consuming",
+        "lost": "unresolved",
+        "revoked": GONE,
+    },
+    "unresolved": {
+        "claimed": "consuming",
+        "claimed_out_of_range": "out_of_range",
+        "resolved_ours": "consuming",
+        "resolved_taken": "fenced",
+        "taken": "fenced",
+        "revoked": GONE,
+    },
+    "fenced": {
+        "claimed": "consuming",
+        "claimed_out_of_range": "out_of_range",
+        "revoked": GONE,
+    },
+    "out_of_range": {
+        "claimed": "consuming",
+        "claimed_out_of_range": "out_of_range",
+        "taken": "fenced",
+        "revoked": GONE,
+    },
+}
+EVENTS = [
+    "claimed", "claimed_out_of_range", "sent", "committed", "not_committed", "lost",
+    "resolved_ours", "resolved_taken", "taken", "fell_out_of_range", "revoked",
+]  # fmt: skip
+
+
+def in_state(state: str) -> PartitionTable:
+    """A table holding KEY in `state`, reached through the table's own events."""
+    if state == "out_of_range":
+        return claimed(PartitionState.OUT_OF_RANGE)
     table = claimed()
-    if setup == "in_flight":
+    if state in ("in_flight", "unresolved", "fenced"):
         table.sent([KEY])
-    elif setup == "fenced":
-        table.sent([KEY])
+    if state in ("unresolved", "fenced"):
         table.lost([KEY], "x")
+    if state == "fenced":
         table.resolved(KEY, None)
-    elif setup == "out_of_range":
-        table = claimed(PartitionState.OUT_OF_RANGE)
-    assert PartitionState(setup) not in MOVES[event]
+    assert table.get(KEY) is not None and table.get(KEY).state == state  # type: ignore[union-attr]
+    return table
+
+
+def apply(table: PartitionTable, event: str) -> None:
+    """`event` on KEY through the table's public method for it."""
     moves: dict[str, Callable[[], object]] = {
-        "committed": lambda: table.committed({KEY: 1}),
-        "lost": lambda: table.lost([KEY], "x"),
-        "resolved": lambda: table.resolved(KEY, None),
+        "claimed": lambda: table.claimed(lease(epoch=9), log_start=0, log_end=1000),
+        "claimed_out_of_range": lambda: table.claimed(lease(epoch=9), log_start=500, log_end=1000),
         "sent": lambda: table.sent([KEY]),
-        "claimed": lambda: table.claimed(lease(), log_start=0, log_end=1000),
-        "taken": lambda: table.taken(KEY, None),
+        "committed": lambda: table.committed({KEY: 120}),
+        "not_committed": lambda: table.not_committed([KEY]),
+        "lost": lambda: table.lost([KEY], "x"),
+        "resolved_ours": lambda: table.resolved(
+            KEY, StoredRow(next_offset=100, owner="me", owner_epoch=3)
+        ),
+        "resolved_taken": lambda: table.resolved(
+            KEY, StoredRow(next_offset=100, owner="other", owner_epoch=4)
+        ),
+        "taken": lambda: table.taken(KEY, StoredRow(next_offset=100, owner="other", owner_epoch=4)),
+        "fell_out_of_range": lambda: table.fell_out_of_range(KEY, "gone"),
+        "revoked": lambda: table.forget([KEY]),
     }
-    with pytest.raises(IllegalTransition, match=f"'{event}' is not allowed in state {setup}"):
-        moves[event]()
+    moves[event]()
+
+
+def test_the_events_are_the_ones_expected() -> None:
+    assert sorted(PartitionEvent) == sorted(EVENTS)
+    assert sorted(PartitionState) == sorted(EXPECTED)
+
+
+@pytest.mark.parametrize("state", list(EXPECTED))
+@pytest.mark.parametrize("event", EVENTS)
+def test_every_state_and_event_moves_as_the_design_says(state: str, event: str) -> None:
+    table = in_state(state)
+    expected = EXPECTED[state].get(event)
+    if expected is None:
+        with pytest.raises(IllegalTransition, match=f"'{event}' is not allowed in state {state}"):
+            apply(table, event)
+        assert table.get(KEY) is not None and table.get(KEY).state == state  # type: ignore[union-attr]
+        return
+    apply(table, event)
+    after = table.get(KEY)
+    assert (after.state if after is not None else GONE) == expected
 
 
 def test_every_state_can_be_left_without_a_rebalance() -> None:
-    reachable = {state for allowed in MOVES.values() for state in allowed}
-    assert reachable == set(PartitionState)
+    for state in EXPECTED:
+        leaving = [e for e, to in EXPECTED[state].items() if e != "revoked" and to != state]
+        assert leaving, f"{state} is left only by a rebalance"
+        table = in_state(state)
+        apply(table, leaving[0])
+        moved = table.get(KEY)
+        assert moved is not None and moved.state != state
