@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Final, Literal
 
 from confluent_kafka import KafkaException
-from confluent_kafka.admin import (  # type: ignore[attr-defined] # no __all__ there
+from confluent_kafka.admin import (
     AclBinding,
     AclOperation,
     AclPermissionType,

@@ -18,9 +18,7 @@ from confluent_kafka import (
     TopicCollection,
     TopicPartition,
 )
-from confluent_kafka.admin import AdminClient
-from confluent_kafka.admin._listoffsets import OffsetSpec
-from confluent_kafka.cimpl import NewTopic
+from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
 from bridge.errors import BridgeError
 from bridge.kafka_client_log import ClientLog

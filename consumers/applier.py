@@ -22,25 +22,11 @@ from confluent_kafka import Message
 from psycopg import sql
 
 from bridge.names import UPSERT_STAGE_PREFIX
+from consumers.pg_errors import RECORD_FAULTS
 from consumers.records import Record, RecordError, headers_json
 from consumers.rows import Row, decode_key, projector, row_cursor, runs
 from consumers.state import StateTables
 from consumers.targets import Target
-
-_RECORD_FAULT_CLASSES = ("22", "23")
-# A value too big for an index of the table ("index row requires 20016 bytes"). psycopg
-# counts class 54 as an OperationalError, which the service answers by reconnecting and
-# retrying: without this the record would be retried forever. Its siblings (too many columns,
-# too complex) come from statements, not records.
-_PROGRAM_LIMIT_EXCEEDED = "54000"
-# Two records of one key that PostgreSQL tells apart and the batch did not ("1" and 1 for an
-# integer key): ON CONFLICT DO UPDATE refuses to touch a row twice. Halves applied in order
-# separate them, and the later record wins, as it should.
-_CARDINALITY_VIOLATION = "21000"
-# A value for a column the table generates: only a statement naming that column can get it, and
-# only a record carrying the column gets it named (an upsert cannot set a GENERATED ALWAYS
-# identity column that is not a key).
-_GENERATED_ALWAYS = "428C9"
 
 
 class Delete(NamedTuple):
@@ -365,16 +351,7 @@ def _merge_steps(
 
 
 def _refused_by_a_record(exc: psycopg.Error) -> bool:
-    state = exc.sqlstate
-    if state is None:
-        # psycopg refused a value before sending it: text holding a NUL character, which
-        # valid JSON may carry ("\u0000") and PostgreSQL text cannot.
-        return isinstance(exc, psycopg.DataError)
-    return state.startswith(_RECORD_FAULT_CLASSES) or state in (
-        _PROGRAM_LIMIT_EXCEEDED,
-        _CARDINALITY_VIOLATION,
-        _GENERATED_ALWAYS,
-    )
+    return isinstance(exc, RECORD_FAULTS)
 
 
 def _describe(exc: psycopg.Error) -> str:

@@ -41,7 +41,9 @@ from tenacity import (
 )
 
 from bridge.errors import BridgeError
+from bridge.private_apis import psycopg_wait_timeout
 from consumers.offsets import application_name
+from consumers.pg_errors import REFUSALS
 
 log = logging.getLogger("bridge.consumer")
 
@@ -72,10 +74,6 @@ class Refusal(NamedTuple):
     message: str
 
 
-_REFUSING_CLASSES = ("25", "40", "53")
-_STATEMENT_TIMEOUT = "57014"
-
-
 # libpq hands over no SQLSTATE for an error while a connection starts, only the server's text
 # (in English unless the server's lc_messages says otherwise): the refusals it may carry.
 _STARTUP_REFUSALS = (
@@ -91,9 +89,8 @@ def refusal_of(exc: BaseException) -> Refusal | None:
         return None
     if exc.sqlstate is None:
         return _startup_refusal(exc)
-    state = exc.sqlstate
-    if state.startswith(_REFUSING_CLASSES) or state == _STATEMENT_TIMEOUT:
-        return Refusal(state, exc.diag.message_primary or str(exc))
+    if isinstance(exc, REFUSALS):
+        return Refusal(exc.sqlstate, exc.diag.message_primary or str(exc))
     return None
 
 
@@ -121,6 +118,10 @@ class RefusalBackoff:
         self._since = 0.0
         self._attempts = 0
         self.retry_at = 0.0  # monotonic: no batch before this
+        # The refused batches counted as tenacity counts attempts, for the same growing wait
+        # (`_wait_refused`) that a connection the server refuses gets; the loop keeps polling
+        # Kafka meanwhile, so no Retrying call can own the wait itself.
+        self._attempt = RetryCallState(Retrying(), None, (), {})
 
     def refused(self, refusal: Refusal) -> None:
         now = time.monotonic()
@@ -128,7 +129,8 @@ class RefusalBackoff:
             self._since = now
         self.current = refusal
         self._attempts += 1
-        delay = min(_REFUSED_LONGEST_DELAY_S, _REFUSED_FIRST_DELAY_S * 2.0 ** (self._attempts - 1))
+        self._attempt.attempt_number = self._attempts
+        delay = _wait_refused(self._attempt)
         self.retry_at = now + delay
         log.error(
             "the database refuses writes (%s: %s); nothing was written, retrying in %.1fs",
@@ -151,6 +153,9 @@ class RefusalBackoff:
         ]
 
 
+_WAIT_TIMEOUT = psycopg_wait_timeout()
+
+
 class _BoundedConnection(psycopg.Connection[Any]):
     """A connection whose every wait for the server ends after `reply_timeout_s`."""
 
@@ -159,7 +164,7 @@ class _BoundedConnection(psycopg.Connection[Any]):
     def wait(self, gen: PQGen[RV], interval: float = 0.1, timeout: float | None = None) -> RV:
         try:
             return super().wait(gen, interval, self.reply_timeout_s if timeout is None else timeout)
-        except psycopg.errors._WaitTimeout:
+        except _WAIT_TIMEOUT:
             raise psycopg.OperationalError(
                 f"no answer from PostgreSQL in {self.reply_timeout_s:.0f}s"
             ) from None

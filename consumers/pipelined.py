@@ -32,7 +32,7 @@ import select
 from collections import deque
 from collections.abc import Callable, Sequence
 from itertools import repeat
-from typing import Any, cast
+from typing import Any
 
 import psycopg
 from psycopg import pq, sql
@@ -41,6 +41,7 @@ from psycopg.adapt import Transformer as Adapting
 from psycopg.copy import Copy, Writer
 from psycopg.pq.abc import PGconn, PGresult
 
+from bridge.private_apis import PrivateApiMoved, psycopg_row_text_formatter
 from consumers.applier import Step
 from consumers.rows import row_cursor
 
@@ -143,10 +144,9 @@ def _row_formatter() -> Callable[[Sequence[Any], Transformer, bytearray], None] 
     version keeps it; None elsewhere, and `formatted` goes through `Copy` like any user.
     tests/integration/test_pipelined.py holds both ways to the same bytes."""
     try:
-        from psycopg._copy_base import format_row_text
-    except ImportError:
+        return psycopg_row_text_formatter()
+    except PrivateApiMoved:
         return None
-    return cast(Callable[[Sequence[Any], Transformer, bytearray], None], format_row_text)
 
 
 _format_row_text = _row_formatter()

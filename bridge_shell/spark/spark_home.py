@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import marshal
 import os
 import shutil
 import sys
 import tempfile
 import zipfile
-from importlib._bootstrap_external import _code_to_hash_pyc  # type: ignore[attr-defined]
 from pathlib import Path
+from types import CodeType
 
 _ZIP = Path("python") / "lib" / "pyspark.zip"
 
@@ -99,5 +100,16 @@ def _write_compiled_zip(shipped: Path, target: Path) -> None:
             compiled.writestr(info, data)
             if info.filename.endswith(".py"):
                 code = compile(data, info.filename, "exec", dont_inherit=True)
-                pyc = _code_to_hash_pyc(code, importlib.util.source_hash(data), False)
-                compiled.writestr(info.filename[:-3] + ".pyc", bytes(pyc))
+                compiled.writestr(info.filename[:-3] + ".pyc", unchecked_hash_pyc(code, data))
+
+
+def unchecked_hash_pyc(code: CodeType, source: bytes) -> bytes:
+    """A hash-based, unchecked .pyc of `code` (PEP 552): the interpreter's magic number, the
+    flags (hash-based, do not check the source), the source's hash, the marshalled code."""
+    flags = (0b01).to_bytes(4, "little")
+    return (
+        importlib.util.MAGIC_NUMBER
+        + flags
+        + importlib.util.source_hash(source)
+        + marshal.dumps(code)
+    )

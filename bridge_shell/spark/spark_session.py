@@ -9,6 +9,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from bridge.private_apis import detach_accumulator_server
 from bridge_shell.spark.executor_env import build_executor_env, default_executor_python
 from bridge_shell.spark.spark_home import precompiled_spark_home
 from spark_jobs.sink import register
@@ -96,9 +97,7 @@ def stop_session(spark: Any) -> None:
     a second, and `SparkContext.stop` waits for its next poll before it returns: 0.75-0.9 s of
     every `bridge produce` run, measured, where Spark's own JVM sink (no Python worker) pays
     nothing. The server is shut down in the background instead; its thread is a daemon."""
-    context = spark.sparkContext
-    server = getattr(context, "_accumulatorServer", None)
-    context._accumulatorServer = None  # stop() then leaves it alone
+    server = detach_accumulator_server(spark.sparkContext)
     spark.stop()
     if server is not None:
         threading.Thread(
