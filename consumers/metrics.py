@@ -12,12 +12,14 @@ import contextlib
 import json
 import threading
 import time
-from collections.abc import Callable, Sequence
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from http import HTTPStatus
+from socketserver import ThreadingMixIn
+from typing import Any, cast
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+from wsgiref.types import StartResponse, WSGIEnvironment
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.exposition import generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 
 from bridge.names import (
     METRIC_BATCH_SECONDS,
@@ -145,7 +147,9 @@ class ConsumerMetrics:
 
 
 class HealthServer:
-    """/metrics, /healthz and /readyz on a background thread."""
+    """/metrics, /healthz and /readyz on a background thread: one small WSGI app in front of
+    prometheus-client's own (content negotiation, gzip), served by the standard library's WSGI
+    server with a thread per request, so a slow scrape never holds a health check."""
 
     def __init__(
         self,
@@ -156,28 +160,27 @@ class HealthServer:
         healthy: Callable[[], bool],
         not_ready: Callable[[], list[str]],
     ) -> None:
-        routes: dict[str, Callable[[], tuple[int, bytes, str]]] = {
-            "/metrics": lambda: (200, generate_latest(metrics.registry), CONTENT_TYPE_LATEST),
+        scrape = make_wsgi_app(metrics.registry)
+        checks: dict[str, Callable[[], tuple[int, bytes]]] = {
             "/healthz": lambda: _verdict(healthy()),
             "/readyz": lambda: _readiness(not_ready()),
         }
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                route = routes.get(self.path.split("?", 1)[0])
-                status, body, content_type = (
-                    route() if route else (404, b"not found\n", "text/plain")
-                )
-                self.send_response(status)
-                self.send_header("Content-Type", content_type)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+        def app(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+            path = environ.get("PATH_INFO", "")
+            if path == "/metrics":
+                return cast(Iterable[bytes], scrape(environ, start_response))
+            check = checks.get(path)
+            status, body = check() if check else (404, b"not found\n")
+            start_response(
+                f"{status} {HTTPStatus(status).phrase}",
+                [("Content-Type", "text/plain"), ("Content-Length", str(len(body)))],
+            )
+            return [body]
 
-            def log_message(self, format: str, *args: Any) -> None:
-                return  # scrapes every few seconds would drown the service's own logs
-
-        self._server = ThreadingHTTPServer((host, port), Handler)
+        self._server = make_server(
+            host, port, app, server_class=_ThreadingWSGIServer, handler_class=_QuietHandler
+        )
         self._thread = threading.Thread(
             target=self._server.serve_forever, name="bridge-health", daemon=True
         )
@@ -194,11 +197,20 @@ class HealthServer:
         self._server.server_close()
 
 
-def _verdict(ok: bool) -> tuple[int, bytes, str]:
-    return (200, b"ok\n", "text/plain") if ok else (503, b"not ok\n", "text/plain")
+class _ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
 
 
-def _readiness(reasons: list[str]) -> tuple[int, bytes, str]:
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        return  # scrapes every few seconds would drown the service's own logs
+
+
+def _verdict(ok: bool) -> tuple[int, bytes]:
+    return (200, b"ok\n") if ok else (503, b"not ok\n")
+
+
+def _readiness(reasons: list[str]) -> tuple[int, bytes]:
     if not reasons:
         return _verdict(True)
-    return 503, ("not ready\n" + "".join(f"{r}\n" for r in reasons)).encode(), "text/plain"
+    return 503, ("not ready\n" + "".join(f"{r}\n" for r in reasons)).encode()

@@ -6,13 +6,14 @@ in hand and leave the group.
 
 from __future__ import annotations
 
-import argparse
 import gc
-import os
 import signal
 import sys
 from pathlib import Path
 from types import FrameType
+from typing import Annotated
+
+import typer
 
 from bridge import logs
 from bridge.errors import BridgeError
@@ -55,17 +56,27 @@ def _tune_garbage_collector() -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """`python -m consumers --config FILE [--stack-dir DIR]`, as `bridge consume`."""
-    parser = argparse.ArgumentParser(prog="python -m consumers", description=run_consumer.__doc__)
-    parser.add_argument("--config", type=Path, help=f"the YAML file (or ${ENV_CONFIG_FILE})")
-    parser.add_argument(
-        "--stack-dir",
-        type=Path,
-        default=Path(os.environ.get(ENV_STACK_DIR, DEFAULT_STACK_DIR)),
-        help=f"a local stack whose {STACK_ENV_FILE} fills in addresses (or ${ENV_STACK_DIR})",
-    )
-    args = parser.parse_args(argv)
-    try:
-        run_consumer(args.config, args.stack_dir)
-    except BridgeError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(2)
+    app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+
+    @app.command(help=run_consumer.__doc__)
+    def consume(
+        config: Annotated[
+            Path | None,
+            typer.Option("--config", help=f"The YAML file (or ${ENV_CONFIG_FILE})."),
+        ] = None,
+        stack_dir: Annotated[
+            Path,
+            typer.Option(
+                "--stack-dir",
+                envvar=ENV_STACK_DIR,
+                help=f"A local stack whose {STACK_ENV_FILE} fills in addresses.",
+            ),
+        ] = Path(DEFAULT_STACK_DIR),
+    ) -> None:
+        try:
+            run_consumer(config, stack_dir)
+        except BridgeError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            raise typer.Exit(2) from None
+
+    app(args=argv, prog_name="python -m consumers")

@@ -119,6 +119,12 @@ def drained(stack: Endpoints, names: dict[str, str], partitions: int, timeout: f
     eventually(lambda: applied_position(stack.dsn, names["group"], names["schema"]) >= end, timeout)
 
 
+def sample(service: ConsumerService, name: str, **labels: str) -> float:
+    """A metric's value as Prometheus would scrape it from the service's registry (a counter's
+    sample is `<name>_total`); 0 for a series not yet written."""
+    return service.metrics.registry.get_sample_value(name, labels) or 0.0
+
+
 def eventually(check: Callable[[], bool], timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while not check():

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from bridge.kafka_admin import create_topic
-from tests.consumer_helpers import eventually, produce, running, settings_for, sql
+from tests.consumer_helpers import drained, eventually, produce, running, settings_for, sql
 from tests.harness import Endpoints
 
 
@@ -24,7 +24,7 @@ def test_committed_records_land_once_and_aborted_never(
 
     with running(settings_for(stack, names)):
         eventually(lambda: sql(stack, f"SELECT count(*) FROM {names['table']}")[0][0] >= 400)
-        time.sleep(1)  # anything more would be a duplicate (refused by the key) or an aborted row
+        drained(stack, names, partitions=3)  # anything more: a duplicate or an aborted row
 
     assert sql(stack, f"SELECT count(*), min(id), max(id) FROM {names['table']}") == [(400, 0, 399)]
     offsets = sql(
@@ -50,7 +50,7 @@ def test_restart_resumes_from_database_offsets(stack: Endpoints, names: dict[str
     produce(stack, names["topic"], [(None, {"id": i}) for i in range(100, 150)])
     with running(settings):
         eventually(lambda: sql(stack, f"SELECT count(*) FROM {names['table']}")[0][0] >= 150)
-        time.sleep(1)
+        drained(stack, names, partitions=2)
     assert sql(stack, f"SELECT count(*), count(DISTINCT id) FROM {names['table']}") == [(150, 150)]
 
 

@@ -11,7 +11,7 @@ import pytest
 from bridge.errors import ConfigError
 from bridge.kafka_admin import KafkaAdmin, create_topic
 from consumers.service import ConsumerService
-from tests.consumer_helpers import eventually, produce, running, settings_for, sql
+from tests.consumer_helpers import drained, eventually, produce, running, settings_for, sql
 from tests.harness import Endpoints
 
 
@@ -111,7 +111,7 @@ def test_two_instances_with_forced_rebalances_apply_each_record_once(
             feed(sent)
             sent += chunk
         eventually(lambda: sql(stack, f"SELECT count(*) FROM {names['table']}")[0][0] >= total)
-        time.sleep(1)  # a late duplicate would show in this window
+        drained(stack, names, partitions=4)  # a late duplicate would show after this
 
     rows, distinct = sql(stack, f"SELECT count(*), count(DISTINCT id) FROM {names['table']}")[0]
     assert (rows, distinct) == (total, total)
@@ -139,7 +139,7 @@ def stream_through_fault(
             lambda: sql(stack, f"SELECT count(*) FROM {names['table']}")[0][0] >= total,
             timeout=180,
         )
-        time.sleep(1)  # a late duplicate would show in this window
+        drained(stack, names, partitions=3)  # a late duplicate would show after this
 
     rows, distinct = sql(stack, f"SELECT count(*), count(DISTINCT id) FROM {names['table']}")[0]
     return rows, distinct, service.applied_total

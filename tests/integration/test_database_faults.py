@@ -16,8 +16,17 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from bridge.kafka_admin import create_topic
+from bridge.names import METRIC_DATABASE_RECONNECTS, METRIC_DATABASE_REFUSALS
 from consumers.service import ConsumerService
-from tests.consumer_helpers import eventually, produce, running, settings_for, sql
+from tests.consumer_helpers import (
+    drained,
+    eventually,
+    produce,
+    running,
+    sample,
+    settings_for,
+    sql,
+)
 from tests.harness import Endpoints
 from tests.kafka_helpers import transactional_producer
 from tests.toxiproxy import Proxy, Toxiproxy
@@ -79,10 +88,15 @@ def grows_from(stack: Endpoints, table: str, count: int) -> None:
     eventually(lambda: rows(stack, table)[0] > count, timeout=60)
 
 
-def finish(stack: Endpoints, service: ConsumerService, stream: Stream, table: str) -> None:
+def finish(
+    stack: Endpoints, service: ConsumerService, stream: Stream, names: dict[str, str]
+) -> None:
+    """Once the stream stops: every record it sent applied, and the stored offsets at the end
+    of the log, after which no late duplicate can land."""
     sent = stream.stop()
+    table = names["table"]
     eventually(lambda: rows(stack, table)[0] >= sent, timeout=120)
-    time.sleep(1)  # a duplicate applied late would show now
+    drained(stack, names, partitions=3)
     assert rows(stack, table) == (sent, sent)
     assert service.ready, service.not_ready()
 
@@ -117,8 +131,8 @@ def test_a_silent_postgres_link_is_noticed_and_the_stream_resumes_when_it_heals(
         resumed = time.monotonic() - healed
         print(f"noticed after {noticed:.1f}s; resumed {resumed:.1f}s after the link healed")
         assert noticed < 2 * SESSION_TIMEOUT_MS / 1000 + 5
-        finish(stack, service, stream, table)
-    assert service.metrics.reconnects._value.get() >= 1
+        finish(stack, service, stream, names)
+    assert sample(service, f"{METRIC_DATABASE_RECONNECTS}_total") >= 1
 
 
 @pytest.fixture
@@ -194,7 +208,7 @@ def test_a_database_that_refuses_writes_is_retried_with_growing_delays_and_repor
             assert expected in " ".join(service.not_ready()), service.not_ready()
             refused_at = rows(stack, table)[0]
             time.sleep(12)
-            refusals = service.metrics.refusals(expected)._value.get()
+            refusals = sample(service, f"{METRIC_DATABASE_REFUSALS}_total", sqlstate=expected)
             # Growing delays (0.5, 1, 2, 4 s ...): a handful of tries, not a tight loop.
             assert 2 <= refusals <= 8, refusals
             assert rows(stack, table)[0] == refused_at  # nothing written meanwhile
@@ -207,7 +221,7 @@ def test_a_database_that_refuses_writes_is_retried_with_growing_delays_and_repor
             healed = time.monotonic()
             eventually(lambda: rows(stack, table)[0] > refused_at, timeout=40)
             print(f"{refusals} refusals; resumed {time.monotonic() - healed:.1f}s after")
-            finish(stack, service, stream, table)
+            finish(stack, service, stream, names)
     finally:
         blocker.close()
 
@@ -230,14 +244,14 @@ def test_a_reset_or_slow_postgres_link_loses_and_doubles_nothing(
                 time.sleep(0.5)
                 pg_proxy.heal()
                 grows_from(stack, table, rows(stack, table)[0])
-            assert service.metrics.reconnects._value.get() >= 1
+            assert sample(service, f"{METRIC_DATABASE_RECONNECTS}_total") >= 1
         else:
             pg_proxy.latency(500)
             before = rows(stack, table)[0]
             eventually(lambda: rows(stack, table)[0] > before + 1_000, timeout=90)
             assert service.ready, service.not_ready()
             pg_proxy.heal()
-        finish(stack, service, stream, table)
+        finish(stack, service, stream, names)
 
 
 def test_a_consumer_started_while_postgres_is_unreachable_waits_for_it(

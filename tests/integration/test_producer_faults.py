@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -157,7 +158,10 @@ def test_driver_killed_after_kafka_commit_before_spark_commit_log(
 
 
 def test_driver_killed_mid_epoch_replay_releases_read_committed_readers(
-    stack: Endpoints, topic_name: str, tmp_path: Path, record_property: object
+    stack: Endpoints,
+    topic_name: str,
+    tmp_path: Path,
+    record_property: Callable[[str, object], None],
 ) -> None:
     # One Kafka partition: the dead attempt's open transaction holds back everything after it.
     # A long transaction timeout, so that only the replay's fencing can release the readers.
@@ -173,22 +177,26 @@ def test_driver_killed_mid_epoch_replay_releases_read_committed_readers(
     stuck = _first_offset_of(stack, topic_name, partition=1, epoch=1)
     assert _last_stable_offset(stack, topic_name) <= stuck, "the open transaction holds nothing"
 
+    # Only two things end the dead attempt's transaction: the replay's init_transactions on its
+    # id, or the 600 s transaction timeout. Readers released within 240 s of the restart (and
+    # still held just before it, above) were released by the replay's fencing.
     restarted_at = time.monotonic()
     process = producer.start()
     released_at = None
     while process.poll() is None or released_at is None:
         if released_at is None and _last_stable_offset(stack, topic_name) > stuck:
             released_at = time.monotonic()
-        assert time.monotonic() - restarted_at < 240, producer.log.read_text()[-3000:]
+        assert time.monotonic() - restarted_at < 240, (
+            "read_committed readers still held 240 s after the restart: the replay did not fence "
+            "the dead attempt\n" + producer.log.read_text()[-3000:]
+        )
         time.sleep(0.1)
     assert process.returncode == 0, producer.log.read_text()[-3000:]
 
     held = released_at - killed_at
     print(f"read_committed held {held:.1f}s after the kill, {released_at - restarted_at:.1f}s "
           "after the restart")  # fmt: skip
-    assert callable(record_property)
     record_property("held_after_kill_s", round(held, 1))
-    assert held < 600, "released by the transaction timeout, not by the replay's fencing"
     assert_exactly(stack, topic_name, 1, expected)
 
 
