@@ -3,9 +3,10 @@
 Kafka decides which member should hold a partition; the offsets table decides which member
 may write it (the owner epoch). This module claims partitions on assignment and releases them
 on revocation (the rebalance callbacks, run inside `consume`), compares the leases with the
-table once a second (`reconcile`), and after a batch whose outcome is unknown reads where its
-partitions stand (`resolve`). Each of these moves the partitions' states
-(`consumers.partitions`) and the consumer's positions: paused, resumed, sought.
+table once a second (`reconcile`), and pauses a partition Kafka will not fetch from its stored
+offset. Each of these first settles the batch in flight (`consumers.lifecycle`), so that no
+lease moves under it, then moves the partitions' states (`consumers.partitions`) and the
+consumer's positions: assigned, paused, resumed.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ import psycopg
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from bridge.settings import ConsumerSettings
-from consumers.committer import CommitResult
 from consumers.db_session import DatabaseSession, is_lost, refusal_of
+from consumers.lifecycle import BatchLifecycle
 from consumers.offsets import Lease, OffsetStore, PartitionKey, StoredRow
 from consumers.partitions import PartitionState, PartitionTable, out_of_range_reason
 
@@ -34,22 +35,22 @@ class LeaseKeeper:
         store: OffsetStore,
         db: DatabaseSession,
         config: ConsumerSettings,
-        settle: Callable[[], object],
+        consumer: Consumer,
+        batches: BatchLifecycle,
         forget: Callable[[list[PartitionKey]], None],
     ) -> None:
         self._table = table
         self._store = store
         self._db = db
         self._config = config
-        self._settle = settle  # the batch in flight commits before a lease moves
+        self._consumer = consumer
+        self._batches = batches  # the batch in flight settles before a lease moves
         self._forget_metrics = forget
-        self.consumer: Consumer | None = None
-        self.rewinds = 0  # how many times the positions went back to the stored offsets
 
     # -- rebalance callbacks (run inside consume) -----------------------------------------------
 
     def on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        self._settle()
+        self._batches.settle()
         keys = [(tp.topic, tp.partition) for tp in partitions]
         leases, ranges = self._claim_at_watermarks(consumer, keys)
         consumer.incremental_assign(
@@ -59,7 +60,7 @@ class LeaseKeeper:
         log.info("assigned %s", [(x.topic, x.partition, x.next_offset) for x in leases])
 
     def on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        self._settle()  # the batch in flight holds records of these partitions
+        self._batches.settle()  # the batch in flight holds records of these partitions
         keys = [(tp.topic, tp.partition) for tp in partitions]
         held = {lease.key: lease for lease in self._table.leases()}
         leases = [held[key] for key in keys if key in held]
@@ -78,7 +79,7 @@ class LeaseKeeper:
         consumer.incremental_unassign(partitions)
 
     def on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        self._settle()
+        self._batches.settle()
         self._forget([(tp.topic, tp.partition) for tp in partitions])
         consumer.incremental_unassign(partitions)
 
@@ -92,23 +93,13 @@ class LeaseKeeper:
         (an operator's `offsets reset` clears it, as does a clean release by a member that had
         taken it over) is claimed again and consumed from its stored offset: that is how a
         `fenced` or `out_of_range` partition comes back without a rebalance."""
-        self._settle()
-        consumer = self.consumer
+        self._batches.settle()
+        consumer = self._consumer
         keys = self._table.keys()
-        if consumer is None or not keys:
+        if not keys:
             return
         rows = self._db.run(lambda conn: self._store.rows(conn, keys))
-        released, taken = [], []
-        for key in keys:
-            partition = self._table.get(key)
-            assert partition is not None  # noqa: S101 - listed just above
-            row = rows.get(key)
-            ours = row is not None and row.owner_epoch == partition.lease.epoch
-            if partition.state is PartitionState.FENCED or not ours:
-                if row is None or row.owner is None:
-                    released.append(key)
-                elif partition.state is not PartitionState.FENCED:
-                    taken.append((key, row))
+        released, taken = compare_with_rows(self._table, rows)
         for key, row in taken:
             self._table.taken(key, row)
         if taken:
@@ -129,73 +120,25 @@ class LeaseKeeper:
         self._take(consumer, leases, ranges)
         log.info("claimed again %s", [(x.topic, x.partition, x.next_offset) for x in leases])
 
-    def resolve(self, result: CommitResult) -> bool:
-        """After a batch whose advance was refused or whose connection was lost: read where
-        its partitions stand in the offsets table, move them there, and fetch again from the
-        stored offsets. Returns whether the batch turned out to be committed (its reply lost)."""
-        keys = result.refused + result.unknown
-        self._table.lost(keys, result.lost or "offset lease refused")
-        if result.lost is not None:
-            log.error(
-                "database connection lost during a batch (%s); reading its outcome from the "
-                "offsets table",
-                result.lost,
-            )
-            self._db.reconnect()
-        rows: dict[PartitionKey, StoredRow] = self._db.run(
-            lambda conn: self._store.rows(conn, keys)
-        )
-        expected = result.batch.next_offsets()
-        committed = False
-        fenced = []
-        for key in keys:
-            row = rows.get(key)
-            if key not in self._table:
-                continue  # revoked meanwhile
-            if self._table.resolved(key, row) is PartitionState.FENCED:
-                fenced.append(key)
-            elif row is not None and key in result.unknown:
-                committed = committed or row.next_offset == expected.get(key)
-        if fenced:
-            log.warning("partitions taken by another owner, pausing them: %s", fenced)
-            if self.consumer is not None:
-                self.consumer.pause([TopicPartition(*key) for key in fenced])
-        log.info(
-            "positions read from the offsets table",
-            extra={"partitions": {f"{t}[{p}]": rows[(t, p)].next_offset for t, p in rows}},
-        )
-        self.seek_to_leases()
-        return committed
-
     def fell_out_of_range(self, key: PartitionKey) -> None:
         """Kafka refused to fetch a partition from its stored offset (auto.offset.reset=error):
         the topic was recreated under the same name, or the log was truncated. Never a silent
         jump: the partition is paused and reported until an operator resets its offset."""
-        self._settle()
+        self._batches.settle()
         lease = self._table.lease(key)
-        if lease is None or self.consumer is None:
+        if lease is None:
             return  # not consuming: a claim will look at its range again
         reason = f"Kafka refused to fetch from the stored offset {lease.next_offset}"
         try:
-            low, high = self.consumer.get_watermark_offsets(TopicPartition(*key), timeout=10)
+            low, high = self._consumer.get_watermark_offsets(TopicPartition(*key), timeout=10)
             reason = (
                 out_of_range_reason(lease.next_offset, low, high) or f"{reason} (log {low}-{high})"
             )
         except KafkaException as exc:  # the range is for the report only
             reason = f"{reason} (log range unknown: {exc})"
         self._table.fell_out_of_range(key, reason)
-        self.consumer.pause([TopicPartition(*key)])
+        self._consumer.pause([TopicPartition(*key)])
         log.error("%s[%d] paused: %s", key[0], key[1], reason)
-
-    def seek_to_leases(self) -> None:
-        """Fetch again from what the offsets table says is committed."""
-        self.rewinds += 1
-        if self.consumer is None:
-            return
-        for key in self._table.in_state(PartitionState.CONSUMING):
-            lease = self._table.lease(key)
-            assert lease is not None  # noqa: S101 - a consuming partition has one
-            self.consumer.seek(TopicPartition(lease.topic, lease.partition, lease.next_offset))
 
     # -- claiming -----------------------------------------------------------------------------
 
@@ -241,3 +184,24 @@ class LeaseKeeper:
     def _forget(self, keys: list[PartitionKey]) -> None:
         self._table.forget(keys)
         self._forget_metrics(keys)
+
+
+def compare_with_rows(
+    table: PartitionTable, rows: dict[PartitionKey, StoredRow]
+) -> tuple[list[PartitionKey], list[tuple[PartitionKey, StoredRow]]]:
+    """What the offsets table says of the partitions held: those to claim again (their row has
+    no owner, or none at all, and the lease is no longer this member's or was fenced), and
+    those another owner epoch took (not yet fenced here)."""
+    released, taken = [], []
+    held = table.keys()
+    for key in held:
+        partition = table.get(key)
+        assert partition is not None  # noqa: S101 - listed just above
+        row = rows.get(key)
+        ours = row is not None and row.owner_epoch == partition.lease.epoch
+        if partition.state is PartitionState.FENCED or not ours:
+            if row is None or row.owner is None:
+                released.append(key)
+            elif partition.state is not PartitionState.FENCED:
+                taken.append((key, row))
+    return released, taken

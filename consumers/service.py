@@ -1,10 +1,10 @@
 """The long-running consumer: its poll loop and the wiring of its parts.
 
-read_committed records -> the partitions this member holds (`consumers.partitions`) -> one
-PostgreSQL transaction per batch holding the fenced offset advance and the rows together
-(`consumers.committer`) -> the states, metrics and mirror move from its result. Leases follow
-Kafka's assignment and the offsets table (`consumers.leases`); the database session comes back
-on its own after a lost connection (`consumers.db_session`).
+read_committed records -> a batch of the partitions this member holds, planned, sent and
+settled by its one owner (`consumers.lifecycle`): one PostgreSQL transaction per batch holding
+the fenced offset advance and the rows together (`consumers.committer`). Leases follow Kafka's
+assignment and the offsets table (`consumers.leases`); the database session comes back on its
+own after a lost connection (`consumers.db_session`).
 """
 
 from __future__ import annotations
@@ -14,23 +14,22 @@ import os
 import socket
 import threading
 import time
-from collections import defaultdict
 from collections.abc import Mapping
-from itertools import chain, groupby
+from dataclasses import dataclass
 from typing import Any, cast
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from bridge.settings import BridgeSettings, ConsumerSettings, LibrdkafkaValue
 from consumers.applier import Applier
-from consumers.committer import Batch, CommitResult, Committer
+from consumers.committer import Committer
 from consumers.db_session import DatabaseSession, RefusalBackoff, at_start
 from consumers.kafka_health import KafkaHealth
 from consumers.leases import LeaseKeeper
+from consumers.lifecycle import BatchLifecycle
 from consumers.metrics import ConsumerMetrics, HealthServer
 from consumers.offsets import OffsetStore, PartitionKey
 from consumers.partitions import PartitionTable
-from consumers.records import Record, offset_of
 from consumers.state import ensure_state_tables, sqlalchemy_engine, state_tables
 from consumers.targets import Target, reflect_target
 
@@ -48,6 +47,16 @@ CONSUMER_FETCH_DEFAULTS: dict[str, LibrdkafkaValue] = {"fetch.queue.backoff.ms":
 _STATISTICS_INTERVAL_MS = 5_000  # how often librdkafka reports the last stable offsets (lag)
 _RECONCILE_INTERVAL_S = 1.0  # how often leases are compared with the offsets table
 _STALLED_AFTER_S = 60.0  # /healthz fails when the poll loop has not turned for this long
+
+
+@dataclass(frozen=True)
+class _Member:
+    """What exists once the service is in its group: the client, the batches' owner, the
+    leases."""
+
+    consumer: Consumer
+    batches: BatchLifecycle
+    leases: LeaseKeeper
 
 
 class ConsumerService:
@@ -72,21 +81,10 @@ class ConsumerService:
         )
         self._refusals = RefusalBackoff()
         self._partitions = PartitionTable()
-        self._leases = LeaseKeeper(
-            table=self._partitions,
-            store=self._store,
-            db=self._db,
-            config=self._config,
-            settle=self._settle,
-            forget=self.metrics.forget,
-        )
-        self._committer: Committer | None = None
+        self._member: _Member | None = None
+        self._applied_total = 0  # once stopped; see `applied_total`
         self._next_reconcile = 0.0
         self._behind = False  # the last poll filled a batch: more records are waiting
-        # The batch settled last, kept until the next one is on the wire (see `_settle`).
-        self._settled: CommitResult | None = None
-        self._consumer: Consumer | None = None
-        self.applied_total = 0
         self._http: HealthServer | None = None
         self._last_turn = time.monotonic()
         self._kafka = KafkaHealth(
@@ -115,20 +113,39 @@ class ConsumerService:
             targets = at_start(prepare, stop=self._stop)
         finally:
             engine.dispose()
-        self._committer = Committer(
+        committer = Committer(
             store=self._store,
             applier=Applier(tables=self._tables, group_id=self._config.group_id),
             targets=targets,
             timeout_s=self._db.reply_timeout_s,
         )
         self._db.connect()
-        self._consumer = Consumer(self._kafka_config())
-        self._leases.consumer = self._consumer
-        self._consumer.subscribe(
+        consumer = Consumer(self._kafka_config())
+        batches = BatchLifecycle(
+            committer=committer,
+            table=self._partitions,
+            store=self._store,
+            db=self._db,
+            consumer=consumer,
+            metrics=self.metrics,
+            refusals=self._refusals,
+            mirror_offsets=self._config.mirror_offsets_to_kafka,
+        )
+        leases = LeaseKeeper(
+            table=self._partitions,
+            store=self._store,
+            db=self._db,
+            config=self._config,
+            consumer=consumer,
+            batches=batches,
+            forget=self.metrics.forget,
+        )
+        self._member = _Member(consumer, batches, leases)
+        consumer.subscribe(
             list(targets),
-            on_assign=self._leases.on_assign,
-            on_revoke=self._leases.on_revoke,
-            on_lost=self._leases.on_lost,
+            on_assign=leases.on_assign,
+            on_revoke=leases.on_revoke,
+            on_lost=leases.on_lost,
         )
         if self._config.http_port is not None:
             self._http = HealthServer(
@@ -166,7 +183,7 @@ class ConsumerService:
         )
         config["stats_cb"] = self._on_statistics
         config["error_cb"] = self._kafka.client_error
-        config["on_commit"] = self._on_mirror_commit
+        config["on_commit"] = _on_mirror_commit
         config["logger"] = rdkafka_log
         return config
 
@@ -176,21 +193,23 @@ class ConsumerService:
 
     def run(self) -> None:
         """Consume until `stop`; then leave the group and close."""
-        assert self._consumer is not None, "start() first"  # noqa: S101
+        member = self._member
+        assert member is not None, "start() first"  # noqa: S101
+        batches = member.batches
         try:
             while not self._stop.is_set():
                 self._last_turn = time.monotonic()
                 if self._last_turn >= self._next_reconcile:
                     self._next_reconcile = self._last_turn + _RECONCILE_INTERVAL_S
-                    self._leases.reconcile()
+                    member.leases.reconcile()
                     self.metrics.states(self._partitions.counts())
                 if not self._behind:
-                    self._settle()  # caught up: nothing to overlap the commit with
+                    batches.settle()  # caught up: nothing to overlap the commit with
                 if self._last_turn < self._refusals.retry_at:  # the database refused a batch
                     self._stop.wait(min(1.0, self._refusals.retry_at - self._last_turn))
                     continue
-                rewinds = self._leases.rewinds
-                messages = self._consumer.consume(
+                batches.polling()
+                messages = member.consumer.consume(
                     self._config.batch_max_records, self._config.batch_max_wait_ms / 1000
                 )
                 self._behind = len(messages) >= self._config.batch_max_records
@@ -201,9 +220,9 @@ class ConsumerService:
                     messages = [m for m in messages if m.error() is None]
                 self._kafka.check()
                 if messages:
-                    self._apply(messages, rewinds)
+                    batches.submit(messages)
                 else:
-                    self._settle()
+                    batches.settle()
         finally:
             self.close()
 
@@ -213,22 +232,26 @@ class ConsumerService:
             raise KafkaException(error)
         self._kafka.denied(error, group=self._config.group_id, topic=message.topic())
         if error.code() == KafkaError._AUTO_OFFSET_RESET and message.topic() is not None:
-            self._leases.fell_out_of_range(
+            assert self._member is not None  # noqa: S101 - only the running loop gets errors
+            self._member.leases.fell_out_of_range(
                 cast(PartitionKey, (message.topic(), message.partition()))
             )
             return
         log.warning("kafka error: %s", error.str())
 
     def close(self) -> None:
+        member, self._member = self._member, None
+        if member is not None:
+            self._applied_total = member.batches.applied_total
         try:
-            self._settle()  # the batch in flight commits or is rolled back before we leave
+            if member is not None:
+                member.batches.settle()  # the batch in flight commits or rolls back first
         finally:
             if self._http is not None:
                 self._http.stop()
                 self._http = None
-            if self._consumer is not None:
-                self._consumer.close()  # leaves the group: partitions are revoked and released
-                self._consumer = None
+            if member is not None:
+                member.consumer.close()  # leaves the group: partitions are revoked and released
             self._db.close()
 
     @property
@@ -237,7 +260,7 @@ class ConsumerService:
 
     def not_ready(self) -> list[str]:
         """Why the member is not ready, one line a reason; empty when it is."""
-        if self._consumer is None:
+        if self._member is None:
             return ["not in the group yet"]
         stalled_after = max(_STALLED_AFTER_S, 3 * self._config.batch_max_wait_ms / 1000)
         return (
@@ -257,111 +280,11 @@ class ConsumerService:
     def http_port(self) -> int | None:
         return self._http.port if self._http is not None else None
 
-    # -- one batch ----------------------------------------------------------------------------
-
-    def _apply(self, records: list[Record], rewinds: int) -> None:
-        """Write a polled batch. `rewinds`: the count before the poll that returned it."""
-        committer = cast(Committer, self._committer)
-        ours = self._ours(records)
-        # Decoded while the batch before is still in flight: its commit costs no waiting.
-        plans = committer.plan(ours, self._db.open_connection())
-        settled = self._settle()
-        if self._leases.rewinds != rewinds:
-            # The positions went back to the stored offsets, here or in a rebalance callback
-            # inside the poll: some of these records may come from before that. Drop them all,
-            # and go back once more, so that none fetched since is skipped either.
-            self._leases.seek_to_leases()
-            return
-        if not settled:
-            ours = self._ours(records)  # leases moved: look again
-            plans = committer.plan(ours, self._db.open_connection())
-        # The leases as the batch before left them: this advance starts where that one ended.
-        leases = {key: lease for key in ours if (lease := self._partitions.lease(key))}
-        if len(leases) < len(ours):  # not whole, yet not rewound: only the rest is ours
-            ours = {key: ours[key] for key in leases}
-            plans = committer.plan(ours, self._db.open_connection())
-        if not ours:
-            return
-        batch = Batch(ours, leases, plans)
-        self._partitions.sent(list(ours))
-        result = committer.commit(self._db.connection(), batch)
-        self._settled = None  # PostgreSQL is busy with this batch while the last one is freed
-        if result is not None:
-            self._done(result)
-
-    def _ours(self, records: list[Record]) -> dict[PartitionKey, list[Record]]:
-        """The records of partitions this member applies, not yet applied, by partition."""
-        by_partition: dict[PartitionKey, list[Record]] = defaultdict(list)
-        # A partition's records come in runs, in offset order: the bookkeeping is per run, and
-        # the runs are found by C loops over the records.
-        for topic, of_topic in groupby(records, Message.topic):
-            for partition, grouped in groupby(of_topic, Message.partition):
-                key = cast(PartitionKey, (topic, partition))  # consumed: neither is None
-                run = list(grouped)
-                self._partitions.delivered(key, offset_of(run[-1]) + 1)
-                # A partition whose batch is in flight counts: that batch commits first.
-                lease = self._partitions.lease(key, in_flight=True)
-                if lease is None:
-                    continue  # fenced, out of range, unresolved: not ours to apply
-                if offset_of(run[0]) < lease.next_offset:  # below what is already committed
-                    run = [record for record in run if offset_of(record) >= lease.next_offset]
-                if run:
-                    by_partition[key].extend(run)
-        return dict(by_partition)
-
-    def _settle(self) -> bool:
-        """Wait for the batch in flight, if any. True when the leases are as its sending
-        expected: it committed whole, or there was none."""
-        if self._committer is None:
-            return True
-        result = self._committer.settle()
-        if result is None:
-            return True
-        self._done(result)
-        # Freeing a batch (thousands of records, rows and their COPY text) takes longer than
-        # anything else between one batch's outcome and the next one's sending, all of it time
-        # PostgreSQL would sit idle: it is freed once the next batch is sent instead.
-        self._settled = result
-        return result.whole
-
-    def _done(self, result: CommitResult) -> None:
-        """After a batch's outcome: the partitions' states, the mirror and the metrics move."""
-        if result.committed:
-            self._partitions.committed(result.committed)
-            self._refusals.cleared()
-            self._mirror(result.committed)
-            self._count(result, [result.batch.records[key] for key in result.committed])
-        if result.refusal is not None:  # answered and refused: nothing was written
-            self._partitions.not_committed(result.declined)
-            self.metrics.refusals(result.refusal.sqlstate).inc()
-            self._refusals.refused(result.refusal)
-            self._leases.seek_to_leases()
-        if (result.refused or result.unknown) and self._leases.resolve(result):
-            self._count(result, list(result.batch.records.values()))  # its reply was lost
-
-    def _count(self, result: CommitResult, records: list[list[Record]]) -> None:
-        for topic, (rows, dead) in result.applied.items():
-            self.applied_total += rows
-            self.metrics.records_applied(topic).inc(rows)
-            self.metrics.dead_letters(topic).inc(dead)
-        self.metrics.committed(list(chain.from_iterable(records)), result.seconds)
-
-    def _mirror(self, advanced: dict[PartitionKey, int]) -> None:
-        if not self._config.mirror_offsets_to_kafka or self._consumer is None:
-            return
-        try:
-            self._consumer.commit(
-                offsets=[TopicPartition(t, p, offset) for (t, p), offset in advanced.items()],
-                asynchronous=True,
-            )
-        except KafkaException as exc:
-            log.warning("mirroring offsets to the Kafka group failed: %s", exc)
-
-    def _on_mirror_commit(self, error: Any, partitions: list[TopicPartition]) -> None:
-        # The mirror is for outside tools only; a failed or refused commit (a partition that
-        # just moved to another member) changes nothing here.
-        if error is not None:
-            log.warning("mirroring offsets to the Kafka group failed: %s", error)
+    @property
+    def applied_total(self) -> int:
+        """Records this member applied (rows inserted, upserted or deleted), also once it has
+        stopped, for tests and tools in the same process."""
+        return self._applied_total if self._member is None else self._member.batches.applied_total
 
     def _on_statistics(self, report: str) -> None:
         next_offsets, caught_up = {}, set()
@@ -371,6 +294,13 @@ class ConsumerService:
             if partition is not None and partition.delivered <= lease.next_offset:
                 caught_up.add(lease.key)
         self._kafka.brokers(self.metrics.statistics(report, next_offsets, caught_up))
+
+
+def _on_mirror_commit(error: Any, partitions: list[TopicPartition]) -> None:
+    # The mirror is for outside tools only; a failed or refused commit (a partition that just
+    # moved to another member) changes nothing here.
+    if error is not None:
+        log.warning("mirroring offsets to the Kafka group failed: %s", error)
 
 
 def _principal(properties: Mapping[str, object]) -> str | None:

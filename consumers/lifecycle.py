@@ -1,0 +1,262 @@
+"""One owner for a batch's life: plan, send, settle, done.
+
+`submit` takes the records a poll returned and
+
+1. keeps those of partitions this member applies and has not applied yet, and plans them (each
+   topic's statements, the COPY text formatted), while the batch before is still in flight, so
+   that its commit costs no waiting;
+2. settles the batch before: reads its outcome and applies it at once (partition states, the
+   refusal backoff, the Kafka mirror, the metrics; an unknown outcome read back from the
+   offsets table);
+3. sends the planned batch (`consumers.committer`), unless an outcome moved the positions back
+   since the poll began: then the records are stale, dropped, and fetched again.
+
+A batch is planned once and its outcome is settled where it is read. The stage of the pipeline
+is a table of (stage, event) -> stage that `_move` follows:
+
+| stage       | meaning                                                    |
+|-------------|------------------------------------------------------------|
+| `idle`      | nothing in flight; what the last poll returned may be sent |
+| `in_flight` | a batch sent as one message, its outcome not read yet      |
+| `rewound`   | positions went back to the stored offsets after the poll   |
+|             | began: what it returned may predate them                   |
+
+Anything that moves a lease (a rebalance callback, reconcile, a fetch out of range) first calls
+`settle`, so that no lease moves under a batch in flight.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from enum import StrEnum
+from itertools import chain, groupby
+from typing import cast
+
+from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
+
+from bridge.errors import BridgeError
+from consumers.committer import Batch, CommitResult, Committer
+from consumers.db_session import DatabaseSession, RefusalBackoff
+from consumers.metrics import ConsumerMetrics
+from consumers.offsets import OffsetStore, PartitionKey, StoredRow
+from consumers.partitions import PartitionState, PartitionTable
+from consumers.records import Record, offset_of
+
+log = logging.getLogger("bridge.consumer")
+
+
+class Stage(StrEnum):
+    IDLE = "idle"
+    IN_FLIGHT = "in_flight"
+    REWOUND = "rewound"
+
+
+class StageEvent(StrEnum):
+    POLLING = "polling"  # a poll begins: it fetches from the positions as they are now
+    SENT = "sent"  # a batch went to the database
+    SETTLED = "settled"  # its outcome was read and applied
+    REWOUND = "rewound"  # the positions went back to the stored offsets
+
+
+# (stage, event) -> the stage it moves to; a pair not listed is a bug. A rewind comes only from
+# an outcome or from dropping stale records, never while a batch is in flight.
+STAGES: dict[tuple[Stage, StageEvent], Stage] = {
+    (Stage.IDLE, StageEvent.POLLING): Stage.IDLE,
+    (Stage.IDLE, StageEvent.SENT): Stage.IN_FLIGHT,
+    (Stage.IDLE, StageEvent.REWOUND): Stage.REWOUND,
+    (Stage.IN_FLIGHT, StageEvent.POLLING): Stage.IN_FLIGHT,
+    (Stage.IN_FLIGHT, StageEvent.SETTLED): Stage.IDLE,
+    (Stage.REWOUND, StageEvent.POLLING): Stage.IDLE,
+    (Stage.REWOUND, StageEvent.REWOUND): Stage.REWOUND,
+}
+
+
+class IllegalStage(BridgeError):
+    """A move of the batch pipeline that its table does not allow: a bug."""
+
+    def __init__(self, stage: Stage, event: StageEvent) -> None:
+        self.stage, self.event = stage, event
+        super().__init__(f"batch pipeline: '{event}' is not allowed in stage {stage}")
+
+
+class BatchLifecycle:
+    def __init__(
+        self,
+        *,
+        committer: Committer,
+        table: PartitionTable,
+        store: OffsetStore,
+        db: DatabaseSession,
+        consumer: Consumer,
+        metrics: ConsumerMetrics,
+        refusals: RefusalBackoff,
+        mirror_offsets: bool,
+    ) -> None:
+        self._committer = committer
+        self._table = table
+        self._store = store
+        self._db = db
+        self._consumer = consumer
+        self._metrics = metrics
+        self._refusals = refusals
+        self._mirror_offsets = mirror_offsets
+        self.stage = Stage.IDLE
+        self.applied_total = 0
+        # The batch settled last, kept until the next one is on the wire (see `settle`).
+        self._settled: CommitResult | None = None
+
+    def _move(self, event: StageEvent) -> None:
+        try:
+            self.stage = STAGES[self.stage, event]
+        except KeyError:
+            raise IllegalStage(self.stage, event) from None
+
+    # -- the loop's calls ---------------------------------------------------------------------
+
+    def polling(self) -> None:
+        """Before each poll: a rewind before it is where the poll fetches from."""
+        self._move(StageEvent.POLLING)
+
+    def submit(self, records: list[Record]) -> None:
+        """Steps 1 to 3 for the records one poll returned."""
+        # Step 1: the batch before is still in flight.
+        ours = self._ours(records)
+        plans = self._committer.plan(ours, self._db.open_connection())
+        # Step 2
+        self.settle()
+        leases = {key: lease for key in ours if (lease := self._table.lease(key))}
+        if self.stage is Stage.REWOUND or len(leases) < len(ours):
+            # The positions went back to the stored offsets, here or in a rebalance callback
+            # inside the poll: some of these records may come from before that. Drop them all,
+            # and go back once more, so that none fetched since is skipped either. (A lease lost
+            # without a rewind cannot happen: only an outcome moves a lease between the poll and
+            # here, and every outcome that is not whole rewinds.)
+            self._seek_to_leases()
+            return
+        if not ours:
+            return
+        # Step 3, with the leases as the batch before left them: this advance starts where
+        # that one ended.
+        batch = Batch(ours, leases, plans)
+        self._table.sent(list(ours))
+        self._move(StageEvent.SENT)
+        result = self._committer.commit(self._db.connection(), batch)
+        self._settled = None  # PostgreSQL is busy with this batch while the last one is freed
+        if result is not None:  # written statement by statement: its outcome is known now
+            self._done(result)
+
+    def settle(self) -> None:
+        """Read the outcome of the batch in flight, if any, and apply it."""
+        if self.stage is not Stage.IN_FLIGHT:
+            return
+        result = self._committer.settle()
+        assert result is not None  # noqa: S101 - in flight: the committer holds it
+        self._done(result)
+        # Freeing a batch (thousands of records, rows and their COPY text) takes longer than
+        # anything else between one batch's outcome and the next one's sending, all of it time
+        # PostgreSQL would sit idle: it is freed once the next batch is sent instead.
+        self._settled = result
+
+    # -- what a batch is made of --------------------------------------------------------------
+
+    def _ours(self, records: list[Record]) -> dict[PartitionKey, list[Record]]:
+        """The records of partitions this member applies, not yet applied, by partition."""
+        by_partition: dict[PartitionKey, list[Record]] = defaultdict(list)
+        # A partition's records come in runs, in offset order: the bookkeeping is per run, and
+        # the runs are found by C loops over the records.
+        for topic, of_topic in groupby(records, Message.topic):
+            for partition, grouped in groupby(of_topic, Message.partition):
+                key = cast(PartitionKey, (topic, partition))  # consumed: neither is None
+                run = list(grouped)
+                self._table.delivered(key, offset_of(run[-1]) + 1)
+                # A partition whose batch is in flight counts: that batch commits first.
+                lease = self._table.lease(key, in_flight=True)
+                if lease is None:
+                    continue  # fenced, out of range, unresolved: not ours to apply
+                if offset_of(run[0]) < lease.next_offset:  # below what is already committed
+                    run = [record for record in run if offset_of(record) >= lease.next_offset]
+                if run:
+                    by_partition[key].extend(run)
+        return dict(by_partition)
+
+    # -- done: an outcome applied -------------------------------------------------------------
+
+    def _done(self, result: CommitResult) -> None:
+        """The partitions' states, the backoff, the mirror and the metrics move."""
+        self._move(StageEvent.SETTLED)
+        if result.committed:
+            self._table.committed(result.committed)
+            self._refusals.cleared()
+            self._mirror(result.committed)
+            self._count(result, [result.batch.records[key] for key in result.committed])
+        if result.refusal is not None:  # answered and refused: nothing was written
+            self._table.not_committed(result.declined)
+            self._metrics.refusals(result.refusal.sqlstate).inc()
+            self._refusals.refused(result.refusal)
+            self._seek_to_leases()
+        if (result.refused or result.unknown) and self._resolve(result):
+            self._count(result, list(result.batch.records.values()))  # its reply was lost
+
+    def _resolve(self, result: CommitResult) -> bool:
+        """After a batch whose advance was refused or whose connection was lost: read where
+        its partitions stand in the offsets table, move them there, and fetch again from the
+        stored offsets. Returns whether the batch turned out to be committed (its reply lost)."""
+        keys = result.refused + result.unknown
+        self._table.lost(keys, result.lost or "offset lease refused")
+        if result.lost is not None:
+            log.error(
+                "database connection lost during a batch (%s); reading its outcome from the "
+                "offsets table",
+                result.lost,
+            )
+            self._db.reconnect()
+        rows: dict[PartitionKey, StoredRow] = self._db.run(
+            lambda conn: self._store.rows(conn, keys)
+        )
+        expected = result.batch.next_offsets()
+        committed = False
+        fenced = []
+        for key in keys:
+            row = rows.get(key)
+            if key not in self._table:
+                continue  # revoked meanwhile
+            if self._table.resolved(key, row) is PartitionState.FENCED:
+                fenced.append(key)
+            elif row is not None and key in result.unknown:
+                committed = committed or row.next_offset == expected.get(key)
+        if fenced:
+            log.warning("partitions taken by another owner, pausing them: %s", fenced)
+            self._consumer.pause([TopicPartition(*key) for key in fenced])
+        log.info(
+            "positions read from the offsets table",
+            extra={"partitions": {f"{t}[{p}]": rows[(t, p)].next_offset for t, p in rows}},
+        )
+        self._seek_to_leases()
+        return committed
+
+    def _seek_to_leases(self) -> None:
+        """Fetch again from what the offsets table says is committed."""
+        self._move(StageEvent.REWOUND)
+        for key in self._table.in_state(PartitionState.CONSUMING):
+            lease = self._table.lease(key)
+            assert lease is not None  # noqa: S101 - a consuming partition has one
+            self._consumer.seek(TopicPartition(lease.topic, lease.partition, lease.next_offset))
+
+    def _count(self, result: CommitResult, records: list[list[Record]]) -> None:
+        for topic, (rows, dead) in result.applied.items():
+            self.applied_total += rows
+            self._metrics.records_applied(topic).inc(rows)
+            self._metrics.dead_letters(topic).inc(dead)
+        self._metrics.committed(list(chain.from_iterable(records)), result.seconds)
+
+    def _mirror(self, advanced: dict[PartitionKey, int]) -> None:
+        if not self._mirror_offsets:
+            return
+        try:
+            self._consumer.commit(
+                offsets=[TopicPartition(t, p, offset) for (t, p), offset in advanced.items()],
+                asynchronous=True,
+            )
+        except KafkaException as exc:
+            log.warning("mirroring offsets to the Kafka group failed: %s", exc)
