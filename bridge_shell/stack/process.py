@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-_PROC = Path("/proc")
+import psutil
 
 # Servers started by this very process, kept so that they can be reaped once stopped (and so that
 # Python does not warn about a child still running when its Popen object is collected).
@@ -62,13 +62,33 @@ def spawn_detached(
 def cmdline(pid: int) -> str | None:
     """The command line of a live process, or None when it is gone (zombies count as gone)."""
     try:
-        status = (_PROC / str(pid) / "stat").read_text()
-        if status.rsplit(")", 1)[1].split()[0] == "Z":
+        found = psutil.Process(pid)
+        if found.status() == psutil.STATUS_ZOMBIE:
             return None
-        raw = (_PROC / str(pid) / "cmdline").read_bytes()
-    except (OSError, IndexError):
+        return " ".join(found.cmdline())
+    except psutil.Error:  # gone, or not ours to read
         return None
-    return raw.replace(b"\0", b" ").decode(errors="replace").strip()
+
+
+def processes(*, command_has: str, cwd_under: Path | None = None) -> list[int]:
+    """The live processes whose command line holds `command_has` (and, with `cwd_under`,
+    whose working directory is inside it), this one excepted."""
+    found = []
+    for candidate in psutil.process_iter(["pid", "cmdline", "status"]):
+        info = candidate.info
+        line = " ".join(info["cmdline"] or ())
+        if info["pid"] == os.getpid() or info["status"] == psutil.STATUS_ZOMBIE:
+            continue
+        if command_has not in line:
+            continue
+        if cwd_under is not None:
+            try:
+                if not Path(candidate.cwd()).is_relative_to(cwd_under):
+                    continue
+            except psutil.Error:
+                continue
+        found.append(int(info["pid"]))
+    return found
 
 
 def alive(pid: int | None, marker: str) -> bool:

@@ -210,17 +210,4 @@ class SparkCluster:
 
     def executor_pids(self) -> list[int]:
         """The executor JVMs the workers run now (each under its worker's work directory)."""
-        pids = []
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            line = process.cmdline(int(entry.name)) or ""
-            if "CoarseGrainedExecutorBackend" not in line:
-                continue
-            try:
-                cwd = (entry / "cwd").resolve()
-            except OSError:
-                continue
-            if cwd.is_relative_to(self.home):
-                pids.append(int(entry.name))
-        return pids
+        return process.processes(command_has="CoarseGrainedExecutorBackend", cwd_under=self.home)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import tempfile
@@ -12,12 +11,11 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from confluent_kafka.admin import AdminClient
-from confluent_kafka.admin._config import ConfigResource
+from confluent_kafka.admin import AdminClient, ConfigResource
 
 from bridge.kafka_admin import create_topic
 from bridge.settings import load_settings
-from bridge_shell.stack import LocalStack
+from bridge_shell.stack import LocalStack, process
 from bridge_shell.stack.process import alive
 from tests.cli import run_bridge
 from tests.kafka_helpers import read_all, transactional_producer
@@ -104,18 +102,7 @@ def test_taken_port_is_refused_clearly(data_dir: Path) -> None:
 
 
 def _processes_mentioning(path: Path) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state != "Z" and str(path).encode() in cmdline:
-            found.append(int(entry.name))
-    return found
+    return process.processes(command_has=str(path))
 
 
 @pytest.mark.secured
