@@ -146,6 +146,7 @@ def write_results(name: str, figures: dict[str, Any], *, directory: Path = RESUL
     document = {
         "benchmark": name,
         "at": stamp,
+        "commit": _commit(),
         "machine": {"cpus": _cpus(), "python": platform.python_version()},
         **figures,
     }
@@ -154,6 +155,24 @@ def write_results(name: str, figures: dict[str, Any], *, directory: Path = RESUL
     path.write_text(text)
     (directory / f"{name}-latest.json").write_text(text)
     return path
+
+
+def _commit() -> str:
+    """The commit the run measured, marked `-dirty` when the checkout had changes."""
+    import subprocess
+
+    root = Path(__file__).parents[1]
+    head = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=False
+    ).stdout.strip()
+    changed = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.strip()
+    return (head or "unknown") + ("-dirty" if changed else "")
 
 
 def _cpus() -> int:
