@@ -18,6 +18,8 @@ import pytest
 import yaml
 
 from bridge.kafka_admin import create_topic
+from bridge.names import DEFAULT_STATE_SCHEMA
+from tests.consumer_helpers import drained
 from tests.harness import Endpoints
 from tests.kafka_helpers import transactional_producer
 
@@ -122,7 +124,9 @@ def test_sigkill_at_random_moments_loses_and_doubles_nothing(
     # Its SIGTERM handler is in place once it has started (the stream may be done already).
     while log.read_text().count('"consumer started"') == lives and time.monotonic() < deadline:
         time.sleep(0.05)
-    time.sleep(1)  # a duplicate applied late would show now
+    # Drained to the end of the log: a duplicate applied late would be counted by now.
+    names = {"topic": topic, "group": f"g-{suffix}", "schema": DEFAULT_STATE_SCHEMA}
+    drained(stack, names, partitions=3)
     consumer.send_signal(signal.SIGTERM)
     assert consumer.wait(60) == 0, log.read_text()[-3000:]
 

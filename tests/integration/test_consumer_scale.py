@@ -21,7 +21,7 @@ import yaml
 from confluent_kafka.admin import AdminClient
 
 from bridge.kafka_admin import create_topic
-from tests.consumer_helpers import produce
+from tests.consumer_helpers import drained, produce
 from tests.harness import Endpoints
 
 pytestmark = pytest.mark.slow
@@ -139,7 +139,8 @@ def test_members_join_and_leave_under_load_and_each_record_lands_once(
     try:
         wait_for("every record applied", lambda: rows_of(stack.dsn, f"public.{table}")[0] >= sent,
                  timeout=120)  # fmt: skip
-        time.sleep(1)  # a late duplicate would show in this window
+        names = {"topic": topic, "group": group, "schema": schema}
+        drained(stack, names, partitions=PARTITIONS)  # a late duplicate would be counted now
         assert rows_of(stack.dsn, f"public.{table}") == (sent, sent)
     finally:
         for member in members:
