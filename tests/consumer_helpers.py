@@ -7,17 +7,16 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, cast
 
 import psycopg
+from psycopg import sql as pgsql
 
-from bridge.kafka_admin import KafkaAdmin
+from bridge.names import OFFSETS_TABLE
 from bridge.settings import BridgeSettings, load_settings
-from consumers.offsets import applied_position
-from consumers.positions import caught_up_position
 from consumers.service import ConsumerService
 from tests.harness import Endpoints
-from tests.kafka_helpers import transactional_producer
+from tests.kafka_helpers import read_messages, transactional_producer
 
 
 def settings_for(
@@ -111,12 +110,32 @@ def in_background(service: ConsumerService) -> tuple[threading.Thread, list[Base
 
 
 def drained(stack: Endpoints, names: dict[str, str], partitions: int, timeout: float = 60) -> None:
-    """Until the group's stored offsets reach the end of every partition of its topic (written
-    in transactions): nothing is left for the consumer to apply, so a count taken after this is
-    final, with no sleep to guess it by."""
-    admin = KafkaAdmin(stack.client())
-    end = caught_up_position(admin, names["topic"], partitions)
-    eventually(lambda: applied_position(stack.dsn, names["group"], names["schema"]) >= end, timeout)
+    """Until the group's stored offset of every partition is past the last committed record a
+    read_committed reader finds there now: nothing is left for the consumer to apply, so a count
+    taken after this is final, with no sleep to guess it by. (Not the log's end: a partition
+    whose last transaction was aborted ends with records the consumer never sees.)"""
+    last: dict[int, int] = {}
+    for message in read_messages(
+        stack.bootstrap_servers,
+        names["topic"],
+        partitions=partitions,
+        config=stack.properties(),
+    ):
+        last[cast(int, message.partition())] = cast(int, message.offset())
+
+    def applied() -> bool:
+        with psycopg.connect(stack.dsn, autocommit=True) as conn:
+            stored: dict[int, int] = dict(
+                conn.execute(
+                    pgsql.SQL("SELECT partition, next_offset FROM {} WHERE group_id = %s").format(
+                        pgsql.Identifier(names["schema"], OFFSETS_TABLE)
+                    ),
+                    (names["group"],),
+                ).fetchall()
+            )
+        return all(stored.get(partition, 0) > offset for partition, offset in last.items())
+
+    eventually(applied, timeout)
 
 
 def sample(service: ConsumerService, name: str, **labels: str) -> float:
