@@ -165,7 +165,7 @@ def test_plain_spark_submit_runs_the_job_with_the_environment_bridge_packs(
     argv = [
         str(home / "bin" / "spark-submit"), "--master", cluster.master_url, *options,
         "--conf", f"spark.pyspark.driver.python={sys.executable}",
-        str(repo / "bridge" / "cli" / "spark_submit.py"),
+        str(repo / "bridge_shell" / "cli" / "spark_submit.py"),
         # Hadoop URIs, as a cluster's storage would be named (file: is the one here).
         "--source", "files", "--input", (tmp_path / "in").as_uri(), "--topic", topic_name,
         "--key-field", "id", "--checkpoint", (tmp_path / "checkpoint").as_uri(),
