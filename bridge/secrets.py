@@ -1,8 +1,9 @@
 """Which client settings are secrets, how they are kept out of sight, and where they come from.
 
 One rule for every place a Kafka client property passes (the settings, the producer job, the
-sink's options): a key that names a password, a secret, a token, a private key or a JAAS
-configuration holds a secret. Its value never shows in a `repr`, a log line or an error.
+sink's options, the schema registry's client): a key that names a password, a secret, a token,
+a private key, a JAAS configuration or a registry's `user.info` (user:password) holds a secret.
+Its value never shows in a `repr`, a log line or an error.
 
 A value may name a file instead of holding the secret, as Kafka's own FileConfigProvider
 lets a client configuration do: `${file:/run/secrets/kafka-password}` is replaced by the file's
@@ -17,7 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 _SECRET_KEY = re.compile(
-    r"(password|secret|token|jaas|\.key$|\.pem$|key\.pem|private)", re.IGNORECASE
+    r"(password|secret|token|jaas|user\.info|\.key$|\.pem$|key\.pem|private)", re.IGNORECASE
 )
 _FILE_REFERENCE = re.compile(r"^\$\{file:(?P<path>[^}]+)\}$")
 MASK = "**********"

@@ -137,6 +137,46 @@ class PostgresSettings(_Section):
         return SecretStr(raw)
 
 
+class SchemaRegistrySettings(_Section):
+    """A registry with the Confluent-compatible API (Confluent Schema Registry, Apicurio's
+    `/apis/ccompat/v7`, Karapace): its base URL, and any setting of confluent-kafka's registry
+    client (`basic.auth.user.info`, `ssl.ca.location`, ...), which may name a file that holds
+    it (`${file:/run/secrets/registry}`)."""
+
+    url: str
+    properties: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("url")
+    @classmethod
+    def _check_url(cls, value: str) -> str:
+        if not _REGISTRY_URL.match(value):
+            raise ValueError(f"{value!r} is not an http:// or https:// URL")
+        return value.rstrip("/")
+
+    @field_validator("properties")
+    @classmethod
+    def _check_properties(cls, value: dict[str, str]) -> dict[str, str]:
+        if "url" in value:
+            raise ValueError("set schema_registry.url instead of url")
+        resolved = {}
+        for key, setting in value.items():
+            try:
+                resolved[key] = resolve_file_reference(setting)
+            except OSError as exc:
+                raise ValueError(f"{key}: cannot read {exc.filename}: {exc.strerror}") from None
+        return resolved
+
+    def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
+        # A URL may carry credentials, and so may the client settings: neither shows.
+        for name, value in super().__repr_args__():
+            yield name, masked(value) if name == "properties" else value
+
+    def client_config(self) -> dict[str, str]:
+        """confluent-kafka's `SchemaRegistryClient` configuration."""
+        return {"url": self.url, **self.properties}
+
+
+_REGISTRY_URL = re.compile(r"^https?://[^\s/]+(/\S*)?$")
 _SPARK_MASTER = re.compile(r"^(local(\[[0-9*]+(,\s*[0-9]+)?\])?|spark://\S+|yarn|k8s://\S+)$")
 
 
@@ -291,6 +331,7 @@ class BridgeSettings(BaseSettings):
     postgres: PostgresSettings = Field(default_factory=PostgresSettings)
     spark: SparkSettings = Field(default_factory=SparkSettings)
     consumer: ConsumerSettings | None = None
+    schema_registry: SchemaRegistrySettings | None = None
 
     @classmethod
     def settings_customise_sources(

@@ -20,10 +20,12 @@ from bridge.secrets import resolve_file_reference
 from bridge_shell.stack import LocalStack
 from bridge_shell.stack.kafka import KafkaServer
 from bridge_shell.stack.postgres import PostgresServer, grant_table
+from bridge_shell.stack.registry import RegistryServer
 from bridge_shell.stack.secure import KAFKA_ADMIN, KAFKA_USERS, POSTGRES_CONSUMER
 
 ENV_TEST_KAFKA = "BRIDGE_TEST_KAFKA_BOOTSTRAP"
 ENV_TEST_DSN = "BRIDGE_TEST_POSTGRES_DSN"
+ENV_TEST_REGISTRY = "BRIDGE_TEST_SCHEMA_REGISTRY_URL"
 ENV_NO_DOCKER = "BRIDGE_TEST_NO_DOCKER"
 
 KAFKA_IMAGE = "apache/kafka:4.1.1"
@@ -40,6 +42,9 @@ class Endpoints:
     origin: str
     kafka: KafkaServer | None = None
     postgres: PostgresServer | None = None
+    # The schema registry's Confluent-compatible API, and on the local stack its process.
+    registry_url: str | None = None
+    registry: RegistryServer | None = None
     # A secured stack (pytest --secure): its data directory, and each role's librdkafka
     # security settings with passwords as ${file:...} references ("admin" has every right).
     stack_dir: Path | None = None
@@ -102,7 +107,10 @@ def endpoints(*, secure: bool = False) -> Iterator[Endpoints]:
 def _external() -> Endpoints | None:
     bootstrap, dsn = os.environ.get(ENV_TEST_KAFKA), os.environ.get(ENV_TEST_DSN)
     if bootstrap and dsn:
-        return Endpoints(bootstrap_servers=bootstrap, dsn=dsn, origin="external")
+        registry = os.environ.get(ENV_TEST_REGISTRY)  # optional: the typed-record tests need it
+        return Endpoints(
+            bootstrap_servers=bootstrap, dsn=dsn, origin="external", registry_url=registry
+        )
     if bootstrap or dsn:
         raise RuntimeError(f"set both {ENV_TEST_KAFKA} and {ENV_TEST_DSN}, or neither")
     return None
@@ -170,9 +178,12 @@ def _local_stack(*, secure: bool = False) -> Iterator[Endpoints]:
         if security is not None:
             roles = {role: security.kafka_properties(KAFKA_USERS[role]) for role in ROLES}
             roles["admin"] = security.kafka_properties(KAFKA_ADMIN)
+        registry = stack.registry(state)
         yield Endpoints(
             bootstrap_servers=stack.kafka(state).bootstrap_servers,
             dsn=postgres.dsn,
+            registry_url=registry.url if registry else None,
+            registry=registry,
             origin="secured local stack" if secure else "local stack",
             kafka=stack.kafka(state),
             postgres=postgres,

@@ -108,6 +108,9 @@ def _show(status: StackStatus) -> None:
         (f"kafka node {n.node_id}", n.running, n.pid, n.address) for n in status.kafka_nodes
     ] or [("kafka", status.kafka_running, status.kafka_pid, status.bootstrap_servers)]
     servers.append(("postgres", status.postgres_running, status.postgres_pid, status.dsn))
+    servers.append(
+        ("schema registry", status.registry_running, status.registry_pid, status.registry_url)
+    )
     servers += [
         ("spark master" if d.node_id == 0 else f"spark worker {d.node_id}", d.running, d.pid,
          status.spark_master if d.node_id == 0 else d.address)

@@ -1,5 +1,5 @@
-"""The local stack: Kafka (one KRaft node, or a cluster of several), one PostgreSQL cluster, and
-optionally a Spark standalone master with workers, under a data directory.
+"""The local stack: Kafka (one KRaft node, or a cluster of several), one PostgreSQL cluster, a
+schema registry, and optionally a Spark standalone master with workers, under a data directory.
 
 `up` is idempotent: ports and the cluster id are chosen once and kept in `stack.json`, so a
 restarted stack keeps its addresses and its data; `stack.env` tells clients where to connect.
@@ -16,6 +16,7 @@ from bridge.errors import StackError
 from bridge.names import (
     ENV_KAFKA_BOOTSTRAP,
     ENV_POSTGRES_DSN,
+    ENV_SCHEMA_REGISTRY_URL,
     ENV_SPARK_MASTER,
     STACK_ENV_FILE,
     STACK_STATE_FILE,
@@ -30,6 +31,7 @@ from bridge_shell.stack.kafka import (
     stop_kafka_nodes,
 )
 from bridge_shell.stack.postgres import PostgresServer, find_bindir
+from bridge_shell.stack.registry import RegistryServer, registry_dist
 from bridge_shell.stack.secure import StackSecurity
 from bridge_shell.stack.spark import DaemonPorts, SparkCluster
 
@@ -52,6 +54,9 @@ class StackState:
     spark_workers: list[list[int]] = field(default_factory=list)
     # TLS, SASL/SCRAM and ACLs on Kafka; TLS and SCRAM on PostgreSQL (bridge_shell/stack/secure.py).
     secure: bool = False
+    # The schema registry's port; 0 in the state of a stack made before it had one, which gets
+    # one at its next `up`.
+    registry_port: int = 0
 
     @property
     def brokers(self) -> int:
@@ -101,11 +106,15 @@ class StackStatus:
     spark_master: str | None = None  # the master URL, when the stack has a Spark cluster
     spark_daemons: tuple[NodeStatus, ...] = ()  # the master (node 0) and the workers (1..N)
     secure: bool = False
+    registry_running: bool = False
+    registry_pid: int | None = None
+    registry_url: str | None = None
 
     @property
     def running(self) -> bool:
         spark_running = all(daemon.running for daemon in self.spark_daemons)
-        return self.kafka_running and self.postgres_running and spark_running
+        servers = self.kafka_running and self.postgres_running and self.registry_running
+        return servers and spark_running
 
 
 class LocalStack:
@@ -148,8 +157,12 @@ class LocalStack:
                     for _ in range((self._requested_brokers or 1) - 1)
                 ],
                 secure=bool(self._requested_secure),
+                registry_port=process.free_port(),
             )
             self.data_dir.mkdir(parents=True, exist_ok=True)
+            state.save(self.state_path)
+        elif state is not None and create and not state.registry_port:
+            state = replace(state, registry_port=process.free_port())
             state.save(self.state_path)
         if state is not None:
             self._refuse_port_change(state)
@@ -220,6 +233,12 @@ class LocalStack:
             home=self.data_dir / "postgres", port=state.postgres_port, security=self.security(state)
         )
 
+    def registry(self, state: StackState) -> RegistryServer | None:
+        """None only for a stack made before it had a registry, until its next `up`."""
+        if not state.registry_port:
+            return None
+        return RegistryServer(home=self.data_dir / "registry", port=state.registry_port)
+
     def spark(self, state: StackState) -> SparkCluster | None:
         if not state.spark_master:
             return None
@@ -245,8 +264,10 @@ class LocalStack:
 
     @staticmethod
     def prepare() -> None:
-        """Everything `up` needs that takes time or the network: the Kafka jars, the binaries."""
+        """Everything `up` needs that takes time or the network: the Kafka jars, the schema
+        registry, the binaries."""
         resolve_kafka_libs()
+        registry_dist()
         find_bindir()
 
     def up(self, *, timeout: float = 120.0) -> StackStatus:
@@ -254,6 +275,8 @@ class LocalStack:
         assert state is not None  # noqa: S101 - create=True always yields a state
         state = self._resize_spark(state)
         nodes, postgres, spark = self.kafka_nodes(state), self.postgres(state), self.spark(state)
+        registry = self.registry(state)
+        assert registry is not None  # noqa: S101 - create=True gives a stack its registry
         security = self.security(state)
         if security is not None:
             security.ensure()
@@ -266,32 +289,37 @@ class LocalStack:
         try:
             for node in nodes:
                 node.start()
+            registry.start()
             if spark is not None:
                 spark.start()
             postgres.start(timeout=timeout)
             for node in nodes:
                 node.wait_ready(timeout=remaining())
+            registry.wait_ready(timeout=remaining())
             if spark is not None:
                 spark.wait_ready(timeout=remaining())
             if security is not None:
                 security.grant_roles(nodes[0].bootstrap_servers, timeout=remaining())
         except BaseException:
             stop_kafka_nodes(nodes)
+            registry.stop()
             if spark is not None:
                 spark.stop()
             postgres.stop()
             raise
-        self._write_env(nodes, postgres, spark)
+        self._write_env(nodes, postgres, registry, spark)
         return self.status()
 
     def down(self) -> StackStatus:
         state = self._state(create=False)
         if state is not None:
             # Stop all even if one refuses: `down` must leave no process behind.
-            spark = self.spark(state)
+            spark, registry = self.spark(state), self.registry(state)
             try:
                 if spark is not None:
                     spark.stop()
+                if registry is not None:
+                    registry.stop()
                 stop_kafka_nodes(self.kafka_nodes(state))
             finally:
                 self.postgres(state).stop()
@@ -313,6 +341,7 @@ class LocalStack:
                 dsn=None,
             )
         nodes, postgres, spark = self.kafka_nodes(state), self.postgres(state), self.spark(state)
+        registry = self.registry(state)
         return StackStatus(
             data_dir=self.data_dir,
             kafka_running=all(node.running() for node in nodes),
@@ -341,12 +370,20 @@ class LocalStack:
                 for n, daemon in enumerate(spark.daemons() if spark else [])
             ),
             secure=state.secure,
+            registry_running=registry is not None and registry.running(),
+            registry_pid=registry.pid if registry else None,
+            registry_url=registry.url if registry else None,
         )
 
     def _write_env(
-        self, nodes: list[KafkaServer], postgres: PostgresServer, spark: SparkCluster | None
+        self,
+        nodes: list[KafkaServer],
+        postgres: PostgresServer,
+        registry: RegistryServer,
+        spark: SparkCluster | None,
     ) -> None:
         text = f"{ENV_KAFKA_BOOTSTRAP}={self.bootstrap_servers(nodes)}\n"
+        text += f"{ENV_SCHEMA_REGISTRY_URL}={registry.url}\n"
         if postgres.security is None:
             text += f"{ENV_POSTGRES_DSN}={postgres.dsn}\n"
         if spark is not None:

@@ -232,6 +232,8 @@ def test_the_compose_services_run_as_written_give_the_demos_result(
         _run_sql(compose_database, init.read_text())
     compose_dsn = project["x-bridge-env"]["BRIDGE_POSTGRES__DSN"]
     hosts = {"kafka:9092": stack.bootstrap_servers, compose_dsn: compose_database}
+    if stack.registry_url is not None:
+        hosts[project["x-bridge-env"]["BRIDGE_SCHEMA_REGISTRY__URL"]] = stack.registry_url
     _run_the_pipeline(project["services"], hosts, compose_database, tmp_path)
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import psycopg
 import pytest
 from confluent_kafka.admin import AdminClient, ConfigResource
+from confluent_kafka.schema_registry import SchemaRegistryClient
 
 from bridge.kafka_admin import create_topic
 from bridge.settings import load_settings
@@ -54,20 +55,29 @@ def test_up_serves_transactions_and_down_leaves_nothing(data_dir: Path) -> None:
     assert read_all(bootstrap, "smoke") == [b"hello"]
     with psycopg.connect(settings.postgres.dsn.get_secret_value()) as conn:
         assert conn.execute("SELECT 1").fetchone() == (1,)
+    assert settings.schema_registry is not None
+    with SchemaRegistryClient(settings.schema_registry.client_config()) as registry:
+        assert registry.get_subjects() == []
 
     stack = LocalStack(data_dir)
     before = stack.status()
     again = bridge("stack", "up", "--data-dir", str(data_dir))
     assert again.returncode == 0, again.stderr
     after = stack.status()
-    assert (after.kafka_pid, after.postgres_pid) == (before.kafka_pid, before.postgres_pid)
+    assert (after.kafka_pid, after.postgres_pid, after.registry_pid) == (
+        before.kafka_pid,
+        before.postgres_pid,
+        before.registry_pid,
+    )
     assert bridge("stack", "status", "--data-dir", str(data_dir)).returncode == 0
 
     down = bridge("stack", "down", "--data-dir", str(data_dir))
     assert down.returncode == 0, down.stderr
     assert before.kafka_pid is not None and before.postgres_pid is not None
+    assert before.registry_pid is not None
     assert not alive(before.kafka_pid, str(data_dir))
     assert not alive(before.postgres_pid, str(data_dir))
+    assert not alive(before.registry_pid, str(data_dir))
     assert not _processes_mentioning(data_dir)
     assert not env_file.exists()
     assert bridge("stack", "status", "--data-dir", str(data_dir)).returncode == 1

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import pytest
 import yaml
@@ -133,9 +133,11 @@ def _option(command: list[str], name: str) -> str:
 def _setting_paths(model: type[BaseModel], prefix: tuple[str, ...] = ()) -> set[tuple[str, ...]]:
     paths: set[tuple[str, ...]] = set()
     for name, field in model.model_fields.items():
-        annotation = field.annotation
-        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-            paths |= _setting_paths(annotation, (*prefix, name))
+        # A section that may be absent (`X | None`) is a section all the same.
+        candidates = [field.annotation, *get_args(field.annotation)]
+        sections = [c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)]
+        if sections:
+            paths |= _setting_paths(sections[0], (*prefix, name))
         else:
             paths.add((*prefix, name))
     return paths

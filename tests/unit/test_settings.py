@@ -288,3 +288,36 @@ def test_names_that_reach_sql_must_be_plain_identifiers(
     with pytest.raises(ConfigError) as raised:
         load_settings(env_file=tmp_path / "none", consumer={"group_id": "g", **consumer})
     assert any(field in where for where, _ in raised.value.problems), raised.value.problems
+
+
+def test_the_schema_registry_takes_a_url_and_its_clients_settings_with_secrets_masked() -> None:
+    settings = load_settings(
+        schema_registry={
+            "url": "https://registry.example:8081/apis/ccompat/v7/",
+            "properties": {"basic.auth.user.info": "bridge:s3cret", "ssl.ca.location": "/ca.pem"},
+        }
+    )
+    assert settings.schema_registry is not None
+    config = settings.schema_registry.client_config()
+    assert config["url"] == "https://registry.example:8081/apis/ccompat/v7"
+    assert config["basic.auth.user.info"] == "bridge:s3cret"
+    assert "s3cret" not in repr(settings)
+
+
+@pytest.mark.parametrize(
+    ("registry", "path"),
+    [
+        ({"url": "registry:8081"}, "schema_registry.url"),
+        (
+            {"url": "http://r:1", "properties": {"url": "http://other"}},
+            "schema_registry.properties",
+        ),
+        ({"url": "http://r:1", "extra": 1}, "schema_registry.extra"),
+    ],
+)
+def test_a_bad_schema_registry_setting_is_refused_naming_it(
+    registry: dict[str, object], path: str
+) -> None:
+    with pytest.raises(ConfigError) as refused:
+        load_settings(schema_registry=registry)
+    assert path in str(refused.value)

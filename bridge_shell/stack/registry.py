@@ -1,0 +1,162 @@
+"""The stack's schema registry: Apicurio Registry 2.6 from Maven Central, on loopback.
+
+It runs on the system's Java 17 (Apicurio 3.x needs Java 21, which Debian 12 does not ship) and
+serves the Confluent-compatible API under `/apis/ccompat/v7`, the only API bridge's clients
+speak, so that any registry with that API serves in production. Its schemas live in an H2 file
+under its home: a stack restarted keeps every subject and schema id, as the records in Kafka,
+which carry those ids, require.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tarfile
+import tempfile
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from bridge.errors import MissingToolError, ServerStartError, StackError
+from bridge_shell.maven import java_binary
+from bridge_shell.stack import process
+
+REGISTRY_VERSION = "2.6.13.Final"
+REGISTRY_ARTIFACT = f"io.apicurio:apicurio-registry-app:{REGISTRY_VERSION}:tar.gz:all"
+CONFLUENT_API = "/apis/ccompat/v7"
+ENV_REGISTRY_DIST = "BRIDGE_REGISTRY_DIST"
+ENV_REGISTRY_HEAP = "BRIDGE_REGISTRY_HEAP"
+_RUNNER = f"apicurio-registry-app-{REGISTRY_VERSION}-runner.jar"
+_COMPLETE = ".complete"
+
+
+def registry_dist() -> Path:
+    """The registry unpacked: `$BRIDGE_REGISTRY_DIST`, else
+    `~/.cache/bridge/apicurio-registry-<version>/`, fetched from Maven Central once."""
+    if os.environ.get(ENV_REGISTRY_DIST):
+        return Path(os.environ[ENV_REGISTRY_DIST])
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "bridge"
+    dist = cache / f"apicurio-registry-{REGISTRY_VERSION}"
+    if (dist / _COMPLETE).exists():
+        return dist
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise MissingToolError("mvn", "install Apache Maven (Debian: apt-get install maven)")
+    cache.mkdir(parents=True, exist_ok=True)
+    # Fetched and unpacked in a scratch directory, then renamed: never half a distribution.
+    scratch = Path(tempfile.mkdtemp(prefix=dist.name + ".", dir=cache))
+    try:
+        argv = [
+            mvn, "-B", "-q", "dependency:copy", f"-Dartifact={REGISTRY_ARTIFACT}",
+            f"-DoutputDirectory={scratch}",
+        ]  # fmt: skip
+        result = subprocess.run(  # noqa: S603 - our own arguments
+            argv, cwd=scratch, capture_output=True, text=True, check=False
+        )
+        if result.returncode != 0:
+            tail = (result.stdout + result.stderr).strip()[-2000:]
+            raise StackError(f"Maven could not fetch {REGISTRY_ARTIFACT}:\n{tail}")
+        (archive,) = scratch.glob("*.tar.gz")
+        with tarfile.open(archive) as tar:
+            tar.extractall(scratch, filter="data")
+        archive.unlink()
+        (scratch / _COMPLETE).touch()
+        scratch.rename(dist)
+    except OSError:
+        if not (dist / _COMPLETE).exists():
+            raise
+        # Another process finished first; its copy is as good as ours.
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return dist
+
+
+class RegistryServer:
+    """One registry whose files all live under `home`."""
+
+    def __init__(self, *, home: Path, port: int, dist: Path | None = None) -> None:
+        self.home = home
+        self.port = port
+        self._dist = dist
+        self.data_dir = home / "data"
+        self.log_path = home / "registry.log"
+        self.pid_path = home / "registry.pid"
+
+    @property
+    def dist(self) -> Path:
+        """Resolved on first use, so that `status` and `down` never download."""
+        if self._dist is None:
+            self._dist = registry_dist()
+        return self._dist
+
+    @property
+    def url(self) -> str:
+        """The Confluent-compatible API's base URL, as clients take it."""
+        return f"http://127.0.0.1:{self.port}{CONFLUENT_API}"
+
+    @property
+    def pid(self) -> int | None:
+        return process.read_pid(self.pid_path)
+
+    @property
+    def _marker(self) -> str:
+        # On the command line, so that a recycled pid is never taken for this registry.
+        return f"-Dbridge.registry.home={self.home}"
+
+    def running(self) -> bool:
+        return process.alive(self.pid, self._marker)
+
+    def start(self) -> None:
+        """Start the registry without waiting for it; `wait_ready` does that."""
+        if self.running():
+            return
+        if process.port_open("127.0.0.1", self.port):
+            raise ServerStartError("schema registry", f"port {self.port} is already taken")
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        heap = os.environ.get(ENV_REGISTRY_HEAP, "256m")
+        argv = [
+            java_binary(), f"-Xmx{heap}", "-XX:+UseSerialGC", self._marker,
+            "-Dquarkus.http.host=127.0.0.1", f"-Dquarkus.http.port={self.port}",
+            "-jar", str(self.dist / _RUNNER),
+        ]  # fmt: skip
+        env = {
+            **os.environ,
+            "REGISTRY_DATASOURCE_URL": f"jdbc:h2:file:{self.data_dir / 'registry'}",
+        }
+        pid = process.spawn_detached(argv, log_path=self.log_path, cwd=self.home, env=env)
+        self.pid_path.write_text(f"{pid}\n")
+
+    def answers(self) -> bool:
+        """Whether the Confluent-compatible API lists the subjects."""
+        try:
+            with urllib.request.urlopen(f"{self.url}/subjects", timeout=2) as reply:  # noqa: S310
+                return reply.status == 200 and isinstance(json.loads(reply.read()), list)
+        except (OSError, ValueError, urllib.error.URLError):
+            return False
+
+    def wait_ready(self, timeout: float) -> None:
+        def ready() -> bool:
+            if process.gone(self.pid):
+                raise ServerStartError(
+                    "schema registry", "the process exited", log_path=str(self.log_path)
+                )
+            return self.answers()
+
+        if not process.wait_until(ready, timeout=timeout, interval=0.2):
+            raise ServerStartError(
+                "schema registry", f"not ready after {timeout:.0f}s", log_path=str(self.log_path)
+            )
+
+    def stop(self, *, grace: float = 30.0) -> None:
+        pid = self.pid
+        if pid is not None:
+            process.terminate(pid, self._marker, grace=grace)
+        self.pid_path.unlink(missing_ok=True)
+
+    def kill(self) -> None:
+        """SIGKILL, for fault-injection tests."""
+        pid = self.pid
+        if pid is not None:
+            process.terminate(pid, self._marker, grace=0)
