@@ -53,8 +53,11 @@ def test_compose_go_loads_the_file_and_its_specification_holds() -> None:
     assert loaded.returncode == 0, loaded.stderr
     project = json.loads(loaded.stdout)
     assert set(project["services"]) == {
-        "kafka", "postgres", "sample-data", "producer", "consumer", "prometheus", "grafana"
+        "kafka", "postgres", "schema-registry", "sample-data", "producer", "consumer",
+        "prometheus", "grafana",
     }  # fmt: skip
+    registry = project["services"]["schema-registry"]
+    assert registry["depends_on"]["postgres"]["condition"] == "service_healthy"
     consumer = project["services"]["consumer"]
     assert consumer["depends_on"]["postgres"]["condition"] == "service_healthy"
 
