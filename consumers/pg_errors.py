@@ -31,10 +31,10 @@ def in_sqlstate_classes(*classes: str) -> tuple[type[psycopg.Error], ...]:
 
 # A record at fault: PostgreSQL refused its values (class 22 data exception, class 23 integrity
 # violation), or psycopg would not send them (text holding NUL: a DataError with no SQLSTATE).
+# psycopg's DB-API classes hold these two SQLSTATE classes exactly, every code's class included.
 RECORD_FAULTS: tuple[type[psycopg.Error], ...] = (
     psycopg.DataError,  # class 22, and psycopg's own refusals of a value
     psycopg.IntegrityError,  # class 23
-    *in_sqlstate_classes("22", "23"),
     # 54000: a value too big for an index of the table ("index row requires 20016 bytes").
     # psycopg counts class 54 as an OperationalError, which the service answers by reconnecting
     # and retrying: without this the record would be retried forever. Its siblings (too many

@@ -128,9 +128,10 @@ def _migrate(conn: Connection, schema: str) -> None:
     config = _alembic_config()
     found = state_version(conn, schema)
     if found is not None:
-        known = {script.revision for script in ScriptDirectory.from_config(config).walk_revisions()}
-        if found not in known:
-            raise StateSchemaTooNew(schema=schema, found=found, known=known_state_version())
+        scripts = ScriptDirectory.from_config(config)
+        if found not in {script.revision for script in scripts.walk_revisions()}:
+            head = scripts.get_current_head() or "none"
+            raise StateSchemaTooNew(schema=schema, found=found, known=head)
     config.attributes["connection"] = conn
     config.attributes["schema"] = schema
     command.upgrade(config, "head")

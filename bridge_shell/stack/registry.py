@@ -15,7 +15,6 @@ import shutil
 import subprocess
 import tarfile
 import tempfile
-import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -133,7 +132,7 @@ class RegistryServer:
         try:
             with urllib.request.urlopen(f"{self.url}/subjects", timeout=2) as reply:  # noqa: S310
                 return reply.status == 200 and isinstance(json.loads(reply.read()), list)
-        except (OSError, ValueError, urllib.error.URLError):
+        except (OSError, ValueError):  # URLError is an OSError
             return False
 
     def wait_ready(self, timeout: float) -> None:
