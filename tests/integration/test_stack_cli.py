@@ -19,6 +19,7 @@ from bridge.settings import load_settings
 from bridge_shell.stack import LocalStack, process
 from bridge_shell.stack.process import alive
 from tests.cli import run_bridge
+from tests.consumer_helpers import eventually
 from tests.kafka_helpers import read_all, transactional_producer
 
 pytestmark = pytest.mark.slow
@@ -164,6 +165,9 @@ def test_a_three_node_cluster_replicates_and_rides_out_a_lost_node(data_dir: Pat
 
     create_topic(bootstrap, "replicated", partitions=3)
     admin = AdminClient({"bootstrap.servers": bootstrap})
+    # The controller acknowledges the topic before every broker's metadata cache holds it; the
+    # broker this metadata request reaches may still answer without it.
+    eventually(lambda: "replicated" in admin.list_topics(timeout=10).topics, timeout=30)
     topics = admin.list_topics(timeout=10).topics
     assert len(admin.list_topics(timeout=10).brokers) == 3
     assert {len(p.replicas) for p in topics["replicated"].partitions.values()} == {3}
