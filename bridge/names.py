@@ -51,6 +51,7 @@ METRIC_LATENCY_SECONDS: Final = "bridge_consumer_end_to_end_latency_seconds"
 METRIC_LAG: Final = "bridge_consumer_lag"
 METRIC_PARTITIONS: Final = "bridge_consumer_partitions"
 METRIC_DATABASE_RECONNECTS: Final = "bridge_consumer_database_reconnects"
+METRIC_REGISTRY_UNAVAILABLE: Final = "bridge_consumer_schema_registry_unavailable"
 METRIC_DATABASE_REFUSALS: Final = "bridge_consumer_database_refusals"
 METRIC_INFO: Final = "bridge_consumer_info"
 

@@ -203,6 +203,12 @@ class RouteSettings(_Section):
     table: str = Field(min_length=1)
     mode: Literal["insert", "upsert"] = "insert"
     key_columns: tuple[str, ...] = ()
+    # How record values are written: JSON objects, or Avro in the schema registry's wire format
+    # (magic byte, schema id, body), decoded by the writer schema the id names.
+    value_format: Literal["json", "avro"] = "json"
+    # JSON values only: an integer for a timestamp column is milliseconds since 1970 (UTC),
+    # as Kafka Connect's and many producers' timestamps are; otherwise PostgreSQL refuses it.
+    epoch_millis_timestamps: bool = False
 
     @field_validator("table")
     @classmethod
@@ -363,6 +369,20 @@ class BridgeSettings(BaseSettings):
                 raise ValueError(
                     f"kafka.properties {', '.join(owned)}: with consumer.group_protocol "
                     "'consumer' the broker sets these (group.consumer.* in its configuration)"
+                )
+        return self
+
+    @model_validator(mode="after")
+    def _registry_for_typed_routes(self) -> BridgeSettings:
+        if self.consumer is not None and self.schema_registry is None:
+            typed = [
+                f"consumer.routes.{i}.value_format"
+                for i, route in enumerate(self.consumer.routes)
+                if route.value_format != "json"
+            ]
+            if typed:
+                raise ValueError(
+                    f"{', '.join(typed)}: records in the registry's format need schema_registry.url"
                 )
         return self
 

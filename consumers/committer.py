@@ -124,10 +124,16 @@ class Committer:
     ) -> dict[str, list[Step]] | None:
         """Each topic's statements, when every record is a row; else None. With `conn` (the
         session's connection, even while a batch is in flight on it), each COPY's text is
-        formatted now, so that sending the batch later costs no formatting."""
+        formatted now, so that sending the batch later costs no formatting.
+
+        First, whatever decoding the records needs from elsewhere is fetched (the writer
+        schemas of Avro values): RegistryUnavailable when it cannot be, and nothing is sent."""
+        of_topics = by_topic(records)
+        for topic, of_topic in of_topics.items():  # RegistryUnavailable before anything else
+            self._targets[topic].prepare(of_topic)
         plans = {}
         staged: set[str] = set()  # the plans go in one transaction
-        for topic, of_topic in by_topic(records).items():
+        for topic, of_topic in of_topics.items():
             plan = self._applier.plan(self._targets[topic], of_topic, staged)
             if plan is None:
                 return None

@@ -42,6 +42,7 @@ from consumers.metrics import ConsumerMetrics
 from consumers.offsets import OffsetStore, PartitionKey, StoredRow
 from consumers.partitions import PartitionState, PartitionTable
 from consumers.records import Record, offset_of
+from consumers.registry_schemas import RegistryBackoff, RegistryUnavailable
 
 log = logging.getLogger("bridge.consumer")
 
@@ -91,6 +92,7 @@ class BatchLifecycle:
         consumer: Consumer,
         metrics: ConsumerMetrics,
         refusals: RefusalBackoff,
+        registry: RegistryBackoff,
         mirror_offsets: bool,
     ) -> None:
         self._committer = committer
@@ -100,6 +102,7 @@ class BatchLifecycle:
         self._consumer = consumer
         self._metrics = metrics
         self._refusals = refusals
+        self._registry = registry
         self._mirror_offsets = mirror_offsets
         self.stage = Stage.IDLE
         self.applied_total = 0
@@ -122,7 +125,17 @@ class BatchLifecycle:
         """Steps 1 to 3 for the records one poll returned."""
         # Step 1: the batch before is still in flight.
         ours = self._ours(records)
-        plans = self._committer.plan(ours, self._db.open_connection())
+        try:
+            plans = self._committer.plan(ours, self._db.open_connection())
+        except RegistryUnavailable as exc:
+            # An infrastructure fault, never a record's: these records are fetched again once
+            # the wait is over, and nothing of them is written or dead-lettered meanwhile.
+            self.settle()
+            self._metrics.registry_unavailable.inc()
+            self._registry.failed(str(exc))
+            self._seek_to_leases()
+            return
+        self._registry.cleared()
         # Step 2
         self.settle()
         leases = {key: lease for key in ours if (lease := self._table.lease(key))}

@@ -32,6 +32,7 @@ from bridge.names import (
     METRIC_LATENCY_SECONDS,
     METRIC_PARTITIONS,
     METRIC_RECORDS_APPLIED,
+    METRIC_REGISTRY_UNAVAILABLE,
 )
 from consumers.partitions import PartitionState
 from consumers.records import Record, timestamp_ms
@@ -97,6 +98,12 @@ class ConsumerMetrics:
         self.reconnects = Counter(
             METRIC_DATABASE_RECONNECTS,
             "Times the database connection was lost and opened again.",
+            registry=self.registry,
+        )
+        self.registry_unavailable = Counter(
+            METRIC_REGISTRY_UNAVAILABLE,
+            "Batches held back because the schema registry could not answer for their schemas "
+            "(unreachable, timed out, or answering with an error of its own).",
             registry=self.registry,
         )
         Gauge(METRIC_INFO, "The consumer group.", list(labels), registry=self.registry).labels(

@@ -22,6 +22,7 @@ from typing import Any, NamedTuple
 import msgspec
 import psycopg
 from psycopg.adapt import Dumper
+from psycopg.types.array import ListDumper
 
 from consumers.records import RecordError
 
@@ -191,6 +192,11 @@ def decode_key(raw: bytes | None, key_columns: tuple[str, ...]) -> tuple[Any, ..
     raise RecordError(f"key must be a JSON object with {', '.join(key_columns)}")
 
 
+class ArrayValue(list[Any]):
+    """A list bound for a PostgreSQL array column, sent as an array (`{1,2}`), where any other
+    list is JSON text (for json and jsonb columns)."""
+
+
 class _NullDumper(Dumper):
     """A column the row does not carry, in a statement that names it: NULL."""
 
@@ -206,10 +212,12 @@ class _JsonTextDumper(Dumper):
 
 
 def row_cursor(conn: psycopg.Connection[Any]) -> psycopg.Cursor[Any]:
-    """A cursor whose COPY writes rows as they are: UNSET as NULL, nested values as JSON text.
-    The dumpers are the cursor's own; the connection keeps psycopg's (lists as arrays)."""
+    """A cursor whose COPY writes rows as they are: UNSET as NULL, nested values as JSON text,
+    an `ArrayValue` as an array. The dumpers are the cursor's own; the connection keeps
+    psycopg's (lists as arrays)."""
     cursor = conn.cursor()
     cursor.adapters.register_dumper(type(UNSET), _NullDumper)
     cursor.adapters.register_dumper(dict, _JsonTextDumper)
     cursor.adapters.register_dumper(list, _JsonTextDumper)
+    cursor.adapters.register_dumper(ArrayValue, ListDumper)
     return cursor

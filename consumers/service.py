@@ -30,6 +30,7 @@ from consumers.lifecycle import BatchLifecycle
 from consumers.metrics import ConsumerMetrics, HealthServer
 from consumers.offsets import OffsetStore, PartitionKey
 from consumers.partitions import PartitionTable
+from consumers.registry_schemas import RegistryBackoff, SchemaCache
 from consumers.state import ensure_state_tables, sqlalchemy_engine, state_tables
 from consumers.targets import Target, reflect_target
 
@@ -80,6 +81,9 @@ class ConsumerService:
             on_refusal=lambda refusal: self.metrics.refusals(refusal.sqlstate).inc(),
         )
         self._refusals = RefusalBackoff()
+        self._registry = RegistryBackoff()
+        # Writer schemas by id, for the routes whose values are registry-framed (from start).
+        self._schemas: SchemaCache | None = None
         self._partitions = PartitionTable()
         self._member: _Member | None = None
         self._applied_total = 0  # once stopped; see `applied_total`
@@ -105,12 +109,19 @@ class ConsumerService:
             with engine.connect() as conn:
                 ensure_state_tables(conn, self._tables)
             return {
-                route.topic: reflect_target(engine, route, index)
+                route.topic: reflect_target(engine, route, index, schemas=self._schemas)
                 for index, route in enumerate(self._config.routes)
             }
 
+        registry = self._settings.schema_registry
+        if registry is not None and any(r.value_format != "json" for r in self._config.routes):
+            self._schemas = SchemaCache(registry)
         try:
             targets = at_start(prepare, stop=self._stop)
+        except BaseException:
+            if self._schemas is not None:
+                self._schemas.close()
+            raise
         finally:
             engine.dispose()
         committer = Committer(
@@ -129,6 +140,7 @@ class ConsumerService:
             consumer=consumer,
             metrics=self.metrics,
             refusals=self._refusals,
+            registry=self._registry,
             mirror_offsets=self._config.mirror_offsets_to_kafka,
         )
         leases = LeaseKeeper(
@@ -205,8 +217,10 @@ class ConsumerService:
                     self.metrics.states(self._partitions.counts())
                 if not self._behind:
                     batches.settle()  # caught up: nothing to overlap the commit with
-                if self._last_turn < self._refusals.retry_at:  # the database refused a batch
-                    self._stop.wait(min(1.0, self._refusals.retry_at - self._last_turn))
+                # The database refused a batch, or the registry could not answer for one.
+                retry_at = max(self._refusals.retry_at, self._registry.retry_at)
+                if self._last_turn < retry_at:
+                    self._stop.wait(min(1.0, retry_at - self._last_turn))
                     continue
                 batches.polling()
                 messages = member.consumer.consume(
@@ -253,6 +267,8 @@ class ConsumerService:
             if member is not None:
                 member.consumer.close()  # leaves the group: partitions are revoked and released
             self._db.close()
+            if self._schemas is not None:
+                self._schemas.close()
 
     @property
     def ready(self) -> bool:
@@ -267,6 +283,7 @@ class ConsumerService:
             self._kafka.reasons()
             + self._db.reasons()
             + self._refusals.reasons()
+            + self._registry.reasons()
             + self._partitions.not_progressing(stalled_after_s=stalled_after)
         )
 

@@ -2,20 +2,26 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from operator import itemgetter
 from typing import Any
 
+from confluent_kafka import Message
 from psycopg import sql
-from sqlalchemy import Engine, MetaData, Table, inspect, text
+from sqlalchemy import ARRAY, DateTime, Engine, MetaData, Table, inspect, text
 from sqlalchemy.exc import NoSuchTableError
 
 from bridge.acls import table_rights
 from bridge.errors import ConfigError, PermissionMissing
 from bridge.settings import RouteSettings
-from consumers.records import RecordError
-from consumers.rows import UNSET, Row, RowDecoder, as_cell, count_of
+from consumers.avro_rows import AvroRowDecoder
+from consumers.records import Record, RecordError
+from consumers.registry_schemas import SchemaCache
+from consumers.rows import UNSET, ArrayValue, Row, RowDecoder, as_cell, count_of
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -28,7 +34,14 @@ class Target:
     defaulted: frozenset[str] = frozenset()  # with a default or an identity
     # GENERATED ALWAYS AS (...) STORED: the table computes them, and refuses any value for them.
     generated: frozenset[str] = frozenset()
-    decoder: RowDecoder = field(init=False, repr=False, compare=False)
+    arrays: frozenset[str] = frozenset()  # PostgreSQL array columns
+    timestamps: frozenset[str] = frozenset()  # timestamp and timestamptz columns
+    # Where Avro routes find their writer schemas; None when no route needs the registry.
+    schemas: SchemaCache | None = field(default=None, repr=False, compare=False)
+    decoder: RowDecoder | AvroRowDecoder = field(init=False, repr=False, compare=False)
+    # For JSON values: what turns a decoded row's lists into arrays and epoch milliseconds into
+    # timestamps, where the table has such columns; None when nothing needs turning.
+    _fix: Callable[[Row], Row] | None = field(init=False, repr=False, compare=False)
     # Where absent must stay apart from null: a column with a default takes it when absent; in
     # upsert mode an absent column is also left as it is in an existing row.
     tracked: tuple[int, ...] = field(init=False, repr=False, compare=False)
@@ -50,8 +63,20 @@ class Target:
         # A generated column is tracked too, so that a record carrying it can be told apart.
         fills = self.defaulted | self.generated
         tracked = self.columns if upsert else [c for c in self.columns if c in fills]
-        decoder = RowDecoder(self.columns, tracked=tracked, filled=fills)
+        decoder: RowDecoder | AvroRowDecoder
+        if self.route.value_format == "avro":
+            if self.schemas is None:
+                raise ValueError("an Avro route needs the schema registry")
+            decoder = AvroRowDecoder(
+                self.columns, schemas=self.schemas, tracked=tracked, filled=fills,
+                arrays=self.arrays,
+            )  # fmt: skip
+            fix = None
+        else:
+            decoder = RowDecoder(self.columns, tracked=tracked, filled=fills)
+            fix = _json_fix(self.columns, self.arrays, self._epoch_columns())
         object.__setattr__(self, "decoder", decoder)
+        object.__setattr__(self, "_fix", fix)
         object.__setattr__(self, "tracked", tuple(position[c] for c in tracked))
         object.__setattr__(self, "_must_carry", tuple(dict.fromkeys(required + keys * upsert)))
         object.__setattr__(self, "_key_positions", keys)
@@ -60,13 +85,23 @@ class Target:
         # the table fills (an identity) is not: a record that carries it is not decoded that way.
         carried = decoder.carried
         in_carried = [carried.index(i) if i in carried else None for i in self._must_carry]
-        if None in in_carried:
+        if None in in_carried or fix is not None:
             object.__setattr__(self, "_must_carry_of_carried", None)
         else:
             object.__setattr__(self, "_must_carry_of_carried", tuple(in_carried))
             if upsert:  # then the key is among the columns a row must hold
                 key = itemgetter(*(carried.index(i) for i in keys))
                 object.__setattr__(self, "carried_key", key)
+
+    def _epoch_columns(self) -> frozenset[str]:
+        return self.timestamps if self.route.epoch_millis_timestamps else frozenset()
+
+    def prepare(self, records: Sequence[Record]) -> None:
+        """Fetch what decoding the records' values needs from elsewhere (the writer schemas of
+        Avro values): raises RegistryUnavailable when it cannot be had now."""
+        if isinstance(self.decoder, AvroRowDecoder):
+            values = map(Message.value, records)
+            self.decoder.prepare(value for value in values if value is not None)
 
     @property
     def identifier(self) -> sql.Identifier:
@@ -80,6 +115,8 @@ class Target:
     def row(self, raw: bytes) -> Row:
         """A record value as a row of this table, or a RecordError naming what is wrong."""
         row = self.decoder.decode(raw)
+        if self._fix is not None:
+            row = self._fix(row)
         for i in self._must_carry:
             if row[i] is None or row[i] is UNSET:
                 raise RecordError(self._missing(row))
@@ -96,6 +133,11 @@ class Target:
         rows = self.decoder.decode_all(raws)
         if rows is None:
             return None
+        if self._fix is not None:
+            try:
+                rows = list(map(self._fix, rows))
+            except RecordError:
+                return None
         for i in self._must_carry:
             if count_of(rows, i, None) or count_of(rows, i, UNSET):
                 return None
@@ -145,7 +187,39 @@ class Target:
         return [self.columns[i] for i in positions]
 
 
-def reflect_target(engine: Engine, route: RouteSettings, index: int) -> Target:
+def _json_fix(
+    columns: tuple[str, ...], arrays: frozenset[str], epoch_millis: frozenset[str]
+) -> Callable[[Row], Row] | None:
+    """What a JSON row needs before COPY: a list bound for an array column as an array (else
+    it goes as JSON text, which an array column refuses), and with `epoch_millis_timestamps`
+    an integer bound for a timestamp column as the instant it counts from 1970 in ms."""
+    to_array = [i for i, c in enumerate(columns) if c in arrays]
+    to_instant = [i for i, c in enumerate(columns) if c in epoch_millis]
+    if not to_array and not to_instant:
+        return None
+
+    def fix(row: Row) -> Row:
+        values = list(row)
+        for i in to_array:
+            if isinstance(values[i], list):
+                values[i] = ArrayValue(values[i])
+        for i in to_instant:
+            value = values[i]
+            if isinstance(value, int) and not isinstance(value, bool):
+                try:
+                    values[i] = _EPOCH + timedelta(milliseconds=value)
+                except OverflowError:
+                    raise RecordError(
+                        f"column {columns[i]}: {value} ms from 1970 is out of range"
+                    ) from None
+        return tuple(values)
+
+    return fix
+
+
+def reflect_target(
+    engine: Engine, route: RouteSettings, index: int, *, schemas: SchemaCache | None = None
+) -> Target:
     """Refuse at start-up a route whose table or key columns do not exist, or whose upsert has
     no unique key to go by or goes by a generated column."""
     path = f"consumer.routes.{index}"
@@ -188,6 +262,9 @@ def reflect_target(engine: Engine, route: RouteSettings, index: int) -> Target:
         required=required,
         defaulted=defaulted,
         generated=generated,
+        arrays=frozenset(str(c.name) for c in table.columns if isinstance(c.type, ARRAY)),
+        timestamps=frozenset(str(c.name) for c in table.columns if isinstance(c.type, DateTime)),
+        schemas=schemas,
     )
 
 

@@ -39,10 +39,29 @@ class RowError(BridgeError):
     """A row that cannot become a Kafka record; the message names the row and the field."""
 
 
-def check_schema(schema: StructType, *, default_topic: str | None) -> None:
-    """Refuse, on the driver and before any task runs, an input the sink cannot write."""
+def check_schema(
+    schema: StructType,
+    *,
+    default_topic: str | None,
+    typed: tuple[str, ...] = (),
+) -> None:
+    """Refuse, on the driver and before any task runs, an input the sink cannot write.
+
+    `typed`: the columns (`value`, `key`) whose format is the registry's, which must already be
+    framed (`spark_jobs.registry_frames.encode`)."""
     fields = {f.name.lower(): f.dataType for f in schema.fields}
     problems: list[tuple[str, str]] = []
+    for name in typed:
+        if isinstance(fields.get(name), StructType):
+            problems.append(
+                (name, f"{name}.format avro: frame the struct first, with "
+                 "spark_jobs.registry_frames.encode(df, options)")
+            )  # fmt: skip
+        elif name in fields and not isinstance(fields[name], BinaryType):
+            problems.append(
+                (name, f"{name}.format avro needs the framed bytes of "
+                 f"spark_jobs.registry_frames.encode, not {fields[name].simpleString()}")
+            )  # fmt: skip
 
     def expect(name: str, allowed: tuple[type[DataType], ...], what: str) -> None:
         if name in fields and not isinstance(fields[name], allowed):
@@ -50,8 +69,9 @@ def check_schema(schema: StructType, *, default_topic: str | None) -> None:
 
     if "value" not in fields:
         problems.append(("value", "the input needs a value column (string or binary)"))
-    expect("value", _TEXT, "string or binary")
-    expect("key", _TEXT, "string or binary")
+    for name in ("value", "key"):
+        if name not in typed:
+            expect(name, _TEXT, "string or binary")
     expect("topic", (StringType,), "string")
     expect("partition", _INTEGER, "an integer")
     if "headers" in fields and not _is_headers(fields["headers"]):

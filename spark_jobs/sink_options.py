@@ -15,6 +15,7 @@ from bridge.errors import ConfigError
 from bridge.names import DEFAULT_MARKER_TOPIC
 
 KAFKA_PREFIX = "kafka."
+REGISTRY_PREFIX = "schema.registry."  # `schema.registry.url` and the registry client's settings
 DEFAULT_TRANSACTION_TIMEOUT_MS = 60_000
 # The broker's default `transaction.max.timeout.ms`; a larger client value fails init fatally.
 BROKER_DEFAULT_MAX_TRANSACTION_TIMEOUT_MS = 900_000
@@ -34,9 +35,16 @@ _KNOWN = {
     "progress.path",
     "checkpointlocation",  # Spark passes the query's own options through as well
     "path",
+    "value.format",
+    "key.format",
+    "subject.name.strategy",
+    "value.record.name",
+    "key.record.name",
+    "record.namespace",
 }
 # Kafka's legal characters for ids and topic names.
 _LEGAL_NAME = re.compile(r"^[A-Za-z0-9._\-]+$")
+_AVRO_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 class IdNaming(StrEnum):
@@ -55,6 +63,23 @@ class IdNaming(StrEnum):
     PER_PARTITION = "per-partition"
 
 
+class ValueFormat(StrEnum):
+    """How a record's value (or key) is written. `json`: the column's text or bytes as they are
+    (a JSON document, by convention). `avro`: a struct column as Avro in the schema registry's
+    wire format (magic byte, schema id, body), by `spark_jobs.registry_frames.encode`."""
+
+    JSON = "json"
+    AVRO = "avro"
+
+
+class SubjectStrategy(StrEnum):
+    """Under which registry subject a schema goes: `topic` (`<topic>-value`, `<topic>-key`,
+    Confluent's TopicNameStrategy) or `record` (the record's full name, RecordNameStrategy)."""
+
+    TOPIC = "topic"
+    RECORD = "record"
+
+
 @dataclass(frozen=True, kw_only=True)
 class SinkOptions:
     kafka: dict[str, str] = field(repr=False)  # may hold secrets (sasl.password, ...)
@@ -64,6 +89,18 @@ class SinkOptions:
     transaction_timeout_ms: int = DEFAULT_TRANSACTION_TIMEOUT_MS
     marker_topic: str = DEFAULT_MARKER_TOPIC
     progress_path: str | None = None
+    value_format: ValueFormat = ValueFormat.JSON
+    key_format: ValueFormat = ValueFormat.JSON
+    registry: dict[str, str] = field(default_factory=dict, repr=False)  # may hold credentials
+    subject_strategy: SubjectStrategy = SubjectStrategy.TOPIC
+    value_record_name: str | None = None  # default: `<topic>_value`, see registry_frames
+    key_record_name: str | None = None
+    record_namespace: str = "bridge"
+
+    @property
+    def typed(self) -> bool:
+        """Whether any column goes through the schema registry."""
+        return ValueFormat.AVRO in (self.value_format, self.key_format)
 
     @property
     def bootstrap_servers(self) -> str:
@@ -82,7 +119,16 @@ class SinkOptions:
                 problems.append((KAFKA_PREFIX + key, f"not allowed: {why}"))
         if not kafka.get("bootstrap.servers", "").strip():
             problems.append(("kafka.bootstrap.servers", "required"))
-        unknown = sorted(k for k in lowered if not k.startswith(KAFKA_PREFIX) and k not in _KNOWN)
+        registry = {
+            k.removeprefix(REGISTRY_PREFIX): v
+            for k, v in lowered.items()
+            if k.startswith(REGISTRY_PREFIX)
+        }
+        unknown = sorted(
+            k
+            for k in lowered
+            if not k.startswith((KAFKA_PREFIX, REGISTRY_PREFIX)) and k not in _KNOWN
+        )
         problems.extend((k, "unknown option") for k in unknown)
 
         topic = lowered.get("topic") or None
@@ -120,6 +166,31 @@ class SinkOptions:
                             " and above the longest write task",
                         )
                     )
+        formats = {}
+        for name in ("value.format", "key.format"):
+            raw_format = lowered.get(name, ValueFormat.JSON.value)
+            try:
+                formats[name] = ValueFormat(raw_format)
+            except ValueError:
+                choices = ", ".join(f.value for f in ValueFormat)
+                problems.append((name, f"{raw_format!r} is not one of {choices}"))
+                formats[name] = ValueFormat.JSON
+        typed = ValueFormat.AVRO in formats.values()
+        if typed and not registry.get("url", "").strip():
+            problems.append(("schema.registry.url", "required with a format that is avro"))
+        raw_strategy = lowered.get("subject.name.strategy", SubjectStrategy.TOPIC.value)
+        strategy = SubjectStrategy.TOPIC
+        try:
+            strategy = SubjectStrategy(raw_strategy)
+        except ValueError:
+            choices = ", ".join(s.value for s in SubjectStrategy)
+            problems.append(("subject.name.strategy", f"{raw_strategy!r} is not one of {choices}"))
+        for name in ("value.record.name", "key.record.name"):
+            if name in lowered and not _AVRO_NAME.match(lowered[name]):
+                problems.append((name, f"{lowered[name]!r} is not an Avro name"))
+        namespace = lowered.get("record.namespace", "bridge")
+        if namespace and not all(_AVRO_NAME.match(part) for part in namespace.split(".")):
+            problems.append(("record.namespace", f"{namespace!r} is not an Avro namespace"))
         if problems:
             raise ConfigError(problems, source="the bridge-kafka sink options")
         return cls(
@@ -130,4 +201,11 @@ class SinkOptions:
             transaction_timeout_ms=timeout_ms,
             marker_topic=marker_topic,
             progress_path=lowered.get("progress.path") or None,
+            value_format=formats["value.format"],
+            key_format=formats["key.format"],
+            registry=registry,
+            subject_strategy=strategy,
+            value_record_name=lowered.get("value.record.name") or None,
+            key_record_name=lowered.get("key.record.name") or None,
+            record_namespace=namespace,
         )

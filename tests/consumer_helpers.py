@@ -25,12 +25,15 @@ def settings_for(
     *,
     consumer: dict[str, Any] | None = None,
     kafka_properties: dict[str, Any] | None = None,
+    registry_url: str | None = None,
     **route: Any,
 ) -> BridgeSettings:
     """As the consumer's principal and role (of least rights, on a secured stack), or with
-    `kafka_properties` instead of the principal's."""
+    `kafka_properties` instead of the principal's; with `registry_url`, the schema registry."""
     properties = stack.properties("consumer", resolved=False)
+    registry: dict[str, Any] = {"schema_registry": {"url": registry_url}} if registry_url else {}
     return load_settings(
+        **registry,
         kafka={
             "bootstrap_servers": stack.bootstrap_servers,
             "properties": properties if kafka_properties is None else kafka_properties,

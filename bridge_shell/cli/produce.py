@@ -111,6 +111,22 @@ def produce(
             help="Serve Prometheus /metrics from the driver on this port (0: any free one).",
         ),
     ] = None,
+    value_format: Annotated[
+        str,
+        typer.Option(
+            "--value-format",
+            help="json (each line, or the row as JSON) or avro (typed records registered in the "
+            "schema registry of the settings, schema_registry.url; see docs/typed-records.md).",
+        ),
+    ] = "json",
+    value_schema: Annotated[
+        str | None,
+        typer.Option(
+            "--value-schema",
+            help="With avro and the files or kafka source: the lines' fields as Spark DDL, e.g. "
+            "'id BIGINT, amount DECIMAL(12,2), at TIMESTAMP'.",
+        ),
+    ] = None,
     config: ConfigFile = None,
     stack_dir: StackDir = Path(DEFAULT_STACK_DIR),
 ) -> None:
@@ -148,8 +164,12 @@ def produce(
         executor_python=executor_python or settings.spark.executor_python,
         progress_file=progress_file.resolve() if progress_file else None,
         spark_conf=_key_values(spark_conf or []),
-        jars=tuple(spark_kafka_jars()) if chosen is Source.KAFKA else (),
+        # Spark's Kafka connector for the kafka source; its Avro functions for typed values.
+        jars=tuple(spark_kafka_jars()) if chosen is Source.KAFKA or value_format != "json" else (),
         metrics_port=metrics_port,
+        value_format=value_format,
+        value_schema=value_schema,
+        registry=settings.schema_registry.client_config() if settings.schema_registry else {},
     )
     counters = run(job)
     Console(soft_wrap=True).print(

@@ -5,6 +5,12 @@ source, the line itself: each line of a JSON-lines file already is one). A line 
 still goes through, unchanged: the consumer dead-letters it with its coordinates, so nothing is
 lost and the operator sees it where the other bad records are.
 
+With `value_format` avro, each value is a typed record instead, registered and framed in the
+schema registry's wire format (`spark_jobs.registry_frames`): the rate source's own columns, or
+for the files and kafka sources each JSON line read by `value_schema` (a Spark DDL string such as
+`id BIGINT, amount DECIMAL(12,2), at TIMESTAMP`). A line that is not JSON or does not fit the
+schema goes through unchanged and unframed, for the consumer to dead-letter as above.
+
 Run it with `bridge produce ...`, or `spark-submit bridge_shell/cli/spark_submit.py ...` (same
 options).
 """
@@ -34,6 +40,7 @@ AVAILABLE_NOW = "available-now"
 _STOP_POLL_S = 1  # how soon a stop request is acted on
 _INTERVAL = re.compile(r"^\d+(\.\d+)?\s*(ms|milliseconds?|s|seconds?|m|minutes?|h|hours?)$")
 _FIELD = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*$")
+_CORRUPT = "_bridge_unreadable_line"  # where from_json puts a line it cannot read by the schema
 
 
 class Source(StrEnum):
@@ -66,6 +73,10 @@ class ProducerJob:
     metrics_port: int | None = None  # Prometheus /metrics from the driver; 0: any free port
     metrics_host: str = "0.0.0.0"  # noqa: S104 - scraped from elsewhere
     progress_file: Path | None = None  # default: see locations.progress_path
+    value_format: str = "json"  # or avro: see the module's docstring
+    value_schema: str | None = None  # a Spark DDL string: the JSON lines' fields, for avro
+    # The schema registry client's settings (url, credentials): never in a repr.
+    registry: dict[str, str] = field(default_factory=dict, repr=False)
 
     @property
     def progress_path(self) -> Path:
@@ -102,6 +113,20 @@ class ProducerJob:
             problems.append(("--max-files-per-trigger", "must be at least 1"))
         if self.rows_per_second < 1:
             problems.append(("--rows-per-second", "must be at least 1"))
+        if self.value_format not in ("json", "avro"):
+            problems.append(("--value-format", f"{self.value_format!r} is not json or avro"))
+        if self.value_format == "avro":
+            if not self.registry.get("url"):
+                problems.append(
+                    ("schema_registry.url", "--value-format avro needs the schema registry")
+                )
+            if self.source is not Source.RATE and not self.value_schema:
+                problems.append(
+                    ("--value-schema", f"the {self.source} source's lines need a schema for "
+                     "avro, e.g. 'id BIGINT, amount DECIMAL(12,2), at TIMESTAMP'")
+                )  # fmt: skip
+        elif self.value_schema is not None:
+            problems.append(("--value-schema", "only --value-format avro reads lines by a schema"))
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65_535:
             problems.append(("--metrics-port", f"{self.metrics_port} is not a TCP port"))
         if problems:
@@ -157,16 +182,23 @@ def _start(spark: Any, job: ProducerJob) -> Any:
         else:
             key = F.col(job.key_field).cast("string")
         columns.append(key.alias("key"))
+    options = {
+        "kafka.bootstrap.servers": job.bootstrap_servers,
+        "topic": job.topic,
+        "progress.path": str(job.progress_path),
+        **{f"kafka.{name}": setting for name, setting in job.kafka_properties.items()},
+    }
+    if job.value_format == "avro":
+        options["value.format"] = "avro"
+        options.update({f"schema.registry.{k}": v for k, v in job.registry.items()})
+        records = _typed(rows, job, columns[1:], options)
+    else:
+        records = rows.select(*columns)
     writer = (
-        rows.select(*columns)
-        .writeStream.format(SINK_FORMAT)
-        .option("kafka.bootstrap.servers", job.bootstrap_servers)
-        .option("topic", job.topic)
+        records.writeStream.format(SINK_FORMAT)
+        .options(**options)
         .option("checkpointLocation", spark_location(job.checkpoint))
-        .option("progress.path", str(job.progress_path))
     )
-    for key_name, setting in job.kafka_properties.items():
-        writer = writer.option(f"kafka.{key_name}", setting)
     if job.transactional_id_prefix:
         writer = writer.option("transactional.id.prefix", job.transactional_id_prefix)
     if job.transactional_id_naming:
@@ -178,6 +210,31 @@ def _start(spark: Any, job: ProducerJob) -> Any:
     else:
         writer = writer.trigger(processingTime=job.trigger)
     return writer.start()
+
+
+def _typed(rows: Any, job: ProducerJob, key: list[Any], options: dict[str, str]) -> Any:
+    """The rows as typed records framed for the registry (see the module's docstring)."""
+    from pyspark.sql import functions as F
+
+    from spark_jobs.registry_frames import encode
+
+    if job.source is Source.RATE:
+        return encode(rows.select(F.struct("*").alias("value"), *key), options)
+    line = F.col("value")
+    parsed = F.from_json(
+        line, f"{job.value_schema}, {_CORRUPT} STRING", {"columnNameOfCorruptRecord": _CORRUPT}
+    )
+    readable = rows.select(
+        parsed.alias("parsed"), line.cast("binary").alias("line"), *key
+    ).select(
+        F.col("parsed").dropFields(_CORRUPT).alias("value"),
+        F.col(f"parsed.{_CORRUPT}").isNotNull().alias("unreadable"),
+        "line",
+        *(["key"] if key else []),
+    )  # fmt: skip
+    framed = encode(readable, options)
+    value = F.when(F.col("unreadable"), F.col("line")).otherwise(F.col("value"))
+    return framed.select(value.alias("value"), *(["key"] if key else []))
 
 
 def _read(spark: Any, job: ProducerJob) -> Any:

@@ -122,7 +122,10 @@ class RegistryServer:
         ]  # fmt: skip
         env = {
             **os.environ,
-            "REGISTRY_DATASOURCE_URL": f"jdbc:h2:file:{self.data_dir / 'registry'}",
+            # WRITE_DELAY=0: H2 writes a commit to its file before it answers (by default up to
+            # 500 ms later), so a schema the registry has given an id survives a SIGKILL;
+            # records in Kafka already carry that id.
+            "REGISTRY_DATASOURCE_URL": f"jdbc:h2:file:{self.data_dir / 'registry'};WRITE_DELAY=0",
         }
         pid = process.spawn_detached(argv, log_path=self.log_path, cwd=self.home, env=env)
         self.pid_path.write_text(f"{pid}\n")

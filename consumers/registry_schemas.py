@@ -1,0 +1,145 @@
+"""Writer schemas by id, from the schema registry, each fetched once.
+
+A registry-framed value is a magic byte (0), its schema's id (4 bytes, big-endian) and the body.
+The ids a batch needs are fetched before the batch is planned (`fetch`), so that decoding never
+waits on the network. What the registry answers decides what a failure is:
+
+- the id does not exist (HTTP 404): a record fault, and the record is dead-lettered naming the
+  id (`missing`);
+- the registry cannot be reached, times out, or answers with an error of its own (5xx, 429, an
+  authentication refusal): an infrastructure fault, `RegistryUnavailable`. The batch waits and
+  is tried again; nothing is dead-lettered for it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import fastavro
+from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry.error import SchemaRegistryError
+from tenacity import RetryCallState, Retrying, wait_exponential
+
+from bridge.errors import BridgeError
+from bridge.settings import SchemaRegistrySettings
+
+log = logging.getLogger("bridge.consumer")
+
+MAGIC = 0
+HEADER = 5  # the magic byte and the schema id
+_NOT_FOUND = 404
+# One request at a time, each bounded; the batch's own backoff retries, not the client.
+_CLIENT_TIMEOUT_S = 10
+# Between tries while the registry cannot answer: from 1 s, doubling, to at most 30 s.
+_wait = wait_exponential(multiplier=1, max=30)
+
+
+class RegistryUnavailable(BridgeError):
+    """The registry could not answer for a schema id; the batch waits, nothing is dead-lettered."""
+
+
+def schema_id(raw: bytes) -> int | None:
+    """The schema id a registry-framed value names, or None when it is not framed."""
+    if len(raw) < HEADER or raw[0] != MAGIC:
+        return None
+    return int.from_bytes(raw[1:HEADER], "big")
+
+
+class SchemaCache:
+    """Parsed writer schemas by id; `missing` holds, with why, the ids no record can be
+    decoded by (the registry does not know them, or they are not Avro)."""
+
+    def __init__(self, settings: SchemaRegistrySettings) -> None:
+        config: dict[str, Any] = {
+            "timeout": _CLIENT_TIMEOUT_S,
+            "max.retries": 0,
+            **settings.client_config(),
+        }
+        self._client = SchemaRegistryClient(config)
+        self.url = settings.url
+        self.schemas: dict[int, Any] = {}
+        self.missing: dict[int, str] = {}
+        self._unavailable_since: float | None = None
+
+    def fetch(self, ids: Iterable[int]) -> None:
+        """Fetch every id not known yet; raises RegistryUnavailable when the registry cannot
+        answer for one of them."""
+        for wanted in set(ids) - self.schemas.keys() - self.missing.keys():
+            self._fetch(wanted)
+        if self._unavailable_since is not None:
+            log.info(
+                "the schema registry answers again after %.0fs",
+                time.monotonic() - self._unavailable_since,
+            )
+            self._unavailable_since = None
+
+    def _fetch(self, wanted: int) -> None:
+        try:
+            schema = self._client.get_schema(wanted)
+        except SchemaRegistryError as exc:
+            if exc.http_status_code == _NOT_FOUND:
+                self._missing(wanted, f"schema id {wanted} is not in the registry")
+                return
+            self._unavailable(f"the registry at {self.url} answered {exc}")
+        # Anything else the client raises (its transport's errors: unreachable, timed out, TLS
+        # refused) is the registry's or the network's, never the record's.
+        except Exception as exc:  # noqa: BLE001
+            self._unavailable(f"the registry at {self.url} is unreachable ({exc!r})")
+        if schema.schema_type not in (None, "AVRO"):
+            self._missing(wanted, f"schema id {wanted} is {schema.schema_type}, not Avro")
+            return
+        self.schemas[wanted] = fastavro.parse_schema(json.loads(schema.schema_str or "null"))
+
+    def _missing(self, wanted: int, why: str) -> None:
+        log.warning("%s (registry %s): its records are dead-lettered", why, self.url)
+        self.missing[wanted] = why
+
+    def _unavailable(self, why: str) -> None:
+        if self._unavailable_since is None:
+            self._unavailable_since = time.monotonic()
+        raise RegistryUnavailable(why)
+
+    def close(self) -> None:
+        self._client.close()
+
+
+class RegistryBackoff:
+    """While the registry cannot answer for a batch's schemas: when to try the batch again
+    (a growing wait, to a bound), and what `/readyz` says meanwhile."""
+
+    def __init__(self) -> None:
+        self.current: str | None = None
+        self.retry_at = 0.0  # monotonic: no batch before this
+        self._since = 0.0
+        # Counted as tenacity counts attempts, for its growing wait; the loop keeps polling
+        # Kafka meanwhile, so no Retrying call can own the wait itself.
+        self._attempt = RetryCallState(Retrying(), None, (), {})
+
+    def failed(self, why: str) -> None:
+        now = time.monotonic()
+        if self.current is None:
+            self._since = now
+            self._attempt.attempt_number = 0
+        self.current = why
+        self._attempt.attempt_number += 1
+        delay = _wait(self._attempt)
+        self.retry_at = now + delay
+        log.error(
+            "%s; the batch waits for its schemas, nothing is dead-lettered; retrying in %.1fs",
+            why, delay,
+        )  # fmt: skip
+
+    def cleared(self) -> None:
+        self.current, self.retry_at = None, 0.0
+
+    def reasons(self) -> list[str]:
+        if self.current is None:
+            return []
+        return [
+            f"schema registry unavailable for {time.monotonic() - self._since:.0f}s "
+            f"({self.current})"
+        ]

@@ -1,0 +1,359 @@
+"""Typed records end to end on the real stack: a Spark DataFrame through the sink as Avro in the
+schema registry's wire format, through Kafka, and through the consumer into PostgreSQL columns of
+the exact types, every value compared exactly."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, date, datetime
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+import pytest
+from confluent_kafka.schema_registry import SchemaRegistryClient
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from bridge.kafka_admin import create_topic
+from bridge_shell.spark.producer_job import ProducerJob, Source, run
+from spark_jobs.avro_schema import avro_schema
+from spark_jobs.registry_frames import RegistryUnreachable, SchemaRefused, encode, register
+from tests.consumer_helpers import (
+    drained,
+    eventually,
+    produce,
+    running,
+    sample,
+    settings_for,
+    sql,
+)
+from tests.harness import Endpoints
+
+PARTITIONS = 2
+
+SCHEMA = T.StructType(
+    [
+        T.StructField("id", T.LongType(), nullable=False),
+        T.StructField("name", T.StringType()),
+        T.StructField("flag", T.BooleanType()),
+        T.StructField("small", T.ShortType()),
+        T.StructField("count", T.IntegerType()),
+        T.StructField("ratio", T.FloatType()),
+        T.StructField("score", T.DoubleType()),
+        T.StructField("amount", T.DecimalType(38, 18)),
+        T.StructField("day", T.DateType()),
+        T.StructField("at", T.TimestampType()),
+        T.StructField("local_at", T.TimestampNTZType()),
+        T.StructField("payload", T.BinaryType()),
+        T.StructField("tags", T.ArrayType(T.StringType())),
+        T.StructField("scores", T.ArrayType(T.LongType())),
+        T.StructField("attrs", T.MapType(T.StringType(), T.StringType())),
+        T.StructField(
+            "address",
+            T.StructType(
+                [T.StructField("city", T.StringType()), T.StructField("zip", T.IntegerType())]
+            ),
+        ),
+        T.StructField("ref", T.StringType()),
+    ]
+)
+TABLE = """CREATE TABLE {table} (
+    id bigint PRIMARY KEY, name text, flag boolean, small smallint, count integer, ratio real,
+    score double precision, amount numeric(38, 18), day date, at timestamptz,
+    local_at timestamp, payload bytea, tags text[], scores bigint[], attrs jsonb,
+    address jsonb, ref uuid
+)"""
+ROWS: list[tuple[Any, ...]] = [
+    (
+        1, "ünïcode ✓", True, -32768, 2_147_483_647, 0.5, 1.0000000000000002,
+        Decimal("12345678901234567890.123456789012345678"), date(1, 1, 1),
+        datetime(2026, 11, 25, 13, 46, 8, 123456, tzinfo=UTC),
+        datetime(1999, 12, 31, 23, 59, 59, 999999), bytes(range(256)),
+        ["a", None, "ç"], [1, -(2**63), 2**63 - 1], {"k": "v", "empty": ""},
+        {"city": "Zürich", "zip": 8001}, "0b8f2a1e-5c3d-4e6f-8a9b-0c1d2e3f4a5b",
+    ),
+    (
+        2, "", False, 0, 0, -1.25, -0.0, Decimal("-0.000000000000000001"), date(9999, 12, 31),
+        datetime(1970, 1, 1, tzinfo=UTC), datetime(2000, 2, 29, 0, 0), b"",
+        [], [], {}, {"city": None, "zip": None}, "00000000-0000-0000-0000-000000000000",
+    ),
+    (3, *([None] * 16)),
+]  # fmt: skip
+
+
+@pytest.fixture
+def registry_url(stack: Endpoints) -> str:
+    if stack.registry_url is None:
+        pytest.skip("no schema registry: set BRIDGE_TEST_SCHEMA_REGISTRY_URL with the others")
+    return stack.registry_url
+
+
+@pytest.fixture
+def typed_table(stack: Endpoints, names: dict[str, str]) -> Iterator[str]:
+    sql(stack, TABLE.format(table=names["table"]))
+    sql(stack, f"GRANT SELECT, INSERT ON {names['table']} TO PUBLIC")
+    yield names["table"]
+    sql(stack, f"DROP TABLE IF EXISTS {names['table']}")
+
+
+def sink_options(stack: Endpoints, topic: str, registry_url: str) -> dict[str, str]:
+    return {
+        "kafka.bootstrap.servers": stack.bootstrap_servers,
+        "topic": topic,
+        "value.format": "avro",
+        "schema.registry.url": registry_url,
+    }
+
+
+def write_typed(spark: Any, options: dict[str, str], tmp_path: Path, rows: list[Any]) -> None:
+    """The rows as a streaming query would read them (Parquet keeps every type), through the
+    sink with `value.format avro`."""
+    source = tmp_path / "in"
+    spark.createDataFrame(rows, SCHEMA).write.mode("append").parquet(str(source))
+    typed = spark.readStream.schema(SCHEMA).parquet(str(source))
+    framed = encode(typed.select(F.struct(*SCHEMA.fieldNames()).alias("value")), options)
+    query = (
+        framed.writeStream.format("bridge-kafka")
+        .options(**options)
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+
+
+def test_every_mapped_type_lands_exactly(
+    spark: Any,
+    stack: Endpoints,
+    names: dict[str, str],
+    registry_url: str,
+    typed_table: str,
+    tmp_path: Path,
+) -> None:
+    create_topic(stack.bootstrap_servers, names["topic"], partitions=PARTITIONS)
+    write_typed(spark, sink_options(stack, names["topic"], registry_url), tmp_path, ROWS)
+
+    settings = settings_for(stack, names, registry_url=registry_url, value_format="avro")
+    with running(settings) as service:
+        drained(stack, names, PARTITIONS)
+        assert sample(service, "bridge_consumer_dead_letters_total", topic=names["topic"]) == 0
+
+    landed = sql(stack, f"SELECT * FROM {typed_table} ORDER BY id")
+    expected = [_as_stored(row) for row in ROWS]
+    assert len(landed) == len(expected)
+    for got, wanted in zip(landed, expected, strict=True):
+        for column, value, want in zip(SCHEMA.fieldNames(), got, wanted, strict=True):
+            assert value == want and type(value) is type(want), (got[0], column, value, want)
+
+
+def _as_stored(row: tuple[Any, ...]) -> tuple[Any, ...]:
+    """What PostgreSQL gives back for a source row: the same values, the uuid text as a UUID."""
+    *head, ref = row
+    return (*head, None if ref is None else UUID(ref))
+
+
+def test_a_bad_schema_id_and_a_value_not_in_the_wire_format_are_dead_letters_naming_why(
+    stack: Endpoints, names: dict[str, str], registry_url: str, typed_table: str
+) -> None:
+    """Nothing is lost: each goes to the dead-letter table with its coordinates and its reason,
+    and the records around them land."""
+    create_topic(stack.bootstrap_servers, names["topic"], partitions=1)
+    with SchemaRegistryClient({"url": registry_url}) as client:
+        schema = avro_schema(T.StructType([T.StructField("id", T.LongType(), False)]), name="R")
+        good = register(client, f"{names['topic']}-value", schema)
+    unknown = 2**31 - 7
+    produce(
+        stack,
+        names["topic"],
+        [
+            (None, _framed(good, 1)),
+            (None, _framed(unknown, 2)),
+            (None, b'{"id": 3}'),
+            (None, _framed(good, 4)),
+        ],
+    )
+    settings = settings_for(stack, names, registry_url=registry_url, value_format="avro")
+    with running(settings):
+        drained(stack, names, 1)
+    assert sql(stack, f"SELECT id FROM {typed_table} ORDER BY id") == [(1,), (4,)]
+    dead = sql(
+        stack,
+        f'SELECT "offset", error FROM {names["schema"]}.dead_letters ORDER BY "offset"',
+    )
+    assert [offset for offset, _ in dead] == [1, 2]
+    assert f"schema id {unknown} is not in the registry" in dead[0][1]
+    assert "not in the schema registry's wire format (starts with 0x7b" in dead[1][1]
+
+
+def _framed(schema_id: int, record_id: int) -> bytes:
+    """A record {id: record_id} of the schema `{"type": "record", "fields": [id: long]}`."""
+    zigzag = (record_id << 1) ^ (record_id >> 63)
+    body = bytearray()
+    while zigzag > 0x7F:
+        body.append((zigzag & 0x7F) | 0x80)
+        zigzag >>= 7
+    body.append(zigzag)
+    return b"\x00" + schema_id.to_bytes(4, "big") + bytes(body)
+
+
+def test_an_incompatible_schema_stops_the_query_before_it_starts_naming_subject_and_reason(
+    spark: Any, stack: Endpoints, names: dict[str, str], registry_url: str, tmp_path: Path
+) -> None:
+    subject = f"{names['topic']}-value"
+    with SchemaRegistryClient({"url": registry_url}) as client:
+        first = T.StructType([T.StructField("id", T.LongType(), False)])
+        name = names["topic"].replace("-", "_") + "_value"  # as encode names it
+        register(client, subject, avro_schema(first, name=name, namespace="bridge"))
+        client.set_compatibility(subject, "BACKWARD")
+    # A new required field without a default: readers of the new schema cannot read old data.
+    options = sink_options(stack, names["topic"], registry_url)
+    changed = spark.createDataFrame([(1, "x")], "id BIGINT NOT NULL, name STRING NOT NULL")
+    with pytest.raises(SchemaRefused, match=rf"subject '{subject}'") as refused:
+        encode(changed.select(F.struct("id", "name").alias("value")), options)
+    assert "HTTP 409" in str(refused.value), refused.value
+
+
+def test_a_struct_value_without_encoding_is_refused_before_the_query_starts(
+    spark: Any, stack: Endpoints, names: dict[str, str], registry_url: str, tmp_path: Path
+) -> None:
+    source = tmp_path / "in"
+    spark.createDataFrame([(1,)], "id BIGINT").write.parquet(str(source))
+    typed = spark.readStream.schema("id BIGINT").parquet(str(source))
+    writer = (
+        typed.select(F.struct("id").alias("value"))
+        .writeStream.format("bridge-kafka")
+        .options(**sink_options(stack, names["topic"], registry_url))
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+    )
+    with pytest.raises(Exception, match=r"frame the struct first"):
+        writer.start().awaitTermination()
+
+
+@pytest.fixture
+def registry_process(stack: Endpoints) -> Iterator[Any]:
+    """The local stack's registry process, started again after the test whatever happened."""
+    if stack.registry is None:
+        pytest.skip("needs the local stack's registry process to kill it")
+    yield stack.registry
+    if not stack.registry.running():
+        stack.registry.start()
+        stack.registry.wait_ready(120)
+
+
+def test_the_registry_killed_and_restarted_under_both_sides_loses_and_doubles_nothing(
+    spark: Any,
+    stack: Endpoints,
+    names: dict[str, str],
+    registry_url: str,
+    registry_process: Any,
+    typed_table: str,
+    tmp_path: Path,
+) -> None:
+    """Producer: the schema is registered when the query is defined; with the registry gone
+    (SIGKILL) the query still writes every epoch, since framing needs no registry. Consumer: a
+    schema id it has not fetched waits while the registry is gone, bounded and reported
+    (/readyz, the metric), never dead-lettered, and lands once it is back."""
+    create_topic(stack.bootstrap_servers, names["topic"], partitions=PARTITIONS)
+    options = sink_options(stack, names["topic"], registry_url)
+    settings = settings_for(stack, names, registry_url=registry_url, value_format="avro")
+    with running(settings) as service:
+        write_typed(spark, options, tmp_path / "first", ROWS[:1])
+        drained(stack, names, PARTITIONS)
+
+        # A second query, its schema (one column fewer: a new id) registered before the kill.
+        source = tmp_path / "second" / "in"
+        fewer = T.StructType(SCHEMA.fields[:-1])
+        spark.createDataFrame([r[:-1] for r in ROWS[1:]], fewer).write.parquet(str(source))
+        typed = spark.readStream.schema(fewer).parquet(str(source))
+        framed = encode(typed.select(F.struct(*fewer.fieldNames()).alias("value")), options)
+        registry_process.kill()
+        query = (
+            framed.writeStream.format("bridge-kafka")
+            .options(**options)
+            .option("checkpointLocation", str(tmp_path / "second" / "checkpoint"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination()
+
+        unavailable = "bridge_consumer_schema_registry_unavailable_total"
+        eventually(lambda: sample(service, unavailable) >= 2, timeout=60)
+        assert any("schema registry unavailable" in r for r in service.not_ready())
+        assert sample(service, "bridge_consumer_dead_letters_total", topic=names["topic"]) == 0
+        assert sql(stack, f"SELECT count(*) FROM {typed_table}") == [(1,)]
+
+        registry_process.start()
+        registry_process.wait_ready(120)
+        drained(stack, names, PARTITIONS, timeout=120)
+        eventually(lambda: not any("registry" in r for r in service.not_ready()), timeout=30)
+        assert sample(service, "bridge_consumer_dead_letters_total", topic=names["topic"]) == 0
+
+    landed = sql(stack, f"SELECT id, count(*) FROM {typed_table} GROUP BY id ORDER BY id")
+    assert landed == [(1, 1), (2, 1), (3, 1)]
+
+
+def test_defining_a_typed_query_with_the_registry_gone_fails_at_once_and_clearly(
+    spark: Any,
+    stack: Endpoints,
+    names: dict[str, str],
+    registry_url: str,
+    registry_process: Any,
+) -> None:
+    registry_process.kill()
+    df = spark.createDataFrame([(1,)], "id BIGINT NOT NULL")
+    with pytest.raises(RegistryUnreachable, match=r"could not reach the schema registry at"):
+        encode(
+            df.select(F.struct("id").alias("value")),
+            sink_options(stack, names["topic"], registry_url),
+        )
+
+
+def test_the_producer_job_writes_json_lines_as_typed_records_and_passes_bad_lines_through(
+    spark: Any,
+    stack: Endpoints,
+    names: dict[str, str],
+    registry_url: str,
+    typed_table: str,
+    tmp_path: Path,
+) -> None:
+    """`bridge produce --value-format avro --value-schema ...`: each line read by the schema
+    and framed; a line that is not JSON, or does not fit, goes through as it is, and the
+    consumer dead-letters it with its bytes: nothing is lost."""
+    create_topic(stack.bootstrap_servers, names["topic"], partitions=PARTITIONS)
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "part-0.json").write_text(
+        '{"id": 1, "amount": "12345678901234567890.123456789012345678",'
+        ' "at": "2026-11-25T13:46:08.123456Z", "tags": ["a", "b"]}\n'
+        "not json\n"
+        '{"id": "not a number"}\n'
+        '{"id": 2, "name": "two", "unknown": true}\n'
+    )
+    job = ProducerJob(
+        source=Source.FILES,
+        input=tmp_path / "in",
+        topic=names["topic"],
+        checkpoint=tmp_path / "checkpoint",
+        bootstrap_servers=stack.bootstrap_servers,
+        value_format="avro",
+        value_schema=(
+            "id BIGINT, name STRING, amount DECIMAL(38,18), at TIMESTAMP, tags ARRAY<STRING>"
+        ),
+        registry={"url": registry_url},
+    )
+    assert run(job, spark).rows_written == 4
+
+    settings = settings_for(stack, names, registry_url=registry_url, value_format="avro")
+    with running(settings):
+        drained(stack, names, PARTITIONS)
+    assert sql(stack, f"SELECT id, name, amount, at, tags FROM {typed_table} ORDER BY id") == [
+        (
+            1, None, Decimal("12345678901234567890.123456789012345678"),
+            datetime(2026, 11, 25, 13, 46, 8, 123456, tzinfo=UTC), ["a", "b"],
+        ),
+        (2, "two", None, None, None),
+    ]  # fmt: skip
+    dead = sql(stack, f"SELECT value, error FROM {names['schema']}.dead_letters ORDER BY value")
+    assert [bytes(value) for value, _ in dead] == [b"not json", b'{"id": "not a number"}']
+    assert all("not in the schema registry's wire format" in error for _, error in dead)

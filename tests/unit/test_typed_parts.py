@@ -1,0 +1,214 @@
+"""Typed records' pure parts: the sink's format options, the wire format's header, Avro records
+to rows, JSON rows for array and timestamp columns, the registry's backoff, the settings."""
+
+from __future__ import annotations
+
+import io
+import time
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+import fastavro
+import pytest
+from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
+
+from bridge.errors import ConfigError
+from bridge.settings import RouteSettings, load_settings
+from consumers.avro_rows import AvroRowDecoder, row_maker
+from consumers.records import RecordError
+from consumers.registry_schemas import RegistryBackoff, schema_id
+from consumers.rows import UNSET, ArrayValue
+from consumers.targets import Target
+from spark_jobs.kafka_rows import check_schema
+from spark_jobs.registry_frames import record_name, subject_name
+from spark_jobs.sink_options import SinkOptions, SubjectStrategy, ValueFormat
+
+BASE = {"kafka.bootstrap.servers": "127.0.0.1:9092", "topic": "orders.v1-eu"}
+REGISTRY = {"schema.registry.url": "http://registry:8080/apis/ccompat/v7"}
+
+
+def test_sink_formats_default_to_json_and_avro_needs_the_registry() -> None:
+    assert SinkOptions.parse(BASE).value_format is ValueFormat.JSON
+    with pytest.raises(ConfigError) as raised:
+        SinkOptions.parse({**BASE, "value.format": "avro"})
+    assert dict(raised.value.problems) == {
+        "schema.registry.url": "required with a format that is avro"
+    }
+    options = SinkOptions.parse(
+        {**BASE, **REGISTRY, "value.format": "avro", "schema.registry.basic.auth.user.info": "u:p"}
+    )
+    assert options.typed and options.registry == {
+        "url": REGISTRY["schema.registry.url"],
+        "basic.auth.user.info": "u:p",
+    }
+    assert "u:p" not in repr(options)
+
+
+@pytest.mark.parametrize(
+    ("extra", "key"),
+    [
+        ({"value.format": "protobuf"}, "value.format"),
+        ({"key.format": "xml"}, "key.format"),
+        ({"subject.name.strategy": "topic-record"}, "subject.name.strategy"),
+        ({"value.record.name": "9lives"}, "value.record.name"),
+        ({"record.namespace": "com.-x"}, "record.namespace"),
+    ],
+)
+def test_bad_format_options_are_refused_by_name(extra: dict[str, str], key: str) -> None:
+    with pytest.raises(ConfigError) as raised:
+        SinkOptions.parse({**BASE, **REGISTRY, **extra})
+    assert key in dict(raised.value.problems)
+
+
+def test_subjects_and_record_names_follow_the_strategy() -> None:
+    options = SinkOptions.parse({**BASE, **REGISTRY, "value.format": "avro"})
+    assert record_name(options, "value") == "orders_v1_eu_value"
+    assert subject_name(options, "value", {"name": "x"}) == "orders.v1-eu-value"
+    by_record = SinkOptions.parse(
+        {**BASE, **REGISTRY, "value.format": "avro", "subject.name.strategy": "record",
+         "value.record.name": "Order", "record.namespace": "shop.sales"}
+    )  # fmt: skip
+    assert by_record.subject_strategy is SubjectStrategy.RECORD
+    schema = {"name": record_name(by_record, "value"), "namespace": by_record.record_namespace}
+    assert subject_name(by_record, "value", schema) == "shop.sales.Order"
+
+
+def test_a_typed_value_must_arrive_framed() -> None:
+    struct = StructType([StructField("value", StructType([StructField("id", LongType())]))])
+    with pytest.raises(ConfigError, match="frame the struct first"):
+        check_schema(struct, default_topic="t", typed=("value",))
+    text = StructType([StructField("value", StringType())])
+    with pytest.raises(ConfigError, match="needs the framed bytes"):
+        check_schema(text, default_topic="t", typed=("value",))
+    check_schema(
+        StructType([StructField("value", BinaryType())]), default_topic="t", typed=("value",)
+    )
+
+
+def test_the_wire_format_header_names_the_schema_id() -> None:
+    assert schema_id(b"\x00\x00\x00\x01\x02rest") == 258
+    assert schema_id(b"{}") is None
+    assert schema_id(b"\x01\x00\x00\x00\x01") is None  # not the magic byte
+    assert schema_id(b"\x00\x00\x00\x01") is None  # too short
+
+
+SCHEMA: dict[str, Any] = fastavro.parse_schema(  # type: ignore[assignment]
+    {
+        "type": "record",
+        "name": "R",
+        "fields": [
+            {"name": "id", "type": "long"},
+            {"name": "tags", "type": {"type": "array", "items": "string"}},
+            {"name": "attrs", "type": ["null", {"type": "map", "values": "long"}]},
+            {"name": "at", "type": {"type": "long", "logicalType": "timestamp-micros"}},
+            {"name": "amount", "type": {"type": "bytes", "logicalType": "decimal",
+                                        "precision": 20, "scale": 4}},
+        ],
+    }
+)  # fmt: skip
+
+
+def test_an_avro_record_becomes_a_row_of_the_tables_columns() -> None:
+    make = row_maker(
+        ("id", "tags", "attrs", "at", "amount", "filled", "missing"),
+        SCHEMA,
+        tracked={"filled"},
+        arrays={"tags"},
+    )
+    at = datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
+    row = make({"id": 1, "tags": ["a"], "attrs": {"k": 2}, "at": at, "amount": Decimal("1.2345")})
+    assert row == (1, ["a"], '{"k":2}', at, Decimal("1.2345"), UNSET, None)
+    assert type(row[1]) is ArrayValue
+    # A list bound for a column that is not an array (jsonb) is JSON text.
+    as_json = row_maker(("tags",), SCHEMA, tracked=(), arrays=())
+    assert as_json({"tags": ["a", "b"]}) == ('["a","b"]',)
+
+
+class _Cache:
+    """The parts of SchemaCache the decoder reads: the schemas it holds, the ids it knows bad."""
+
+    def __init__(self) -> None:
+        self.schemas = {7: SCHEMA}
+        self.missing = {9: "schema id 9 is not in the registry"}
+
+    def fetch(self, ids: Any) -> None:
+        self.fetched = sorted(ids)
+
+
+def _framed(writer: int, record: dict[str, Any]) -> bytes:
+    body = io.BytesIO()
+    fastavro.schemaless_writer(body, SCHEMA, record)
+    return b"\x00" + writer.to_bytes(4, "big") + body.getvalue()
+
+
+def test_the_avro_decoder_reads_each_value_by_its_writer_schema_and_names_what_is_wrong() -> None:
+    cache = _Cache()
+    decoder = AvroRowDecoder(("id", "amount"), schemas=cache)  # type: ignore[arg-type]
+    record = {"id": 5, "tags": [], "attrs": None, "at": datetime.now(UTC),
+              "amount": Decimal("-0.0001")}  # fmt: skip
+    good = _framed(7, record)
+    decoder.prepare([good, b"{}", _framed(9, record)])
+    assert cache.fetched == [7, 9]
+    assert decoder.decode(good) == (5, Decimal("-0.0001"))
+    assert decoder.decode_all([good, good]) == [(5, Decimal("-0.0001"))] * 2
+    with pytest.raises(RecordError, match="schema id 9 is not in the registry"):
+        decoder.decode(_framed(9, record))
+    with pytest.raises(RecordError, match="starts with 0x7b"):
+        decoder.decode(b'{"id": 1}')
+    with pytest.raises(RecordError, match="does not decode by schema id 7"):
+        decoder.decode(good[:-3])
+    with pytest.raises(RecordError, match="1 byte\\(s\\) after the record"):
+        decoder.decode(good + b"\x00")
+    assert decoder.decode_all([good, good[:-3]]) is None
+
+
+def test_json_rows_fill_array_columns_and_read_epoch_millis_when_asked() -> None:
+    route = RouteSettings(topic="t", table="t", epoch_millis_timestamps=True)
+    target = Target(
+        route=route, schema="public", name="t", columns=("id", "tags", "at"),
+        required=frozenset(), arrays=frozenset({"tags"}), timestamps=frozenset({"at"}),
+    )  # fmt: skip
+    row = target.row(b'{"id": 1, "tags": ["a", null], "at": 1764077168123}')
+    assert row[1] == ["a", None] and type(row[1]) is ArrayValue
+    assert row[2] == datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=1764077168123)
+    assert target.row(b'{"id": 2, "at": "2026-01-01T00:00:00Z"}')[2] == "2026-01-01T00:00:00Z"
+    with pytest.raises(RecordError, match=r"column at: .* out of range"):
+        target.row(b'{"id": 3, "at": 99999999999999999999}')
+    assert target.carried_rows([b'{"id": 1}']) is None  # the fix goes through `rows`
+    assert target.rows([b'{"id": 1, "tags": ["x"]}']) == [(1, ["x"], None)]
+    plain = Target(
+        route=RouteSettings(topic="t", table="t"), schema="public", name="t",
+        columns=("id", "at"), required=frozenset(), timestamps=frozenset({"at"}),
+    )  # fmt: skip
+    assert plain.row(b'{"id": 1, "at": 5}') == (1, 5)  # not asked: PostgreSQL decides
+
+
+def test_the_registry_backoff_grows_to_a_bound_and_says_why_until_cleared() -> None:
+    backoff = RegistryBackoff()
+    assert backoff.reasons() == []
+    waits = []
+    for _ in range(8):
+        backoff.failed("the registry at http://r is unreachable")
+        waits.append(backoff.retry_at - time.monotonic())
+    assert 0.5 < waits[0] <= 1.0 and 1.5 < waits[1] <= 2.0
+    assert all(29 < wait <= 30 for wait in waits[-3:])  # bounded
+    assert "schema registry unavailable" in backoff.reasons()[0]
+    assert "unreachable" in backoff.reasons()[0]
+    backoff.cleared()
+    assert backoff.reasons() == [] and backoff.retry_at == 0.0
+
+
+def test_an_avro_route_without_a_registry_is_refused_at_start() -> None:
+    base: dict[str, Any] = {
+        "kafka": {"bootstrap_servers": "127.0.0.1:9092"},
+        "postgres": {"dsn": "postgresql://u@h/db"},
+        "consumer": {
+            "group_id": "g",
+            "routes": [{"topic": "t", "table": "t", "value_format": "avro"}],
+        },
+    }
+    with pytest.raises(ConfigError, match=r"consumer.routes.0.value_format: .*schema_registry.url"):
+        load_settings(**base)
+    settings = load_settings(**base, schema_registry={"url": "http://r:8080/apis/ccompat/v7"})
+    assert settings.require_consumer().routes[0].value_format == "avro"
