@@ -3,6 +3,10 @@
 Sample orders (unique ids) as JSON-lines files -> the Spark producer job (`available-now`) ->
 Kafka transactions -> the consumer service -> PostgreSQL. Then every id is checked to have
 arrived exactly once, and the group's offsets are shown next to Kafka's log.
+
+With `value_format` avro the orders travel as typed records: the producer reads each line by
+`ORDER_SCHEMA` and registers it in the stack's schema registry, and the consumer decodes them by
+the id each record carries.
 """
 
 from __future__ import annotations
@@ -33,6 +37,11 @@ from consumers.offsets import applied_position
 from consumers.positions import caught_up_position
 
 DEMO_TABLE = "public.demo_orders"
+# The sample orders' fields as Spark reads them for `--format avro`.
+ORDER_SCHEMA = (
+    "order_id BIGINT, run_id STRING, customer STRING, amount DECIMAL(12,2), currency STRING, "
+    "created_at TIMESTAMP"
+)
 PARTITIONS = 4
 _CONSUMER_DEADLINE_S = 180.0
 
@@ -140,7 +149,14 @@ def _run_step(console: Console, what: str, command: list[str], log: Path) -> Non
     console.print(f"[green]✓[/] {what} ({time.monotonic() - started:.0f} s)")
 
 
-def run_demo(console: Console, *, stack: LocalStack, records: int, keep_stack: bool) -> bool:
+def run_demo(
+    console: Console,
+    *,
+    stack: LocalStack,
+    records: int,
+    keep_stack: bool,
+    value_format: str = "json",
+) -> bool:
     """Returns True when every id arrived exactly once."""
     begun = time.monotonic()
     run = f"{datetime.now(UTC):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}"
@@ -168,7 +184,7 @@ def run_demo(console: Console, *, stack: LocalStack, records: int, keep_stack: b
                 "over TLS with SCRAM; the producer, the consumer and the tools each as their own "
                 "principal"
             )
-        return _pipeline(console, stack_dir, work, run, records, begun)
+        return _pipeline(console, stack_dir, work, run, records, begun, value_format)
     finally:
         if keep_stack or was_running:
             console.print(f"the stack keeps running: `bridge stack down --data-dir {stack_dir}`")
@@ -183,6 +199,7 @@ def _pipeline(
     run: str,
     records: int,
     begun: float,
+    value_format: str,
 ) -> bool:
     topic, group = f"demo-orders-{run}", f"demo-{run}"
     consumer: subprocess.Popen[bytes] | None = None
@@ -200,21 +217,24 @@ def _pipeline(
         consumer_role = role_of(consumer_dsn.get_secret_value())
         if consumer_role != role_of(dsn):
             grant_table(dsn, DEMO_TABLE, consumer_role)
+        typed = ["--value-format", "avro", "--value-schema", ORDER_SCHEMA]
+        as_what = " as Avro registered in the schema registry" if value_format == "avro" else ""
         _run_step(
             console,
-            f"Spark producer: files -> Kafka topic {topic} in transactions, one epoch per file",
+            f"Spark producer: files -> Kafka topic {topic} in transactions{as_what}, one epoch "
+            "per file",
             [sys.executable, "-m", "bridge_shell.cli", "produce", "--source", "files",
              "--input", str(work / "input"), "--max-files-per-trigger", "1",
              "--topic", topic, "--key-field", "order_id", "--trigger", "available-now",
-             "--checkpoint", str(work / "checkpoint"), "--stack-dir", str(stack_dir)],
+             "--checkpoint", str(work / "checkpoint"), "--stack-dir", str(stack_dir),
+             *(typed if value_format == "avro" else [])],
             work / "producer.log",
         )  # fmt: skip
         config = work / "consumer.yaml"
         # Where Kafka and PostgreSQL are, and as whom, the consumer reads from the stack.
-        config.write_text(yaml.safe_dump({
-            "consumer": {"group_id": group,
-                         "routes": [{"topic": topic, "table": DEMO_TABLE, "mode": "insert"}]},
-        }))  # fmt: skip
+        route = {"topic": topic, "table": DEMO_TABLE, "mode": "insert",
+                 "value_format": value_format}  # fmt: skip
+        config.write_text(yaml.safe_dump({"consumer": {"group_id": group, "routes": [route]}}))
         with (work / "consumer.log").open("wb") as out:
             consumer = subprocess.Popen(  # noqa: S603
                 [sys.executable, "-m", "consumers", "--config", str(config),

@@ -18,6 +18,13 @@ def demo(
     keep_stack: Annotated[
         bool, typer.Option("--keep-stack", help="Leave the stack running afterwards.")
     ] = False,
+    value_format: Annotated[
+        str,
+        typer.Option(
+            "--format",
+            help="json, or avro: typed records through the stack's schema registry.",
+        ),
+    ] = "json",
     brokers: Brokers = None,
     spark_workers: SparkWorkers = None,
     secure: Secure = None,
@@ -25,13 +32,22 @@ def demo(
 ) -> None:
     """Sample orders through Spark, Kafka and the consumer into PostgreSQL; verify that every
     order id arrived exactly once; print the offsets and a summary."""
+    from bridge.errors import ConfigError
     from bridge_shell.demo import DemoFailed, run_demo
     from bridge_shell.stack import LocalStack
 
+    if value_format not in ("json", "avro"):
+        raise ConfigError([("--format", f"{value_format!r} is not json or avro")])
     console = output_console()
     stack = LocalStack(stack_dir, brokers=brokers, spark_workers=spark_workers, secure=secure)
     try:
-        ok = run_demo(console, stack=stack, records=records, keep_stack=keep_stack)
+        ok = run_demo(
+            console,
+            stack=stack,
+            records=records,
+            keep_stack=keep_stack,
+            value_format=value_format,
+        )
     except DemoFailed as exc:
         console.print(f"[bold red]demo failed:[/] {exc}", highlight=False)
         raise typer.Exit(1) from None
