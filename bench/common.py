@@ -33,6 +33,7 @@ class Endpoints:
     # The first broker's JVM and PostgreSQL's postmaster, for CPU accounting (bench/cpu.py).
     kafka_pid: int | None = None
     postgres_pid: int | None = None
+    registry_url: str | None = None  # the schema registry's Confluent-compatible API
 
 
 @contextmanager
@@ -111,8 +112,9 @@ def running_stack() -> Iterator[Endpoints]:
     status = LocalStack(Path(DEFAULT_STACK_DIR)).status()
     if status.running and status.bootstrap_servers and status.dsn:
         shared = Endpoints(
-            status.bootstrap_servers, status.dsn, status.kafka_pid, status.postgres_pid
-        )
+            status.bootstrap_servers, status.dsn, status.kafka_pid, status.postgres_pid,
+            status.registry_url,
+        )  # fmt: skip
         try:
             yield shared
         finally:
@@ -124,8 +126,9 @@ def running_stack() -> Iterator[Endpoints]:
         try:
             assert started.bootstrap_servers and started.dsn
             yield Endpoints(
-                started.bootstrap_servers, started.dsn, started.kafka_pid, started.postgres_pid
-            )
+                started.bootstrap_servers, started.dsn, started.kafka_pid, started.postgres_pid,
+                started.registry_url,
+            )  # fmt: skip
         finally:
             stack.down()
 

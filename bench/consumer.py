@@ -211,12 +211,15 @@ class Service:
         batch_max_wait_ms: int | None = 20,  # None: the service's default
         group: str | None = None,  # several instances of one group share it
         http_port: int | None = None,  # serve /metrics there
+        value_format: str = "json",  # avro: through the stack's schema registry
     ) -> None:
         self.stack, self.group = stack, group or f"bench-{uuid.uuid4().hex[:8]}"
         self._watcher: psycopg.Connection[Any] | None = None
         route: dict[str, Any] = {"topic": topic, "table": f"public.{table}", "mode": mode}
         if mode == "upsert":
             route["key_columns"] = ["id"]
+        if value_format != "json":
+            route["value_format"] = value_format
         consumer: dict[str, Any] = {"group_id": self.group, "routes": [route]}
         if batch_max_wait_ms is not None:
             consumer["batch_max_wait_ms"] = batch_max_wait_ms
@@ -228,6 +231,7 @@ class Service:
             "kafka": {"bootstrap_servers": stack.bootstrap_servers},
             "postgres": {"dsn": stack.dsn},
             "consumer": consumer,
+            **({"schema_registry": {"url": stack.registry_url}} if stack.registry_url else {}),
         }))  # fmt: skip
         self.log = scratch / f"{name}.log"
         env = {k: v for k, v in os.environ.items() if not k.startswith("BRIDGE_")}
@@ -273,7 +277,13 @@ def caught_up(stack: Endpoints, topic: str, partitions: int = PARTITIONS) -> int
 
 
 def service_run(
-    stack: Endpoints, topic: str, records: int, mode: str, scratch: Path, tree: Path | None = None
+    stack: Endpoints,
+    topic: str,
+    records: int,
+    mode: str,
+    scratch: Path,
+    tree: Path | None = None,
+    value_format: str = "json",
 ) -> dict[str, Any]:
     table = f"svc_{mode}_{uuid.uuid4().hex[:8]}"
     key = ", PRIMARY KEY (id)" if mode == "upsert" else ""
@@ -283,7 +293,7 @@ def service_run(
     target = caught_up(stack, topic)
     checkpoint(stack.dsn)
     started = time.perf_counter()
-    service = Service(stack, topic, table, mode, scratch, tree)
+    service = Service(stack, topic, table, mode, scratch, tree, value_format=value_format)
     meter = stack_meter(stack)
     try:
         service.wait_for(1)  # offsets claimed: the group is joined

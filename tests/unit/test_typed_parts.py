@@ -161,6 +161,8 @@ def test_the_avro_decoder_reads_each_value_by_its_writer_schema_and_names_what_i
     with pytest.raises(RecordError, match="1 byte\\(s\\) after the record"):
         decoder.decode(good + b"\x00")
     assert decoder.decode_all([good, good[:-3]]) is None
+    assert decoder.decode_all([good, good + b"\x00"]) is None  # read in one C loop, checked
+    assert decoder.decode_all([good, _framed(9, record)]) is None  # two ids: one by one
 
 
 def test_json_rows_fill_array_columns_and_read_epoch_millis_when_asked() -> None:

@@ -1,0 +1,237 @@
+"""Typed-records benchmark: Avro through the schema registry against JSON, on the same rows.
+
+    .venv/bin/python -m bench.typed [--records 500000] [--rounds 3] [--files 20]
+        [--files-per-epoch 2] [--no-producer] [--no-consumer]
+
+(a) The consumer (`python -m consumers`, a whole process, insert mode) on two topics holding the
+    same rows, one as JSON objects and one as registry Avro (the schema registered in the stack's
+    registry): rows per second from the group joined to the last offset applied, in alternated
+    rounds, each round's ratio Avro / JSON and the median. The rows are the consumer
+    benchmark's order events (bench/consumer.py), with their amount a decimal(12,2).
+(b) The producer (bench/typed_job.py, a whole process, start-up included) on the same typed
+    DataFrame (Parquet files of those rows and a timestamp), its value written as JSON
+    (`to_json`) or as registry Avro (`to_avro` behind the wire-format header), alternated
+    rounds; rows per second and the ratio Avro / JSON.
+Each timed consumer run starts after a CHECKPOINT (bench/consumer.py). Writes
+bench/results/typed-*.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from datetime import UTC, datetime
+from decimal import Decimal
+from pathlib import Path
+from statistics import median
+from typing import Any
+
+import fastavro
+import pyarrow as pa
+import pyarrow.parquet as pq
+from confluent_kafka import Producer
+from confluent_kafka.schema_registry import SchemaRegistryClient
+
+from bench.common import Endpoints, new_topic, running_stack, scratch_dir, write_results
+from bench.consumer import PARTITIONS, fill_topic, record, service_run
+from bridge_shell.maven import spark_kafka_jars
+from bridge_shell.spark.spark_home import precompiled_spark_home
+from spark_jobs.registry_frames import register
+
+JOB = Path(__file__).with_name("typed_job.py")
+ORDER_SCHEMA: dict[str, Any] = {
+    "type": "record",
+    "name": "Order",
+    "namespace": "bench",
+    "fields": [
+        {"name": "id", "type": "long"},
+        {"name": "customer", "type": "string"},
+        {"name": "amount", "type": {"type": "bytes", "logicalType": "decimal",
+                                    "precision": 12, "scale": 2}},
+        {"name": "currency", "type": "string"},
+        {"name": "note", "type": "string"},
+        {"name": "sent_ms", "type": "long"},
+    ],
+}  # fmt: skip
+
+
+def fill_avro_topic(stack: Endpoints, topic: str, records: int) -> None:
+    """The same rows as `fill_topic` writes as JSON, as registry Avro."""
+    assert stack.registry_url is not None
+    new_topic(stack, topic, partitions=PARTITIONS)
+    with SchemaRegistryClient({"url": stack.registry_url}) as client:
+        schema_id = register(client, f"{topic}-value", ORDER_SCHEMA)
+    header = b"\x00" + schema_id.to_bytes(4, "big")
+    parsed = fastavro.parse_schema(ORDER_SCHEMA)
+    producer = Producer({"bootstrap.servers": stack.bootstrap_servers, "linger.ms": 20,
+                         "transactional.id": f"bench-{uuid.uuid4().hex}"})  # fmt: skip
+    producer.init_transactions(30)
+    now_ms = int(time.time() * 1000)
+    for start in range(0, records, 50_000):
+        producer.begin_transaction()
+        for i in range(start, min(records, start + 50_000)):
+            row = record(i, now_ms)
+            row["amount"] = Decimal(f"{row['amount']:.2f}")
+            body = io.BytesIO()
+            body.write(header)
+            fastavro.schemaless_writer(body, parsed, row)
+            while True:
+                try:
+                    producer.produce(topic, body.getvalue())
+                    break
+                except BufferError:
+                    producer.poll(0.05)
+        producer.commit_transaction(60)
+
+
+def consumer_rounds(stack: Endpoints, records: int, rounds: int, scratch: Path) -> dict[str, Any]:
+    topics = {
+        "json": f"bench-json-{uuid.uuid4().hex[:8]}",
+        "avro": f"bench-avro-{uuid.uuid4().hex[:8]}",
+    }
+    fill_topic(stack, topics["json"], records)
+    fill_avro_topic(stack, topics["avro"], records)
+    runs: list[dict[str, Any]] = []
+    warm = {f: service_run(stack, topics[f], records, "insert", scratch, value_format=f)
+            for f in ("json", "avro")}  # fmt: skip
+    print("consumer warm-up (not counted): "
+          + ", ".join(f"{f} {r['rows_per_second']:,} rows/s" for f, r in warm.items()))  # fmt: skip
+    for index in range(rounds):
+        order = ("json", "avro") if index % 2 == 0 else ("avro", "json")
+        one = {f: service_run(stack, topics[f], records, "insert", scratch, value_format=f)
+               for f in order}  # fmt: skip
+        one["ratio"] = round(one["avro"]["rows_per_second"] / one["json"]["rows_per_second"], 3)
+        runs.append(one)
+        json_rate, avro_rate = one["json"]["rows_per_second"], one["avro"]["rows_per_second"]
+        print(f"consumer round {index + 1}: json {json_rate:,} rows/s, avro {avro_rate:,} "
+              f"rows/s, avro/json {one['ratio']}")  # fmt: skip
+    return {
+        "records": records,
+        "rounds": runs,
+        "json_rows_per_second": median(r["json"]["rows_per_second"] for r in runs),
+        "avro_rows_per_second": median(r["avro"]["rows_per_second"] for r in runs),
+        "ratio": median(r["ratio"] for r in runs),
+        "goal": ">= 1.0",
+    }
+
+
+def write_parquet(directory: Path, records: int, files: int) -> None:
+    directory.mkdir(parents=True)
+    now_ms = int(time.time() * 1000)
+    per_file = -(-records // files)
+    schema = pa.schema([
+        ("id", pa.int64()), ("customer", pa.string()), ("amount", pa.decimal128(12, 2)),
+        ("currency", pa.string()), ("note", pa.string()), ("sent_ms", pa.int64()),
+        ("at", pa.timestamp("us", tz="UTC")),
+    ])  # fmt: skip
+    at = datetime.now(UTC)
+    for index in range(files):
+        rows = [
+            record(i, now_ms) for i in range(index * per_file, min(records, (index + 1) * per_file))
+        ]
+        columns = {
+            name: [r[name] for r in rows]
+            for name in ("id", "customer", "currency", "note", "sent_ms")
+        }
+        columns["amount"] = [Decimal(f"{r['amount']:.2f}") for r in rows]
+        columns["at"] = [at] * len(rows)
+        pq.write_table(pa.table(columns, schema=schema), directory / f"part-{index:03d}.parquet")
+
+
+def producer_run(
+    stack: Endpoints, data: Path, value_format: str, scratch: Path, files_per_epoch: int,
+    env: dict[str, str], jars: str, records: int,
+) -> dict[str, Any]:  # fmt: skip
+    topic = f"bench-typed-{value_format}-{uuid.uuid4().hex[:8]}"
+    new_topic(stack, topic, partitions=2)
+    log = scratch / f"{topic}.log"
+    command = [sys.executable, str(JOB), "--input", str(data), "--format", value_format,
+               "--topic", topic, "--checkpoint", str(scratch / "checkpoints" / topic),
+               "--bootstrap-servers", stack.bootstrap_servers,
+               "--registry", str(stack.registry_url), "--jars", jars,
+               "--files-per-epoch", str(files_per_epoch)]  # fmt: skip
+    started = time.perf_counter()
+    with log.open("w") as out:
+        code = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, env=env, check=False)
+    seconds = time.perf_counter() - started
+    text = log.read_text()
+    if code.returncode != 0:
+        raise RuntimeError(f"{value_format} run exited {code.returncode}:\n{text[-3000:]}")
+    query = float(text.split("query seconds ")[-1].split()[0])
+    return {"format": value_format, "seconds": round(seconds, 2), "query_seconds": round(query, 2),
+            "rows_per_second": round(records / seconds)}  # fmt: skip
+
+
+def producer_rounds(
+    stack: Endpoints, records: int, rounds: int, files: int, files_per_epoch: int, scratch: Path
+) -> dict[str, Any]:
+    data = scratch / "typed-in"
+    write_parquet(data, records, files)
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    home = precompiled_spark_home()
+    if home is not None:
+        env["SPARK_HOME"] = str(home)
+    jars = ",".join(spark_kafka_jars())
+
+    def run(value_format: str) -> dict[str, Any]:
+        return producer_run(stack, data, value_format, scratch, files_per_epoch, env, jars, records)
+
+    warm = {f: run(f) for f in ("json", "avro")}
+    print("producer warm-up (not counted): "
+          + ", ".join(f"{f} {r['seconds']} s" for f, r in warm.items()))  # fmt: skip
+    runs: list[dict[str, Any]] = []
+    for index in range(rounds):
+        order = ("json", "avro") if index % 2 == 0 else ("avro", "json")
+        one: dict[str, Any] = {f: run(f) for f in order}
+        one["ratio"] = round(one["avro"]["rows_per_second"] / one["json"]["rows_per_second"], 3)
+        runs.append(one)
+        print(f"producer round {index + 1}: json {one['json']['seconds']} s, "
+              f"avro {one['avro']['seconds']} s, avro/json {one['ratio']}")  # fmt: skip
+    return {
+        "records": records,
+        "files": files,
+        "files_per_epoch": files_per_epoch,
+        "rounds": runs,
+        "json_rows_per_second": median(r["json"]["rows_per_second"] for r in runs),
+        "avro_rows_per_second": median(r["avro"]["rows_per_second"] for r in runs),
+        "ratio": median(r["ratio"] for r in runs),
+        "goal": ">= 0.95",
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--records", type=int, default=500_000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--files", type=int, default=20)
+    parser.add_argument("--files-per-epoch", type=int, default=2)
+    parser.add_argument("--no-producer", dest="producer", action="store_false")
+    parser.add_argument("--no-consumer", dest="consumer", action="store_false")
+    args = parser.parse_args()
+    figures: dict[str, Any] = {}
+    with scratch_dir("bridge-bench-typed-") as scratch, running_stack() as stack:
+        if stack.registry_url is None:
+            raise SystemExit("the stack has no schema registry: `bridge stack up` again")
+        if args.consumer:
+            figures["consumer"] = consumer_rounds(stack, args.records, args.rounds, scratch)
+        if args.producer:
+            figures["producer"] = producer_rounds(
+                stack, args.records, args.rounds, args.files, args.files_per_epoch, scratch
+            )
+    path = write_results("typed", figures)
+    for side, result in figures.items():
+        print(f"{side}: json {result['json_rows_per_second']:,} rows/s, avro "
+              f"{result['avro_rows_per_second']:,} rows/s, avro/json {result['ratio']} "
+              f"(goal {result['goal']})")  # fmt: skip
+    print(f"wrote {path}")
+    print(json.dumps({side: result["ratio"] for side, result in figures.items()}))
+
+
+if __name__ == "__main__":
+    main()
