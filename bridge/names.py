@@ -52,6 +52,7 @@ METRIC_LAG: Final = "bridge_consumer_lag"
 METRIC_PARTITIONS: Final = "bridge_consumer_partitions"
 METRIC_DATABASE_RECONNECTS: Final = "bridge_consumer_database_reconnects"
 METRIC_REGISTRY_UNAVAILABLE: Final = "bridge_consumer_schema_registry_unavailable"
+METRIC_IGNORED_FIELDS: Final = "bridge_consumer_ignored_fields"
 METRIC_DATABASE_REFUSALS: Final = "bridge_consumer_database_refusals"
 METRIC_INFO: Final = "bridge_consumer_info"
 

@@ -54,10 +54,18 @@ class AvroRowDecoder:
         self._makers: dict[int, RowMaker] = {}
         self.carried = tuple(i for i, c in enumerate(columns) if c not in filled)
 
-    def prepare(self, raws: Iterable[bytes]) -> None:
+    def prepare(self, raws: Iterable[bytes]) -> set[str]:
         """Fetch the writer schemas these values name (RegistryUnavailable when the registry
-        cannot answer), so that decoding them waits on nothing."""
-        self._schemas.fetch(i for i in map(schema_id, raws) if i is not None)
+        cannot answer), so that decoding them waits on nothing. Returns the fields of those
+        schemas."""
+        ids = {i for i in map(schema_id, raws) if i is not None}
+        self._schemas.fetch(ids)
+        fields: set[str] = set()
+        for writer in ids:
+            schema = self._schemas.schemas.get(writer)
+            if isinstance(schema, dict) and schema.get("type") == "record":
+                fields.update(str(f["name"]) for f in schema["fields"])
+        return fields
 
     def decode(self, raw: bytes) -> Row:
         writer = schema_id(raw)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import chain
 from typing import Any
@@ -112,7 +113,11 @@ class Committer:
         applier: Applier,
         targets: dict[str, Target],
         timeout_s: float,
+        on_ignored: Callable[[str, list[str]], None] | None = None,
     ) -> None:
+        """`on_ignored(topic, fields)`: told once of each field a topic's records carry that
+        is not a column of its table."""
+        self._on_ignored = on_ignored
         self._store = store
         self._applier = applier
         self._targets = targets
@@ -130,7 +135,9 @@ class Committer:
         schemas of Avro values): RegistryUnavailable when it cannot be, and nothing is sent."""
         of_topics = by_topic(records)
         for topic, of_topic in of_topics.items():  # RegistryUnavailable before anything else
-            self._targets[topic].prepare(of_topic)
+            ignored = self._targets[topic].prepare(of_topic)
+            if ignored and self._on_ignored is not None:
+                self._on_ignored(topic, ignored)
         plans = {}
         staged: set[str] = set()  # the plans go in one transaction
         for topic, of_topic in of_topics.items():

@@ -27,6 +27,7 @@ from bridge.names import (
     METRIC_DATABASE_RECONNECTS,
     METRIC_DATABASE_REFUSALS,
     METRIC_DEAD_LETTERS,
+    METRIC_IGNORED_FIELDS,
     METRIC_INFO,
     METRIC_LAG,
     METRIC_LATENCY_SECONDS,
@@ -100,6 +101,13 @@ class ConsumerMetrics:
             "Times the database connection was lost and opened again.",
             registry=self.registry,
         )
+        self.ignored_fields = Counter(
+            METRIC_IGNORED_FIELDS,
+            "Fields the records of a topic carry that are not columns of its table, and so are "
+            "left out: counted once each, when first seen (the log names them).",
+            ["topic"],
+            registry=self.registry,
+        ).labels
         self.registry_unavailable = Counter(
             METRIC_REGISTRY_UNAVAILABLE,
             "Batches held back because the schema registry could not answer for their schemas "

@@ -129,6 +129,7 @@ class ConsumerService:
             applier=Applier(tables=self._tables, group_id=self._config.group_id),
             targets=targets,
             timeout_s=self._db.reply_timeout_s,
+            on_ignored=self._ignored,
         )
         self._db.connect()
         consumer = Consumer(self._kafka_config())
@@ -172,6 +173,17 @@ class ConsumerService:
             "consumer started",
             extra={"owner": self._owner, "topics": list(targets), "http_port": self.http_port},
         )
+
+    def _ignored(self, topic: str, fields: list[str]) -> None:
+        """A producer's new fields are no longer dropped in silence: once each, a line and the
+        count, so that someone adds the column (or decides not to)."""
+        self.metrics.ignored_fields(topic).inc(len(fields))
+        route = next(r for r in self._config.routes if r.topic == topic)
+        log.warning(
+            "topic %s: field(s) %s are not columns of %s and are left out",
+            topic, ", ".join(fields), route.table,
+            extra={"topic": topic, "fields": fields, "table": route.table},
+        )  # fmt: skip
 
     def _kafka_config(self) -> dict[str, Any]:
         # Positions come from the database only: nothing is committed to Kafka, and a fetch

@@ -357,3 +357,33 @@ def test_the_producer_job_writes_json_lines_as_typed_records_and_passes_bad_line
     dead = sql(stack, f"SELECT value, error FROM {names['schema']}.dead_letters ORDER BY value")
     assert [bytes(value) for value, _ in dead] == [b"not json", b'{"id": "not a number"}']
     assert all("not in the schema registry's wire format" in error for _, error in dead)
+
+
+def test_a_json_route_fills_array_columns_reads_epoch_millis_and_reports_ignored_fields(
+    stack: Endpoints, names: dict[str, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    sql(stack, f"CREATE TABLE {names['table']} (id bigint, tags text[], scores bigint[], "
+               "at timestamptz, doc jsonb)")  # fmt: skip
+    sql(stack, f"GRANT SELECT, INSERT ON {names['table']} TO PUBLIC")
+    create_topic(stack.bootstrap_servers, names["topic"], partitions=1)
+    produce(
+        stack,
+        names["topic"],
+        [
+            (None, {"id": 1, "tags": ["a", None, "ç"], "scores": [1, -(2**63)],
+                    "at": 1764077168123, "doc": [1, {"k": "v"}]}),
+            (None, {"id": 2, "at": "2026-11-25T13:46:08.5+01:00", "added": True, "also": 1}),
+        ],
+    )  # fmt: skip
+    settings = settings_for(stack, names, epoch_millis_timestamps=True)
+    with running(settings) as service:
+        drained(stack, names, 1)
+        ignored = sample(service, "bridge_consumer_ignored_fields_total", topic=names["topic"])
+    assert ignored == 2
+    assert any("added, also are not columns" in r.getMessage() for r in caplog.records)
+    assert sql(stack, f"SELECT id, tags, scores, at, doc FROM {names['table']} ORDER BY id") == [
+        (1, ["a", None, "ç"], [1, -(2**63)],
+         datetime(2025, 11, 25, 13, 26, 8, 123000, tzinfo=UTC), [1, {"k": "v"}]),
+        (2, None, None, datetime(2026, 11, 25, 12, 46, 8, 500000, tzinfo=UTC), None),
+    ]  # fmt: skip
+    sql(stack, f"DROP TABLE {names['table']}")
