@@ -31,7 +31,10 @@ def settings_for(
     """As the consumer's principal and role (of least rights, on a secured stack), or with
     `kafka_properties` instead of the principal's; with `registry_url`, the schema registry."""
     properties = stack.properties("consumer", resolved=False)
-    registry: dict[str, Any] = {"schema_registry": {"url": registry_url}} if registry_url else {}
+    registry: dict[str, Any] = {}
+    if registry_url:
+        client = dict(stack.registry_properties)
+        registry = {"schema_registry": {"url": registry_url, "properties": client}}
     return load_settings(
         **registry,
         kafka={

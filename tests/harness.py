@@ -45,6 +45,8 @@ class Endpoints:
     # The schema registry's Confluent-compatible API, and on the local stack its process.
     registry_url: str | None = None
     registry: RegistryServer | None = None
+    # Its client's settings beyond the URL (the CA that verifies it on the secured stack).
+    registry_properties: Mapping[str, str] = field(default_factory=dict)
     # A secured stack (pytest --secure): its data directory, and each role's librdkafka
     # security settings with passwords as ${file:...} references ("admin" has every right).
     stack_dir: Path | None = None
@@ -184,6 +186,7 @@ def _local_stack(*, secure: bool = False) -> Iterator[Endpoints]:
             dsn=postgres.dsn,
             registry_url=registry.url if registry else None,
             registry=registry,
+            registry_properties=registry.client_properties() if registry else {},
             origin="secured local stack" if secure else "local stack",
             kafka=stack.kafka(state),
             postgres=postgres,

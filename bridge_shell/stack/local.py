@@ -16,6 +16,7 @@ from bridge.errors import StackError
 from bridge.names import (
     ENV_KAFKA_BOOTSTRAP,
     ENV_POSTGRES_DSN,
+    ENV_SCHEMA_REGISTRY_PROPERTIES,
     ENV_SCHEMA_REGISTRY_URL,
     ENV_SPARK_MASTER,
     STACK_ENV_FILE,
@@ -237,7 +238,11 @@ class LocalStack:
         """None only for a stack made before it had a registry, until its next `up`."""
         if not state.registry_port:
             return None
-        return RegistryServer(home=self.data_dir / "registry", port=state.registry_port)
+        return RegistryServer(
+            home=self.data_dir / "registry",
+            port=state.registry_port,
+            security=self.security(state),
+        )
 
     def spark(self, state: StackState) -> SparkCluster | None:
         if not state.spark_master:
@@ -384,6 +389,10 @@ class LocalStack:
     ) -> None:
         text = f"{ENV_KAFKA_BOOTSTRAP}={self.bootstrap_servers(nodes)}\n"
         text += f"{ENV_SCHEMA_REGISTRY_URL}={registry.url}\n"
+        registry_properties = registry.client_properties()
+        if registry_properties:  # the CA to verify it by: nothing secret
+            properties = json.dumps(registry_properties, separators=(",", ":"))
+            text += f"{ENV_SCHEMA_REGISTRY_PROPERTIES}='{properties}'\n"
         if postgres.security is None:
             text += f"{ENV_POSTGRES_DSN}={postgres.dsn}\n"
         if spark is not None:

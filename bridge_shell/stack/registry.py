@@ -5,6 +5,11 @@ serves the Confluent-compatible API under `/apis/ccompat/v7`, the only API bridg
 speak, so that any registry with that API serves in production. Its schemas live in an H2 file
 under its home: a stack restarted keeps every subject and schema id, as the records in Kafka,
 which carry those ids, require.
+
+On the secured stack it serves HTTPS only, with a certificate of the stack's own CA (Quarkus'
+`quarkus.http.ssl.*`), and its clients verify it. This build has no authentication of its own
+short of an OpenID Connect server (Keycloak), which the stack does not run: it listens on
+loopback only.
 """
 
 from __future__ import annotations
@@ -12,15 +17,20 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import ssl
 import subprocess
 import tarfile
 import tempfile
 import urllib.request
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from bridge.errors import MissingToolError, ServerStartError, StackError
 from bridge_shell.maven import java_binary
 from bridge_shell.stack import process
+
+if TYPE_CHECKING:
+    from bridge_shell.stack.secure import StackSecurity
 
 REGISTRY_VERSION = "2.6.13.Final"
 REGISTRY_ARTIFACT = f"io.apicurio:apicurio-registry-app:{REGISTRY_VERSION}:tar.gz:all"
@@ -29,6 +39,7 @@ ENV_REGISTRY_DIST = "BRIDGE_REGISTRY_DIST"
 ENV_REGISTRY_HEAP = "BRIDGE_REGISTRY_HEAP"
 _RUNNER = f"apicurio-registry-app-{REGISTRY_VERSION}-runner.jar"
 _COMPLETE = ".complete"
+REGISTRY_CERTIFICATE = "bridge-registry"  # its certificate's name on the secured stack
 
 
 def registry_dist() -> Path:
@@ -75,10 +86,18 @@ def registry_dist() -> Path:
 class RegistryServer:
     """One registry whose files all live under `home`."""
 
-    def __init__(self, *, home: Path, port: int, dist: Path | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        home: Path,
+        port: int,
+        dist: Path | None = None,
+        security: StackSecurity | None = None,
+    ) -> None:
         self.home = home
         self.port = port
         self._dist = dist
+        self.security = security
         self.data_dir = home / "data"
         self.log_path = home / "registry.log"
         self.pid_path = home / "registry.pid"
@@ -93,7 +112,15 @@ class RegistryServer:
     @property
     def url(self) -> str:
         """The Confluent-compatible API's base URL, as clients take it."""
-        return f"http://127.0.0.1:{self.port}{CONFLUENT_API}"
+        scheme = "https" if self.security is not None else "http"
+        return f"{scheme}://127.0.0.1:{self.port}{CONFLUENT_API}"
+
+    def client_properties(self) -> dict[str, str]:
+        """confluent-kafka's registry client settings beyond the URL: the CA on the secured
+        stack (nothing secret)."""
+        if self.security is None:
+            return {}
+        return {"ssl.ca.location": str(self.security.ca.ca.cert)}
 
     @property
     def pid(self) -> int | None:
@@ -117,8 +144,7 @@ class RegistryServer:
         heap = os.environ.get(ENV_REGISTRY_HEAP, "256m")
         argv = [
             java_binary(), f"-Xmx{heap}", "-XX:+UseSerialGC", self._marker,
-            "-Dquarkus.http.host=127.0.0.1", f"-Dquarkus.http.port={self.port}",
-            "-jar", str(self.dist / _RUNNER),
+            "-Dquarkus.http.host=127.0.0.1", *self._listener(), "-jar", str(self.dist / _RUNNER),
         ]  # fmt: skip
         env = {
             **os.environ,
@@ -130,10 +156,26 @@ class RegistryServer:
         pid = process.spawn_detached(argv, log_path=self.log_path, cwd=self.home, env=env)
         self.pid_path.write_text(f"{pid}\n")
 
+    def _listener(self) -> list[str]:
+        if self.security is None:
+            return [f"-Dquarkus.http.port={self.port}"]
+        certificate = self.security.certificate(REGISTRY_CERTIFICATE)
+        return [
+            f"-Dquarkus.http.ssl-port={self.port}",
+            "-Dquarkus.http.insecure-requests=disabled",  # no plain HTTP port at all
+            f"-Dquarkus.http.ssl.certificate.files={certificate.cert}",
+            f"-Dquarkus.http.ssl.certificate.key-files={certificate.key}",
+        ]
+
     def answers(self) -> bool:
         """Whether the Confluent-compatible API lists the subjects."""
+        context = None
+        if self.security is not None:
+            context = ssl.create_default_context(cafile=str(self.security.ca.ca.cert))
         try:
-            with urllib.request.urlopen(f"{self.url}/subjects", timeout=2) as reply:  # noqa: S310
+            with urllib.request.urlopen(  # noqa: S310 - our own URL
+                f"{self.url}/subjects", timeout=2, context=context
+            ) as reply:
                 return reply.status == 200 and isinstance(json.loads(reply.read()), list)
         except (OSError, ValueError):  # URLError is an OSError
             return False
