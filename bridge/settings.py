@@ -203,9 +203,10 @@ class RouteSettings(_Section):
     table: str = Field(min_length=1)
     mode: Literal["insert", "upsert"] = "insert"
     key_columns: tuple[str, ...] = ()
-    # How record values are written: JSON objects, or Avro in the schema registry's wire format
-    # (magic byte, schema id, body), decoded by the writer schema the id names.
-    value_format: Literal["json", "avro"] = "json"
+    # How record values are written: JSON objects, or in the schema registry's wire format
+    # (magic byte, schema id, body) Avro decoded by the writer schema the id names, or JSON
+    # whose JSON Schema the id names.
+    value_format: Literal["json", "avro", "json-schema"] = "json"
     # JSON values only: an integer for a timestamp column is milliseconds since 1970 (UTC),
     # as Kafka Connect's and many producers' timestamps are; otherwise PostgreSQL refuses it.
     epoch_millis_timestamps: bool = False

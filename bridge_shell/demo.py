@@ -4,9 +4,9 @@ Sample orders (unique ids) as JSON-lines files -> the Spark producer job (`avail
 Kafka transactions -> the consumer service -> PostgreSQL. Then every id is checked to have
 arrived exactly once, and the group's offsets are shown next to Kafka's log.
 
-With `value_format` avro the orders travel as typed records: the producer reads each line by
-`ORDER_SCHEMA` and registers it in the stack's schema registry, and the consumer decodes them by
-the id each record carries.
+With `value_format` avro (or json-schema) the orders travel as typed records: the producer
+reads each line by `ORDER_SCHEMA` and registers it in the stack's schema registry, and the
+consumer decodes them by the id each record carries.
 """
 
 from __future__ import annotations
@@ -217,8 +217,11 @@ def _pipeline(
         consumer_role = role_of(consumer_dsn.get_secret_value())
         if consumer_role != role_of(dsn):
             grant_table(dsn, DEMO_TABLE, consumer_role)
-        typed = ["--value-format", "avro", "--value-schema", ORDER_SCHEMA]
-        as_what = " as Avro registered in the schema registry" if value_format == "avro" else ""
+        typed = ["--value-format", value_format, "--value-schema", ORDER_SCHEMA]
+        as_what = {
+            "avro": " as Avro registered in the schema registry",
+            "json-schema": " as JSON with a JSON Schema registered in the schema registry",
+        }.get(value_format, "")
         _run_step(
             console,
             f"Spark producer: files -> Kafka topic {topic} in transactions{as_what}, one epoch "
@@ -227,7 +230,7 @@ def _pipeline(
              "--input", str(work / "input"), "--max-files-per-trigger", "1",
              "--topic", topic, "--key-field", "order_id", "--trigger", "available-now",
              "--checkpoint", str(work / "checkpoint"), "--stack-dir", str(stack_dir),
-             *(typed if value_format == "avro" else [])],
+             *(typed if value_format != "json" else [])],
             work / "producer.log",
         )  # fmt: skip
         config = work / "consumer.yaml"

@@ -24,7 +24,7 @@ import fastavro
 import msgspec
 
 from consumers.records import RecordError
-from consumers.registry_schemas import HEADER, SchemaCache, schema_id
+from consumers.registry_schemas import AVRO, HEADER, SchemaCache, schema_id, unframed
 from consumers.rows import UNSET, ArrayValue, Row
 
 _json = msgspec.json.Encoder(decimal_format="number")
@@ -55,26 +55,13 @@ class AvroRowDecoder:
         self.carried = tuple(i for i, c in enumerate(columns) if c not in filled)
 
     def prepare(self, raws: Iterable[bytes]) -> set[str]:
-        """Fetch the writer schemas these values name (RegistryUnavailable when the registry
-        cannot answer), so that decoding them waits on nothing. Returns the fields of those
-        schemas."""
-        ids = {i for i in map(schema_id, raws) if i is not None}
-        self._schemas.fetch(ids)
-        fields: set[str] = set()
-        for writer in ids:
-            schema = self._schemas.schemas.get(writer)
-            if isinstance(schema, dict) and schema.get("type") == "record":
-                fields.update(str(f["name"]) for f in schema["fields"])
-        return fields
+        """See `SchemaCache.prepare`."""
+        return self._schemas.prepare(raws)
 
     def decode(self, raw: bytes) -> Row:
         writer = schema_id(raw)
         if writer is None:
-            first = f"0x{raw[0]:02x}" if raw else "nothing"
-            raise RecordError(
-                f"value is not in the schema registry's wire format (starts with {first}, "
-                "not the magic byte 0x00 and a schema id)"
-            )
+            raise unframed(raw)
         maker = self._makers.get(writer) or self._maker(writer)
         body = io.BytesIO(raw)
         body.seek(HEADER)
@@ -133,6 +120,9 @@ class AvroRowDecoder:
         schema = self._schemas.schemas.get(writer)
         if schema is None:  # `prepare` was not called for it: a bug, not the record's
             raise KeyError(f"schema id {writer} was not fetched before decoding")
+        if self._schemas.types.get(writer) != AVRO:
+            raise RecordError(f"schema id {writer} is a {self._schemas.types[writer]} schema, "
+                              "not Avro: the route's value_format says avro")  # fmt: skip
         if not isinstance(schema, dict) or schema.get("type") != "record":
             self._schemas.missing[writer] = f"schema id {writer} is not an Avro record"
             raise RecordError(self._schemas.missing[writer])

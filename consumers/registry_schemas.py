@@ -1,4 +1,4 @@
-"""Writer schemas by id, from the schema registry, each fetched once.
+"""Writer schemas (Avro, JSON Schema) by id, from the schema registry, each fetched once.
 
 A registry-framed value is a magic byte (0), its schema's id (4 bytes, big-endian) and the body.
 The ids a batch needs are fetched before the batch is planned (`fetch`), so that decoding never
@@ -26,12 +26,14 @@ from tenacity import RetryCallState, Retrying, wait_exponential
 
 from bridge.errors import BridgeError
 from bridge.settings import SchemaRegistrySettings
+from consumers.records import RecordError
 
 log = logging.getLogger("bridge.consumer")
 
 MAGIC = 0
 HEADER = 5  # the magic byte and the schema id
 _NOT_FOUND = 404
+AVRO, JSON = "AVRO", "JSON"  # the registry's schema types bridge reads
 # One request at a time, each bounded; the batch's own backoff retries, not the client.
 _CLIENT_TIMEOUT_S = 10
 # Between tries while the registry cannot answer: from 1 s, doubling, to at most 30 s.
@@ -49,6 +51,15 @@ def schema_id(raw: bytes) -> int | None:
     return int.from_bytes(raw[1:HEADER], "big")
 
 
+def unframed(raw: bytes) -> RecordError:
+    """The error of a value that is not in the wire format, naming how it starts."""
+    first = f"0x{raw[0]:02x}" if raw else "nothing"
+    return RecordError(
+        f"value is not in the schema registry's wire format (starts with {first}, not the "
+        "magic byte 0x00 and a schema id)"
+    )
+
+
 class SchemaCache:
     """Parsed writer schemas by id; `missing` holds, with why, the ids no record can be
     decoded by (the registry does not know them, or they are not Avro)."""
@@ -61,7 +72,8 @@ class SchemaCache:
         }
         self._client = SchemaRegistryClient(config)
         self.url = settings.url
-        self.schemas: dict[int, Any] = {}
+        self.schemas: dict[int, Any] = {}  # Avro ones parsed by fastavro, JSON ones as read
+        self.types: dict[int, str] = {}  # AVRO or JSON
         self.missing: dict[int, str] = {}
         self._unavailable_since: float | None = None
 
@@ -77,6 +89,23 @@ class SchemaCache:
             )
             self._unavailable_since = None
 
+    def prepare(self, raws: Iterable[bytes]) -> set[str]:
+        """Fetch the schemas the framed values among `raws` name (RegistryUnavailable when the
+        registry cannot answer), so that decoding them waits on nothing. Returns their
+        top-level fields: an Avro record's fields, a JSON Schema's properties."""
+        ids = {i for i in map(schema_id, raws) if i is not None}
+        self.fetch(ids)
+        fields: set[str] = set()
+        for writer in ids:
+            schema = self.schemas.get(writer)
+            if not isinstance(schema, dict):
+                continue
+            if self.types[writer] == AVRO and schema.get("type") == "record":
+                fields.update(str(f["name"]) for f in schema["fields"])
+            elif self.types[writer] == JSON:
+                fields.update(str(name) for name in schema.get("properties", {}))
+        return fields
+
     def _fetch(self, wanted: int) -> None:
         try:
             schema = self._client.get_schema(wanted)
@@ -89,10 +118,13 @@ class SchemaCache:
         # refused) is the registry's or the network's, never the record's.
         except Exception as exc:  # noqa: BLE001
             self._unavailable(f"the registry at {self.url} is unreachable ({exc!r})")
-        if schema.schema_type not in (None, "AVRO"):
-            self._missing(wanted, f"schema id {wanted} is {schema.schema_type}, not Avro")
+        kind = schema.schema_type or AVRO
+        if kind not in (AVRO, JSON):
+            self._missing(wanted, f"schema id {wanted} is {kind}, which bridge does not read")
             return
-        self.schemas[wanted] = fastavro.parse_schema(json.loads(schema.schema_str or "null"))
+        document = json.loads(schema.schema_str or "null")
+        self.types[wanted] = kind
+        self.schemas[wanted] = fastavro.parse_schema(document) if kind == AVRO else document
 
     def _missing(self, wanted: int, why: str) -> None:
         log.warning("%s (registry %s): its records are dead-lettered", why, self.url)

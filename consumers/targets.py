@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import binascii
+from base64 import b64decode
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -11,7 +13,7 @@ from typing import Any
 import msgspec
 from confluent_kafka import Message
 from psycopg import sql
-from sqlalchemy import ARRAY, DateTime, Engine, MetaData, Table, inspect, text
+from sqlalchemy import ARRAY, DateTime, Engine, LargeBinary, MetaData, Table, inspect, text
 from sqlalchemy.exc import NoSuchTableError
 
 from bridge.acls import table_rights
@@ -19,6 +21,7 @@ from bridge.errors import ConfigError, PermissionMissing
 from bridge.settings import RouteSettings
 from consumers.avro_rows import AvroRowDecoder
 from consumers.records import Record, RecordError
+from consumers.registry_json_rows import RegistryJsonRowDecoder
 from consumers.registry_schemas import SchemaCache
 from consumers.rows import UNSET, ArrayValue, Row, RowDecoder, as_cell, count_of
 
@@ -39,9 +42,12 @@ class Target:
     generated: frozenset[str] = frozenset()
     arrays: frozenset[str] = frozenset()  # PostgreSQL array columns
     timestamps: frozenset[str] = frozenset()  # timestamp and timestamptz columns
+    binaries: frozenset[str] = frozenset()  # bytea columns
     # Where Avro routes find their writer schemas; None when no route needs the registry.
     schemas: SchemaCache | None = field(default=None, repr=False, compare=False)
-    decoder: RowDecoder | AvroRowDecoder = field(init=False, repr=False, compare=False)
+    decoder: RowDecoder | AvroRowDecoder | RegistryJsonRowDecoder = field(
+        init=False, repr=False, compare=False
+    )
     # For JSON values: what turns a decoded row's lists into arrays and epoch milliseconds into
     # timestamps, where the table has such columns; None when nothing needs turning.
     _fix: Callable[[Row], Row] | None = field(init=False, repr=False, compare=False)
@@ -68,15 +74,23 @@ class Target:
         # A generated column is tracked too, so that a record carrying it can be told apart.
         fills = self.defaulted | self.generated
         tracked = self.columns if upsert else [c for c in self.columns if c in fills]
-        decoder: RowDecoder | AvroRowDecoder
+        decoder: RowDecoder | AvroRowDecoder | RegistryJsonRowDecoder
+        if self.route.value_format != "json" and self.schemas is None:
+            raise ValueError(f"a {self.route.value_format} route needs the schema registry")
         if self.route.value_format == "avro":
-            if self.schemas is None:
-                raise ValueError("an Avro route needs the schema registry")
+            assert self.schemas is not None  # noqa: S101 - checked above
             decoder = AvroRowDecoder(
                 self.columns, schemas=self.schemas, tracked=tracked, filled=fills,
                 arrays=self.arrays,
             )  # fmt: skip
             fix = None
+        elif self.route.value_format == "json-schema":
+            assert self.schemas is not None  # noqa: S101 - checked above
+            decoder = RegistryJsonRowDecoder(
+                self.columns, schemas=self.schemas, tracked=tracked, filled=fills
+            )
+            # JSON has no bytes: JSON Schema's (and Spark's to_json) are base64 text.
+            fix = _json_fix(self.columns, self.arrays, frozenset(), base64=self.binaries)
         else:
             decoder = RowDecoder(self.columns, tracked=tracked, filled=fills)
             fix = _json_fix(self.columns, self.arrays, self._epoch_columns())
@@ -110,7 +124,7 @@ class Target:
         For JSON values the first and the last record of the batch are looked at (a field a
         producer adds shows in every record after it), a C decoding of two values a batch; for
         Avro values, each writer schema's fields when it is first seen."""
-        if isinstance(self.decoder, AvroRowDecoder):
+        if isinstance(self.decoder, AvroRowDecoder | RegistryJsonRowDecoder):
             values = map(Message.value, records)
             fields = self.decoder.prepare(value for value in values if value is not None)
         else:
@@ -217,14 +231,20 @@ def _json_keys(raw: bytes | None) -> list[str]:
 
 
 def _json_fix(
-    columns: tuple[str, ...], arrays: frozenset[str], epoch_millis: frozenset[str]
+    columns: tuple[str, ...],
+    arrays: frozenset[str],
+    epoch_millis: frozenset[str],
+    *,
+    base64: frozenset[str] = frozenset(),
 ) -> Callable[[Row], Row] | None:
     """What a JSON row needs before COPY: a list bound for an array column as an array (else
-    it goes as JSON text, which an array column refuses), and with `epoch_millis_timestamps`
-    an integer bound for a timestamp column as the instant it counts from 1970 in ms."""
+    it goes as JSON text, which an array column refuses), with `epoch_millis_timestamps` an
+    integer bound for a timestamp column as the instant it counts from 1970 in ms, and a string
+    bound for a `base64` column as the bytes it encodes."""
     to_array = [i for i, c in enumerate(columns) if c in arrays]
     to_instant = [i for i, c in enumerate(columns) if c in epoch_millis]
-    if not to_array and not to_instant:
+    to_bytes = [i for i, c in enumerate(columns) if c in base64]
+    if not to_array and not to_instant and not to_bytes:
         return None
 
     def fix(row: Row) -> Row:
@@ -241,6 +261,12 @@ def _json_fix(
                     raise RecordError(
                         f"column {columns[i]}: {value} ms from 1970 is out of range"
                     ) from None
+        for i in to_bytes:
+            if isinstance(values[i], str):
+                try:
+                    values[i] = b64decode(values[i], validate=True)
+                except binascii.Error:
+                    raise RecordError(f"column {columns[i]}: not base64 text") from None
         return tuple(values)
 
     return fix
@@ -293,6 +319,7 @@ def reflect_target(
         generated=generated,
         arrays=frozenset(str(c.name) for c in table.columns if isinstance(c.type, ARRAY)),
         timestamps=frozenset(str(c.name) for c in table.columns if isinstance(c.type, DateTime)),
+        binaries=frozenset(str(c.name) for c in table.columns if isinstance(c.type, LargeBinary)),
         schemas=schemas,
     )
 

@@ -54,12 +54,12 @@ def check_schema(
     for name in typed:
         if isinstance(fields.get(name), StructType):
             problems.append(
-                (name, f"{name}.format avro: frame the struct first, with "
+                (name, f"{name}.format is the registry's: frame the struct first, with "
                  "spark_jobs.registry_frames.encode(df, options)")
             )  # fmt: skip
         elif name in fields and not isinstance(fields[name], BinaryType):
             problems.append(
-                (name, f"{name}.format avro needs the framed bytes of "
+                (name, f"{name}.format is the registry's: it needs the framed bytes of "
                  f"spark_jobs.registry_frames.encode, not {fields[name].simpleString()}")
             )  # fmt: skip
 

@@ -1,4 +1,5 @@
-"""Typed values for the sink: struct columns as Avro in the schema registry's wire format.
+"""Typed values for the sink: struct columns in the schema registry's wire format, as Avro or
+as JSON with a JSON Schema.
 
     options = {"kafka.bootstrap.servers": ..., "topic": "orders", "value.format": "avro",
                "schema.registry.url": "http://registry:8080/apis/ccompat/v7"}
@@ -27,9 +28,11 @@ from pyspark.sql import types as T
 
 from bridge.errors import BridgeError, ConfigError
 from spark_jobs.avro_schema import avro_schema
+from spark_jobs.json_schema import TO_JSON_OPTIONS, json_schema
 from spark_jobs.sink_options import SinkOptions, SubjectStrategy, ValueFormat
 
 MAGIC = b"\x00"
+_TYPES = {ValueFormat.AVRO: "AVRO", ValueFormat.JSON_SCHEMA: "JSON"}  # the registry's schemaType
 _NOT_A_NAME = re.compile(r"[^A-Za-z0-9_]")
 
 
@@ -54,23 +57,29 @@ def encode(df: Any, options: Mapping[str, str]) -> Any:
     encoded = df
     with SchemaRegistryClient({**_CLIENT_DEFAULTS, **parsed.registry}) as client:
         for column, wanted in (("value", parsed.value_format), ("key", parsed.key_format)):
-            if wanted is not ValueFormat.AVRO:
+            if not wanted.registered:
                 continue
             field = fields.get(column)
             if field is None or not isinstance(field.dataType, T.StructType):
                 found = "no such column" if field is None else field.dataType.simpleString()
                 raise ConfigError(
-                    [(column, f"{column}.format avro needs a struct {column} column ({found})")],
+                    [(column, f"{column}.format {wanted} needs a struct {column} column "
+                      f"({found})")],
                     source="the input of the bridge-kafka sink",
+                )  # fmt: skip
+            name = record_name(parsed, column)
+            if wanted is ValueFormat.AVRO:
+                schema = avro_schema(field.dataType, name=name, namespace=parsed.record_namespace)
+                subject = subject_name(parsed, column, schema)
+            else:
+                schema = json_schema(field.dataType, title=name)
+                subject = subject_name(
+                    parsed, column, {"name": name, "namespace": parsed.record_namespace}
                 )
-            schema = avro_schema(
-                field.dataType,
-                name=record_name(parsed, column),
-                namespace=parsed.record_namespace,
+            schema_id = register(
+                client, subject, schema, url=parsed.registry["url"], schema_type=_TYPES[wanted]
             )
-            subject = subject_name(parsed, column, schema)
-            schema_id = register(client, subject, schema, url=parsed.registry["url"])
-            encoded = encoded.withColumn(field.name, framed(field.name, schema, schema_id))
+            encoded = encoded.withColumn(field.name, framed(field.name, schema, schema_id, wanted))
     return encoded
 
 
@@ -98,12 +107,17 @@ def subject_name(options: SinkOptions, column: str, schema: dict[str, Any]) -> s
 
 
 def register(
-    client: SchemaRegistryClient, subject: str, schema: dict[str, Any], *, url: str = "its url"
+    client: SchemaRegistryClient,
+    subject: str,
+    schema: dict[str, Any],
+    *,
+    url: str = "its url",
+    schema_type: str = "AVRO",
 ) -> int:
     """The id of `schema` under `subject`, registering it when new; SchemaRefused naming the
     subject and the registry's reason when the registry will not take it."""
     try:
-        return int(client.register_schema(subject, Schema(json.dumps(schema), "AVRO")))
+        return int(client.register_schema(subject, Schema(json.dumps(schema), schema_type)))
     except SchemaRegistryError as exc:
         if exc.http_status_code >= 500:
             raise RegistryUnreachable(
@@ -120,13 +134,23 @@ def register(
         ) from None
 
 
-def framed(column: str, schema: dict[str, Any], schema_id: int) -> Any:
+def framed(
+    column: str,
+    schema: dict[str, Any],
+    schema_id: int,
+    value_format: ValueFormat = ValueFormat.AVRO,
+) -> Any:
     """The column as the wire format's bytes, in the JVM: the magic byte, the id (4 bytes, big
-    endian) and `to_avro` of the value; null stays null (a tombstone)."""
+    endian) and `to_avro` of the value, or its `to_json` as UTF-8; null stays null (a
+    tombstone)."""
     from pyspark.sql import functions as F
     from pyspark.sql.avro.functions import to_avro
 
     header = MAGIC + schema_id.to_bytes(4, "big")
+    if value_format is ValueFormat.AVRO:
+        body = to_avro(F.col(column), json.dumps(schema))
+    else:
+        body = F.encode(F.to_json(F.col(column), TO_JSON_OPTIONS), "UTF-8")
     return F.when(F.col(column).isNull(), F.lit(None).cast("binary")).otherwise(
-        F.concat(F.lit(bytearray(header)), to_avro(F.col(column), json.dumps(schema)))
+        F.concat(F.lit(bytearray(header)), body)
     )

@@ -27,7 +27,7 @@ from bridge.names import DEFAULT_TRANSACTIONAL_ID_HEAD, SINK_FORMAT
 from spark_jobs.epoch_transaction import EpochOutcome, EpochTransaction, TaskCoordinates
 from spark_jobs.kafka_rows import check_schema, record_chunks
 from spark_jobs.progress import record_epoch
-from spark_jobs.sink_options import SinkOptions, ValueFormat
+from spark_jobs.sink_options import SinkOptions
 
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
@@ -50,7 +50,7 @@ class BridgeKafkaSink(DataSource):
         typed = tuple(
             column
             for column, chosen in (("value", options.value_format), ("key", options.key_format))
-            if chosen is ValueFormat.AVRO
+            if chosen.registered
         )
         check_schema(schema, default_topic=options.topic, typed=typed)
         _ensure_marker_topic(options)

@@ -65,11 +65,18 @@ class IdNaming(StrEnum):
 
 class ValueFormat(StrEnum):
     """How a record's value (or key) is written. `json`: the column's text or bytes as they are
-    (a JSON document, by convention). `avro`: a struct column as Avro in the schema registry's
-    wire format (magic byte, schema id, body), by `spark_jobs.registry_frames.encode`."""
+    (a JSON document, by convention). `avro` and `json-schema`: a struct column as Avro, or as
+    JSON with a registered JSON Schema, in the schema registry's wire format (magic byte, schema
+    id, body), by `spark_jobs.registry_frames.encode`."""
 
     JSON = "json"
     AVRO = "avro"
+    JSON_SCHEMA = "json-schema"
+
+    @property
+    def registered(self) -> bool:
+        """Whether values of this format go through the schema registry."""
+        return self is not ValueFormat.JSON
 
 
 class SubjectStrategy(StrEnum):
@@ -100,7 +107,7 @@ class SinkOptions:
     @property
     def typed(self) -> bool:
         """Whether any column goes through the schema registry."""
-        return ValueFormat.AVRO in (self.value_format, self.key_format)
+        return self.value_format.registered or self.key_format.registered
 
     @property
     def bootstrap_servers(self) -> str:
@@ -175,9 +182,9 @@ class SinkOptions:
                 choices = ", ".join(f.value for f in ValueFormat)
                 problems.append((name, f"{raw_format!r} is not one of {choices}"))
                 formats[name] = ValueFormat.JSON
-        typed = ValueFormat.AVRO in formats.values()
+        typed = any(f.registered for f in formats.values())
         if typed and not registry.get("url", "").strip():
-            problems.append(("schema.registry.url", "required with a format that is avro"))
+            problems.append(("schema.registry.url", "required with avro or json-schema"))
         raw_strategy = lowered.get("subject.name.strategy", SubjectStrategy.TOPIC.value)
         strategy = SubjectStrategy.TOPIC
         try:

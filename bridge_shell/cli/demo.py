@@ -22,7 +22,7 @@ def demo(
         str,
         typer.Option(
             "--format",
-            help="json, or avro: typed records through the stack's schema registry.",
+            help="json, or avro or json-schema: typed records through the stack's schema registry.",
         ),
     ] = "json",
     brokers: Brokers = None,
@@ -36,8 +36,8 @@ def demo(
     from bridge_shell.demo import DemoFailed, run_demo
     from bridge_shell.stack import LocalStack
 
-    if value_format not in ("json", "avro"):
-        raise ConfigError([("--format", f"{value_format!r} is not json or avro")])
+    if value_format not in ("json", "avro", "json-schema"):
+        raise ConfigError([("--format", f"{value_format!r} is not json, avro or json-schema")])
     console = output_console()
     stack = LocalStack(stack_dir, brokers=brokers, spark_workers=spark_workers, secure=secure)
     try:

@@ -115,15 +115,17 @@ def produce(
         str,
         typer.Option(
             "--value-format",
-            help="json (each line, or the row as JSON) or avro (typed records registered in the "
-            "schema registry of the settings, schema_registry.url; see docs/typed-records.md).",
+            help="json (each line, or the row as JSON), avro or json-schema (typed records "
+            "registered in the schema registry of the settings, schema_registry.url; see "
+            "docs/typed-records.md).",
         ),
     ] = "json",
     value_schema: Annotated[
         str | None,
         typer.Option(
             "--value-schema",
-            help="With avro and the files or kafka source: the lines' fields as Spark DDL, e.g. "
+            help="With a registry format and the files or kafka source: the lines' fields as "
+            "Spark DDL, e.g. "
             "'id BIGINT, amount DECIMAL(12,2), at TIMESTAMP'.",
         ),
     ] = None,

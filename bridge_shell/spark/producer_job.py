@@ -5,11 +5,12 @@ source, the line itself: each line of a JSON-lines file already is one). A line 
 still goes through, unchanged: the consumer dead-letters it with its coordinates, so nothing is
 lost and the operator sees it where the other bad records are.
 
-With `value_format` avro, each value is a typed record instead, registered and framed in the
-schema registry's wire format (`spark_jobs.registry_frames`): the rate source's own columns, or
-for the files and kafka sources each JSON line read by `value_schema` (a Spark DDL string such as
-`id BIGINT, amount DECIMAL(12,2), at TIMESTAMP`). A line that is not JSON or does not fit the
-schema goes through unchanged and unframed, for the consumer to dead-letter as above.
+With `value_format` avro (or json-schema), each value is a typed record instead, registered
+and framed in the schema registry's wire format (`spark_jobs.registry_frames`): the rate
+source's own columns, or for the files and kafka sources each JSON line read by
+`value_schema` (a Spark DDL string such as `id BIGINT, amount DECIMAL(12,2), at TIMESTAMP`).
+A line that is not JSON or does not fit the schema goes through unchanged and unframed, for the
+consumer to dead-letter as above.
 
 Run it with `bridge produce ...`, or `spark-submit bridge_shell/cli/spark_submit.py ...` (same
 options).
@@ -73,7 +74,7 @@ class ProducerJob:
     metrics_port: int | None = None  # Prometheus /metrics from the driver; 0: any free port
     metrics_host: str = "0.0.0.0"  # noqa: S104 - scraped from elsewhere
     progress_file: Path | None = None  # default: see locations.progress_path
-    value_format: str = "json"  # or avro: see the module's docstring
+    value_format: str = "json"  # or avro, json-schema: see the module's docstring
     value_schema: str | None = None  # a Spark DDL string: the JSON lines' fields, for avro
     # The schema registry client's settings (url, credentials): never in a repr.
     registry: dict[str, str] = field(default_factory=dict, repr=False)
@@ -113,20 +114,25 @@ class ProducerJob:
             problems.append(("--max-files-per-trigger", "must be at least 1"))
         if self.rows_per_second < 1:
             problems.append(("--rows-per-second", "must be at least 1"))
-        if self.value_format not in ("json", "avro"):
-            problems.append(("--value-format", f"{self.value_format!r} is not json or avro"))
-        if self.value_format == "avro":
+        if self.value_format not in ("json", "avro", "json-schema"):
+            problems.append(
+                ("--value-format", f"{self.value_format!r} is not json, avro or json-schema")
+            )
+        if self.value_format != "json":
             if not self.registry.get("url"):
                 problems.append(
-                    ("schema_registry.url", "--value-format avro needs the schema registry")
+                    (
+                        "schema_registry.url",
+                        f"--value-format {self.value_format} needs the schema registry",
+                    )
                 )
             if self.source is not Source.RATE and not self.value_schema:
                 problems.append(
                     ("--value-schema", f"the {self.source} source's lines need a schema for "
-                     "avro, e.g. 'id BIGINT, amount DECIMAL(12,2), at TIMESTAMP'")
+                     f"{self.value_format}, e.g. 'id BIGINT, amount DECIMAL(12,2), at TIMESTAMP'")
                 )  # fmt: skip
         elif self.value_schema is not None:
-            problems.append(("--value-schema", "only --value-format avro reads lines by a schema"))
+            problems.append(("--value-schema", "only a registry format reads lines by a schema"))
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65_535:
             problems.append(("--metrics-port", f"{self.metrics_port} is not a TCP port"))
         if problems:
@@ -188,8 +194,8 @@ def _start(spark: Any, job: ProducerJob) -> Any:
         "progress.path": str(job.progress_path),
         **{f"kafka.{name}": setting for name, setting in job.kafka_properties.items()},
     }
-    if job.value_format == "avro":
-        options["value.format"] = "avro"
+    if job.value_format != "json":
+        options["value.format"] = job.value_format
         options.update({f"schema.registry.{k}": v for k, v in job.registry.items()})
         records = _typed(rows, job, columns[1:], options)
     else:

@@ -92,19 +92,31 @@ def registry_url(stack: Endpoints) -> str:
 
 @pytest.fixture
 def typed_table(stack: Endpoints, names: dict[str, str]) -> Iterator[str]:
-    sql(stack, TABLE.format(table=names["table"]))
-    sql(stack, f"GRANT SELECT, INSERT ON {names['table']} TO PUBLIC")
-    yield names["table"]
-    sql(stack, f"DROP TABLE IF EXISTS {names['table']}")
+    # Qualified: on the secured stack the administrator's search_path starts with its own schema.
+    table = f"public.{names['table']}"
+    sql(stack, TABLE.format(table=table))
+    sql(stack, f"GRANT SELECT, INSERT ON {table} TO PUBLIC")
+    stack.let_consumer_write(table, schema=names["schema"])
+    yield table
+    sql(stack, f"DROP TABLE IF EXISTS {table}")
 
 
-def sink_options(stack: Endpoints, topic: str, registry_url: str) -> dict[str, str]:
+def sink_options(
+    stack: Endpoints, topic: str, registry_url: str, value_format: str = "avro"
+) -> dict[str, str]:
+    """As the producer's principal; the registry verified by the stack's CA when secured."""
     return {
         "kafka.bootstrap.servers": stack.bootstrap_servers,
+        **{f"kafka.{k}": v for k, v in stack.properties("producer").items()},
         "topic": topic,
-        "value.format": "avro",
+        "value.format": value_format,
         "schema.registry.url": registry_url,
+        **{f"schema.registry.{k}": v for k, v in stack.registry_properties.items()},
     }
+
+
+def registry_client(stack: Endpoints, registry_url: str) -> SchemaRegistryClient:
+    return SchemaRegistryClient({"url": registry_url, **stack.registry_properties})
 
 
 def write_typed(spark: Any, options: dict[str, str], tmp_path: Path, rows: list[Any]) -> None:
@@ -124,6 +136,8 @@ def write_typed(spark: Any, options: dict[str, str], tmp_path: Path, rows: list[
     query.awaitTermination()
 
 
+@pytest.mark.secured
+@pytest.mark.parametrize("value_format", ["avro", "json-schema"])
 def test_every_mapped_type_lands_exactly(
     spark: Any,
     stack: Endpoints,
@@ -131,11 +145,17 @@ def test_every_mapped_type_lands_exactly(
     registry_url: str,
     typed_table: str,
     tmp_path: Path,
+    value_format: str,
 ) -> None:
-    create_topic(stack.bootstrap_servers, names["topic"], partitions=PARTITIONS)
-    write_typed(spark, sink_options(stack, names["topic"], registry_url), tmp_path, ROWS)
+    """On the secured stack too (pytest --secure): Kafka over SASL_SSL as the producer's and the
+    consumer's principals, the registry over HTTPS verified by the stack's CA."""
+    create_topic(
+        stack.bootstrap_servers, names["topic"], partitions=PARTITIONS, config=stack.properties()
+    )
+    options = sink_options(stack, names["topic"], registry_url, value_format)
+    write_typed(spark, options, tmp_path, ROWS)
 
-    settings = settings_for(stack, names, registry_url=registry_url, value_format="avro")
+    settings = settings_for(stack, names, registry_url=registry_url, value_format=value_format)
     with running(settings) as service:
         drained(stack, names, PARTITIONS)
         assert sample(service, "bridge_consumer_dead_letters_total", topic=names["topic"]) == 0
@@ -160,7 +180,7 @@ def test_a_bad_schema_id_and_a_value_not_in_the_wire_format_are_dead_letters_nam
     """Nothing is lost: each goes to the dead-letter table with its coordinates and its reason,
     and the records around them land."""
     create_topic(stack.bootstrap_servers, names["topic"], partitions=1)
-    with SchemaRegistryClient({"url": registry_url}) as client:
+    with registry_client(stack, registry_url) as client:
         schema = avro_schema(T.StructType([T.StructField("id", T.LongType(), False)]), name="R")
         good = register(client, f"{names['topic']}-value", schema)
     unknown = 2**31 - 7
@@ -202,7 +222,7 @@ def test_an_incompatible_schema_stops_the_query_before_it_starts_naming_subject_
     spark: Any, stack: Endpoints, names: dict[str, str], registry_url: str, tmp_path: Path
 ) -> None:
     subject = f"{names['topic']}-value"
-    with SchemaRegistryClient({"url": registry_url}) as client:
+    with registry_client(stack, registry_url) as client:
         first = T.StructType([T.StructField("id", T.LongType(), False)])
         name = names["topic"].replace("-", "_") + "_value"  # as encode names it
         register(client, subject, avro_schema(first, name=name, namespace="bridge"))

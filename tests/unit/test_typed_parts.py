@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
@@ -15,10 +16,10 @@ from confluent_kafka import Message
 from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
 
 from bridge.errors import ConfigError
-from bridge.settings import RouteSettings, load_settings
+from bridge.settings import RouteSettings, SchemaRegistrySettings, load_settings
 from consumers.avro_rows import AvroRowDecoder, row_maker
 from consumers.records import RecordError
-from consumers.registry_schemas import RegistryBackoff, schema_id
+from consumers.registry_schemas import RegistryBackoff, SchemaCache, schema_id
 from consumers.rows import UNSET, ArrayValue
 from consumers.targets import Target
 from spark_jobs.kafka_rows import check_schema
@@ -34,7 +35,7 @@ def test_sink_formats_default_to_json_and_avro_needs_the_registry() -> None:
     with pytest.raises(ConfigError) as raised:
         SinkOptions.parse({**BASE, "value.format": "avro"})
     assert dict(raised.value.problems) == {
-        "schema.registry.url": "required with a format that is avro"
+        "schema.registry.url": "required with avro or json-schema"
     }
     options = SinkOptions.parse(
         {**BASE, **REGISTRY, "value.format": "avro", "schema.registry.basic.auth.user.info": "u:p"}
@@ -50,6 +51,7 @@ def test_sink_formats_default_to_json_and_avro_needs_the_registry() -> None:
     ("extra", "key"),
     [
         ({"value.format": "protobuf"}, "value.format"),
+        ({"value.format": "json_schema"}, "value.format"),
         ({"key.format": "xml"}, "key.format"),
         ({"subject.name.strategy": "topic-record"}, "subject.name.strategy"),
         ({"value.record.name": "9lives"}, "value.record.name"),
@@ -126,15 +128,16 @@ def test_an_avro_record_becomes_a_row_of_the_tables_columns() -> None:
     assert as_json({"tags": ["a", "b"]}) == ('["a","b"]',)
 
 
-class _Cache:
-    """The parts of SchemaCache the decoder reads: the schemas it holds, the ids it knows bad."""
-
-    def __init__(self) -> None:
-        self.schemas = {7: SCHEMA}
-        self.missing = {9: "schema id 9 is not in the registry"}
-
-    def fetch(self, ids: Any) -> None:
-        self.fetched = sorted(ids)
+@pytest.fixture
+def cache() -> Iterator[SchemaCache]:
+    """A schema cache that already holds ids 7 (Avro), 8 (JSON Schema) and knows 9 missing:
+    asked for no other id, it never calls its registry (whose address takes nothing)."""
+    schemas = SchemaCache(SchemaRegistrySettings(url="http://127.0.0.1:9/apis/ccompat/v7"))
+    schemas.schemas.update({7: SCHEMA, 8: {"type": "object", "properties": {"id": {}}}})
+    schemas.types.update({7: "AVRO", 8: "JSON"})
+    schemas.missing[9] = "schema id 9 is not in the registry"
+    yield schemas
+    schemas.close()
 
 
 def _framed(writer: int, record: dict[str, Any]) -> bytes:
@@ -143,14 +146,20 @@ def _framed(writer: int, record: dict[str, Any]) -> bytes:
     return b"\x00" + writer.to_bytes(4, "big") + body.getvalue()
 
 
-def test_the_avro_decoder_reads_each_value_by_its_writer_schema_and_names_what_is_wrong() -> None:
-    cache = _Cache()
-    decoder = AvroRowDecoder(("id", "amount"), schemas=cache)  # type: ignore[arg-type]
+def test_the_avro_decoder_reads_each_value_by_its_writer_schema_and_names_what_is_wrong(
+    cache: SchemaCache,
+) -> None:
+    decoder = AvroRowDecoder(("id", "amount"), schemas=cache)
     record = {"id": 5, "tags": [], "attrs": None, "at": datetime.now(UTC),
               "amount": Decimal("-0.0001")}  # fmt: skip
     good = _framed(7, record)
-    decoder.prepare([good, b"{}", _framed(9, record)])
-    assert cache.fetched == [7, 9]
+    assert decoder.prepare([good, b"{}", _framed(9, record)]) == {  # 9: no fields known
+        "id",
+        "tags",
+        "attrs",
+        "at",
+        "amount",
+    }
     assert decoder.decode(good) == (5, Decimal("-0.0001"))
     assert decoder.decode_all([good, good]) == [(5, Decimal("-0.0001"))] * 2
     with pytest.raises(RecordError, match="schema id 9 is not in the registry"):
@@ -234,9 +243,73 @@ def test_fields_that_are_not_columns_are_reported_once_each() -> None:
     assert target.prepare([]) == []
 
 
-def test_an_avro_routes_ignored_fields_come_from_each_new_writer_schema() -> None:
-    cache = _Cache()
-    decoder = AvroRowDecoder(("id", "amount"), schemas=cache)  # type: ignore[arg-type]
+def test_an_avro_routes_ignored_fields_come_from_each_new_writer_schema(
+    cache: SchemaCache,
+) -> None:
+    decoder = AvroRowDecoder(("id", "amount"), schemas=cache)
     record = {"id": 5, "tags": [], "attrs": None, "at": datetime.now(UTC),
               "amount": Decimal("-0.0001")}  # fmt: skip
     assert decoder.prepare([_framed(7, record)]) == {"id", "tags", "attrs", "at", "amount"}
+
+
+def test_a_dataframes_schema_as_json_schema_says_what_to_json_writes() -> None:
+    from pyspark.sql import types as T
+
+    from spark_jobs.json_schema import json_schema
+
+    schema = T.StructType(
+        [
+            T.StructField("id", T.LongType(), nullable=False),
+            T.StructField("at", T.TimestampType()),
+            T.StructField("amount", T.DecimalType(38, 18)),
+            T.StructField("blob", T.BinaryType()),
+            T.StructField("tags", T.ArrayType(T.StringType(), containsNull=False)),
+            T.StructField("attrs", T.MapType(T.StringType(), T.LongType())),
+            T.StructField("address", T.StructType([T.StructField("city", T.StringType())])),
+        ]
+    )
+    document = json_schema(schema, title="orders_value")
+    properties = document["properties"]
+    assert document["type"] == "object" and document["additionalProperties"] is False
+    assert document["required"] == schema.fieldNames()
+    assert properties["id"] == {"type": "integer", "minimum": -(2**63), "maximum": 2**63 - 1}
+    assert properties["at"] == {"oneOf": [{"type": "null"},
+                                          {"type": "string", "format": "date-time"}]}  # fmt: skip
+    assert properties["amount"]["oneOf"][1] == {"type": "number"}
+    assert properties["blob"]["oneOf"][1] == {"type": "string", "contentEncoding": "base64"}
+    assert properties["tags"]["oneOf"][1] == {"type": "array", "items": {"type": "string"}}
+    attrs = properties["attrs"]["oneOf"][1]
+    assert attrs["additionalProperties"]["oneOf"][1]["type"] == "integer"
+    assert properties["address"]["oneOf"][1]["properties"]["city"]["oneOf"][1] == {"type": "string"}
+    with pytest.raises(ConfigError, match=r"during: .*has no JSON Schema form"):
+        json_schema(T.StructType([T.StructField("during", T.DayTimeIntervalType())]), title="x")
+
+
+def test_the_json_schema_decoder_checks_the_frame_then_decodes_the_body_as_json(
+    cache: SchemaCache,
+) -> None:
+    from consumers.registry_json_rows import RegistryJsonRowDecoder
+
+    decoder = RegistryJsonRowDecoder(("id", "name"), schemas=cache)
+    framed = b"\x00\x00\x00\x00\x08" + b'{"id": 1, "name": "x"}'
+    assert decoder.prepare([framed]) == {"id"}  # the JSON Schema's properties
+    assert decoder.decode(framed) == (1, "x")
+    assert decoder.decode_all([framed, framed]) == [(1, "x"), (1, "x")]
+    with pytest.raises(RecordError, match="schema id 7 is a AVRO schema, not JSON Schema"):
+        decoder.decode(b"\x00\x00\x00\x00\x07{}")
+    with pytest.raises(RecordError, match="schema id 9 is not in the registry"):
+        decoder.decode(b"\x00\x00\x00\x00\x09{}")
+    with pytest.raises(RecordError, match="starts with 0x7b"):
+        decoder.decode(b'{"id": 1}')
+    assert decoder.decode_all([framed, b'{"id": 1}']) is None  # `decode` tells which
+
+
+def test_a_json_schema_route_reads_base64_into_bytea_columns(cache: SchemaCache) -> None:
+    route = RouteSettings(topic="t", table="t", value_format="json-schema")
+    target = Target(
+        route=route, schema="public", name="t", columns=("id", "blob"), required=frozenset(),
+        binaries=frozenset({"blob"}), schemas=cache,
+    )  # fmt: skip
+    assert target.row(b'\x00\x00\x00\x00\x08{"id": 1, "blob": "AP8="}') == (1, b"\x00\xff")
+    with pytest.raises(RecordError, match="column blob: not base64 text"):
+        target.row(b'\x00\x00\x00\x00\x08{"id": 1, "blob": "no!"}')
