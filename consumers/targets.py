@@ -43,7 +43,7 @@ class Target:
     arrays: frozenset[str] = frozenset()  # PostgreSQL array columns
     timestamps: frozenset[str] = frozenset()  # timestamp and timestamptz columns
     binaries: frozenset[str] = frozenset()  # bytea columns
-    # Where Avro routes find their writer schemas; None when no route needs the registry.
+    # Where registry routes find their writer schemas; None when no route needs the registry.
     schemas: SchemaCache | None = field(default=None, repr=False, compare=False)
     decoder: RowDecoder | AvroRowDecoder | RegistryJsonRowDecoder = field(
         init=False, repr=False, compare=False

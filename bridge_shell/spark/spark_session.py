@@ -20,7 +20,9 @@ log = logging.getLogger("bridge.spark")
 DEFAULT_MASTER = "local[2,4]"
 
 
-REDACTION_REGEX = r"(?i)secret|password|token|access[.]?key|jaas|sasl\.|ssl\.key"
+# Keys whose values Spark hides in plans, its UI and event logs: the Kafka client's secrets, and
+# the schema registry client's (`schema.registry.basic.auth.user.info`, bearer tokens, secrets).
+REDACTION_REGEX = r"(?i)secret|password|token|access[.]?key|jaas|sasl\.|ssl\.key|user[.]info"
 
 
 def build_session(

@@ -4,6 +4,7 @@ to rows, JSON rows for array and timestamp columns, the registry's backoff, the 
 from __future__ import annotations
 
 import io
+import re
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -17,6 +18,7 @@ from pyspark.sql.types import BinaryType, LongType, StringType, StructField, Str
 
 from bridge.errors import ConfigError
 from bridge.settings import RouteSettings, SchemaRegistrySettings, load_settings
+from bridge_shell.spark.spark_session import REDACTION_REGEX
 from consumers.avro_rows import AvroRowDecoder, row_maker
 from consumers.records import RecordError
 from consumers.registry_schemas import RegistryBackoff, SchemaCache, schema_id
@@ -45,6 +47,15 @@ def test_sink_formats_default_to_json_and_avro_needs_the_registry() -> None:
         "basic.auth.user.info": "u:p",
     }
     assert "u:p" not in repr(options)
+    # Spark hides the registry's credentials by key in plans, its UI and event logs.
+    registry_keys = [
+        "schema.registry.basic.auth.user.info",
+        "schema.registry.url",
+        "schema.registry.bearer.auth.token",
+        "schema.registry.ssl.ca.location",
+    ]
+    hidden = [key for key in registry_keys if re.search(REDACTION_REGEX, key)]
+    assert hidden == ["schema.registry.basic.auth.user.info", "schema.registry.bearer.auth.token"]
 
 
 @pytest.mark.parametrize(
