@@ -382,9 +382,11 @@ def test_the_producer_job_writes_json_lines_as_typed_records_and_passes_bad_line
 def test_a_json_route_fills_array_columns_reads_epoch_millis_and_reports_ignored_fields(
     stack: Endpoints, names: dict[str, str], caplog: pytest.LogCaptureFixture
 ) -> None:
-    sql(stack, f"CREATE TABLE {names['table']} (id bigint, tags text[], scores bigint[], "
+    # Qualified: once a schema named after the administrator exists, it comes first on its path.
+    table = f"public.{names['table']}"
+    sql(stack, f"CREATE TABLE {table} (id bigint, tags text[], scores bigint[], "
                "at timestamptz, doc jsonb)")  # fmt: skip
-    sql(stack, f"GRANT SELECT, INSERT ON {names['table']} TO PUBLIC")
+    sql(stack, f"GRANT SELECT, INSERT ON {table} TO PUBLIC")
     create_topic(stack.bootstrap_servers, names["topic"], partitions=1)
     produce(
         stack,
@@ -401,9 +403,9 @@ def test_a_json_route_fills_array_columns_reads_epoch_millis_and_reports_ignored
         ignored = sample(service, "bridge_consumer_ignored_fields_total", topic=names["topic"])
     assert ignored == 2
     assert any("added, also are not columns" in r.getMessage() for r in caplog.records)
-    assert sql(stack, f"SELECT id, tags, scores, at, doc FROM {names['table']} ORDER BY id") == [
+    assert sql(stack, f"SELECT id, tags, scores, at, doc FROM {table} ORDER BY id") == [
         (1, ["a", None, "ç"], [1, -(2**63)],
          datetime(2025, 11, 25, 13, 26, 8, 123000, tzinfo=UTC), [1, {"k": "v"}]),
         (2, None, None, datetime(2026, 11, 25, 12, 46, 8, 500000, tzinfo=UTC), None),
     ]  # fmt: skip
-    sql(stack, f"DROP TABLE {names['table']}")
+    sql(stack, f"DROP TABLE {table}")
