@@ -62,7 +62,8 @@ def unframed(raw: bytes) -> RecordError:
 
 class SchemaCache:
     """Parsed writer schemas by id; `missing` holds, with why, the ids no record can be
-    decoded by (the registry does not know them, or they are not Avro)."""
+    decoded by (the registry does not know them, they are of a kind bridge does not read, or
+    they cannot be parsed)."""
 
     def __init__(self, settings: SchemaRegistrySettings) -> None:
         config: dict[str, Any] = {
@@ -122,9 +123,16 @@ class SchemaCache:
         if kind not in (AVRO, JSON):
             self._missing(wanted, f"schema id {wanted} is {kind}, which bridge does not read")
             return
-        document = json.loads(schema.schema_str or "null")
+        try:
+            document = json.loads(schema.schema_str or "null")
+            parsed = fastavro.parse_schema(document) if kind == AVRO else document
+        except (ValueError, fastavro.schema.SchemaParseException) as exc:
+            # Such as an Avro schema that names types of another subject (schema references,
+            # which are not followed here): no record of it can be read.
+            self._missing(wanted, f"schema id {wanted} cannot be read: {exc}")
+            return
         self.types[wanted] = kind
-        self.schemas[wanted] = fastavro.parse_schema(document) if kind == AVRO else document
+        self.schemas[wanted] = parsed
 
     def _missing(self, wanted: int, why: str) -> None:
         log.warning("%s (registry %s): its records are dead-lettered", why, self.url)

@@ -4,6 +4,7 @@ the exact types, every value compared exactly."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from datetime import UTC, date, datetime
 from decimal import Decimal
@@ -12,7 +13,7 @@ from typing import Any
 from uuid import UUID
 
 import pytest
-from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry import Schema, SchemaReference, SchemaRegistryClient
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -183,6 +184,18 @@ def test_a_bad_schema_id_and_a_value_not_in_the_wire_format_are_dead_letters_nam
     with registry_client(stack, registry_url) as client:
         schema = avro_schema(T.StructType([T.StructField("id", T.LongType(), False)]), name="R")
         good = register(client, f"{names['topic']}-value", schema)
+        # A schema that names a type of another subject (a schema reference): its records
+        # cannot be read without following the reference, which the consumer does not do.
+        referenced = {"type": "fixed", "name": "Id", "namespace": "refs", "size": 8}
+        register(client, f"{names['topic']}-id", referenced)
+        referring = Schema(
+            json.dumps(
+                {"type": "record", "name": "S", "fields": [{"name": "id", "type": "refs.Id"}]}
+            ),
+            "AVRO",
+            references=[SchemaReference("refs.Id", f"{names['topic']}-id", 1)],
+        )
+        refers = int(client.register_schema(f"{names['topic']}-other", referring))
     unknown = 2**31 - 7
     produce(
         stack,
@@ -192,6 +205,7 @@ def test_a_bad_schema_id_and_a_value_not_in_the_wire_format_are_dead_letters_nam
             (None, _framed(unknown, 2)),
             (None, b'{"id": 3}'),
             (None, _framed(good, 4)),
+            (None, b"\x00" + refers.to_bytes(4, "big") + bytes(8)),
         ],
     )
     settings = settings_for(stack, names, registry_url=registry_url, value_format="avro")
@@ -202,9 +216,10 @@ def test_a_bad_schema_id_and_a_value_not_in_the_wire_format_are_dead_letters_nam
         stack,
         f'SELECT "offset", error FROM {names["schema"]}.dead_letters ORDER BY "offset"',
     )
-    assert [offset for offset, _ in dead] == [1, 2]
+    assert [offset for offset, _ in dead] == [1, 2, 4]
     assert f"schema id {unknown} is not in the registry" in dead[0][1]
     assert "not in the schema registry's wire format (starts with 0x7b" in dead[1][1]
+    assert f"schema id {refers} cannot be read" in dead[2][1], dead[2][1]
 
 
 def _framed(schema_id: int, record_id: int) -> bytes:
