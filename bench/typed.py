@@ -26,6 +26,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -45,6 +46,7 @@ from bridge_shell.spark.spark_home import precompiled_spark_home
 from spark_jobs.registry_frames import register
 
 JOB = Path(__file__).with_name("typed_job.py")
+FORMATS = ("json", "avro")
 ORDER_SCHEMA: dict[str, Any] = {
     "type": "record",
     "name": "Order",
@@ -97,27 +99,37 @@ def consumer_rounds(stack: Endpoints, records: int, rounds: int, scratch: Path) 
     }
     fill_topic(stack, topics["json"], records)
     fill_avro_topic(stack, topics["avro"], records)
-    runs: list[dict[str, Any]] = []
-    warm = {f: service_run(stack, topics[f], records, "insert", scratch, value_format=f)
-            for f in ("json", "avro")}  # fmt: skip
-    print("consumer warm-up (not counted): "
+
+    def run(value_format: str) -> dict[str, Any]:
+        return service_run(stack, topics[value_format], records, "insert", scratch,
+                           value_format=value_format)  # fmt: skip
+
+    return {"records": records, **alternated("consumer", run, rounds, goal=">= 1.0")}
+
+
+def alternated(
+    side: str, run: Callable[[str], dict[str, Any]], rounds: int, *, goal: str
+) -> dict[str, Any]:
+    """One uncounted run of each format, then `rounds` rounds, JSON first in every other one:
+    each round's runs and Avro / JSON ratio of rows per second, and the medians."""
+    warm = {f: run(f) for f in FORMATS}
+    print(f"{side} warm-up (not counted): "
           + ", ".join(f"{f} {r['rows_per_second']:,} rows/s" for f, r in warm.items()))  # fmt: skip
+    runs: list[dict[str, Any]] = []
     for index in range(rounds):
-        order = ("json", "avro") if index % 2 == 0 else ("avro", "json")
-        one = {f: service_run(stack, topics[f], records, "insert", scratch, value_format=f)
-               for f in order}  # fmt: skip
+        order = FORMATS if index % 2 == 0 else FORMATS[::-1]
+        one: dict[str, Any] = {f: run(f) for f in order}
         one["ratio"] = round(one["avro"]["rows_per_second"] / one["json"]["rows_per_second"], 3)
         runs.append(one)
         json_rate, avro_rate = one["json"]["rows_per_second"], one["avro"]["rows_per_second"]
-        print(f"consumer round {index + 1}: json {json_rate:,} rows/s, avro {avro_rate:,} "
+        print(f"{side} round {index + 1}: json {json_rate:,} rows/s, avro {avro_rate:,} "
               f"rows/s, avro/json {one['ratio']}")  # fmt: skip
     return {
-        "records": records,
         "rounds": runs,
         "json_rows_per_second": median(r["json"]["rows_per_second"] for r in runs),
         "avro_rows_per_second": median(r["avro"]["rows_per_second"] for r in runs),
         "ratio": median(r["ratio"] for r in runs),
-        "goal": ">= 1.0",
+        "goal": goal,
     }
 
 
@@ -182,27 +194,8 @@ def producer_rounds(
     def run(value_format: str) -> dict[str, Any]:
         return producer_run(stack, data, value_format, scratch, files_per_epoch, env, jars, records)
 
-    warm = {f: run(f) for f in ("json", "avro")}
-    print("producer warm-up (not counted): "
-          + ", ".join(f"{f} {r['seconds']} s" for f, r in warm.items()))  # fmt: skip
-    runs: list[dict[str, Any]] = []
-    for index in range(rounds):
-        order = ("json", "avro") if index % 2 == 0 else ("avro", "json")
-        one: dict[str, Any] = {f: run(f) for f in order}
-        one["ratio"] = round(one["avro"]["rows_per_second"] / one["json"]["rows_per_second"], 3)
-        runs.append(one)
-        print(f"producer round {index + 1}: json {one['json']['seconds']} s, "
-              f"avro {one['avro']['seconds']} s, avro/json {one['ratio']}")  # fmt: skip
-    return {
-        "records": records,
-        "files": files,
-        "files_per_epoch": files_per_epoch,
-        "rounds": runs,
-        "json_rows_per_second": median(r["json"]["rows_per_second"] for r in runs),
-        "avro_rows_per_second": median(r["avro"]["rows_per_second"] for r in runs),
-        "ratio": median(r["ratio"] for r in runs),
-        "goal": ">= 0.95",
-    }
+    summary = alternated("producer", run, rounds, goal=">= 0.95")
+    return {"records": records, "files": files, "files_per_epoch": files_per_epoch, **summary}
 
 
 def main() -> None:

@@ -21,13 +21,11 @@ from operator import itemgetter
 from typing import Any, cast
 
 import fastavro
-import msgspec
 
 from consumers.records import RecordError
 from consumers.registry_schemas import AVRO, HEADER, SchemaCache, schema_id, unframed
-from consumers.rows import UNSET, ArrayValue, Row
+from consumers.rows import UNSET, ArrayValue, Row, as_cell, json_text
 
-_json = msgspec.json.Encoder(decimal_format="number")
 _read = fastavro.schemaless_reader
 # What fastavro raises for bytes its schema does not read: too few, text that is not UTF-8, an
 # enum symbol or union branch index out of range, a length that makes no sense.
@@ -188,23 +186,15 @@ def _kind(avro_type: Any) -> str:
 
 def _converter(kind: str, *, to_array: bool) -> Callable[[Any], Any] | None:
     if kind == "nested":
-        return _json_text
+        return json_text
     if kind == "array":
-        return ArrayValue if to_array else _json_text
+        return ArrayValue if to_array else json_text
     if kind == "mixed":
-        return _mixed_to_array if to_array else _mixed
+        return _mixed_to_array if to_array else as_cell
     return None
-
-
-def _json_text(value: Any) -> str:
-    return _json.encode(value).decode()
-
-
-def _mixed(value: Any) -> Any:
-    return _json_text(value) if isinstance(value, (dict, list)) else value
 
 
 def _mixed_to_array(value: Any) -> Any:
     if isinstance(value, list):
         return ArrayValue(value)
-    return _mixed(value)
+    return as_cell(value)

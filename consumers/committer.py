@@ -132,7 +132,8 @@ class Committer:
         formatted now, so that sending the batch later costs no formatting.
 
         First, whatever decoding the records needs from elsewhere is fetched (the writer
-        schemas of Avro values): RegistryUnavailable when it cannot be, and nothing is sent."""
+        schemas of registry-framed values): RegistryUnavailable when it cannot be, and
+        nothing is sent."""
         of_topics = by_topic(records)
         for topic, of_topic in of_topics.items():  # RegistryUnavailable before anything else
             ignored = self._targets[topic].prepare(of_topic)

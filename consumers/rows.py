@@ -168,9 +168,25 @@ def projector(positions: Sequence[int], width: int) -> Callable[[Row], Row] | No
     return itemgetter(*positions)
 
 
+def json_text(value: Any) -> str:
+    """A value as JSON text, decimals as numbers with every digit."""
+    return _json.encode(value).decode()
+
+
+def json_keys(raw: bytes | None) -> list[str]:
+    """The keys of a JSON object value; none for anything else (a dead letter's business)."""
+    if raw is None:
+        return []
+    try:
+        parsed = _any_json.decode(raw)
+    except msgspec.DecodeError:
+        return []
+    return [str(key) for key in parsed] if isinstance(parsed, dict) else []
+
+
 def as_cell(value: Any) -> Any:
     """A value as a statement parameter: nested objects and arrays as their JSON text."""
-    return _json.encode(value).decode() if isinstance(value, _NESTED) else value
+    return json_text(value) if isinstance(value, _NESTED) else value
 
 
 def decode_key(raw: bytes | None, key_columns: tuple[str, ...]) -> tuple[Any, ...]:

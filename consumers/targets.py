@@ -10,7 +10,6 @@ from datetime import UTC, datetime, timedelta
 from operator import itemgetter
 from typing import Any
 
-import msgspec
 from confluent_kafka import Message
 from psycopg import sql
 from sqlalchemy import ARRAY, DateTime, Engine, LargeBinary, MetaData, Table, inspect, text
@@ -23,9 +22,7 @@ from consumers.avro_rows import AvroRowDecoder
 from consumers.records import Record, RecordError
 from consumers.registry_json_rows import RegistryJsonRowDecoder
 from consumers.registry_schemas import SchemaCache
-from consumers.rows import UNSET, ArrayValue, Row, RowDecoder, as_cell, count_of
-
-_any_json = msgspec.json.Decoder()
+from consumers.rows import UNSET, ArrayValue, Row, RowDecoder, as_cell, count_of, json_keys
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -53,6 +50,7 @@ class Target:
     _fix: Callable[[Row], Row] | None = field(init=False, repr=False, compare=False)
     # Fields of the records that are not columns, already reported (see `prepare`).
     _seen_fields: set[str] = field(init=False, repr=False, compare=False, default_factory=set)
+    _column_set: frozenset[str] = field(init=False, repr=False, compare=False)
     # Where absent must stay apart from null: a column with a default takes it when absent; in
     # upsert mode an absent column is also left as it is in an existing row.
     tracked: tuple[int, ...] = field(init=False, repr=False, compare=False)
@@ -96,6 +94,7 @@ class Target:
             fix = _json_fix(self.columns, self.arrays, self._epoch_columns())
         object.__setattr__(self, "decoder", decoder)
         object.__setattr__(self, "_fix", fix)
+        object.__setattr__(self, "_column_set", frozenset(self.columns))
         object.__setattr__(self, "tracked", tuple(position[c] for c in tracked))
         object.__setattr__(self, "_must_carry", tuple(dict.fromkeys(required + keys * upsert)))
         object.__setattr__(self, "_key_positions", keys)
@@ -117,21 +116,21 @@ class Target:
 
     def prepare(self, records: Sequence[Record]) -> list[str]:
         """Fetch what decoding the records' values needs from elsewhere (the writer schemas of
-        Avro values): raises RegistryUnavailable when it cannot be had now. Returns the fields
-        the records carry that are not columns and were not seen before: they are left out, and
-        the caller says so once each.
+        registry-framed values): raises RegistryUnavailable when it cannot be had now. Returns
+        the fields the records carry that are not columns and were not seen before: they are
+        left out, and the caller says so once each.
 
         For JSON values the first and the last record of the batch are looked at (a field a
         producer adds shows in every record after it), a C decoding of two values a batch; for
-        Avro values, each writer schema's fields when it is first seen."""
+        registry-framed values, the fields of each writer schema."""
         if isinstance(self.decoder, AvroRowDecoder | RegistryJsonRowDecoder):
             values = map(Message.value, records)
             fields = self.decoder.prepare(value for value in values if value is not None)
         else:
             fields = set()
             for record in {id(r): r for r in (records[0], records[-1])}.values() if records else ():
-                fields.update(_json_keys(record.value()))
-        new = sorted(fields - self._seen_fields - set(self.columns))
+                fields.update(json_keys(record.value()))
+        new = sorted(fields - self._seen_fields - self._column_set)
         self._seen_fields.update(new)
         return new
 
@@ -217,17 +216,6 @@ class Target:
 
     def names(self, positions: Iterable[int]) -> list[str]:
         return [self.columns[i] for i in positions]
-
-
-def _json_keys(raw: bytes | None) -> list[str]:
-    """The keys of a JSON object value; none for anything else (a dead letter's business)."""
-    if raw is None:
-        return []
-    try:
-        parsed = _any_json.decode(raw)
-    except msgspec.DecodeError:
-        return []
-    return [str(key) for key in parsed] if isinstance(parsed, dict) else []
 
 
 def _json_fix(

@@ -210,12 +210,15 @@ def test_json_rows_fill_array_columns_and_read_epoch_millis_when_asked() -> None
 def test_the_registry_backoff_grows_to_a_bound_and_says_why_until_cleared() -> None:
     backoff = RegistryBackoff()
     assert backoff.reasons() == []
+    # Each wait lies between retry_at - (clock after the call) and retry_at - (clock before):
+    # exact bounds, whatever the machine's pace.
     waits = []
     for _ in range(8):
+        before = time.monotonic()
         backoff.failed("the registry at http://r is unreachable")
-        waits.append(backoff.retry_at - time.monotonic())
-    assert 0.5 < waits[0] <= 1.0 and 1.5 < waits[1] <= 2.0
-    assert all(29 < wait <= 30 for wait in waits[-3:])  # bounded
+        waits.append((backoff.retry_at - time.monotonic(), backoff.retry_at - before))
+    expected = [1, 2, 4, 8, 16, 30, 30, 30]  # doubling from 1 s, bounded at 30 s
+    assert all(low <= want <= high for (low, high), want in zip(waits, expected, strict=True))
     assert "schema registry unavailable" in backoff.reasons()[0]
     assert "unreachable" in backoff.reasons()[0]
     backoff.cleared()
