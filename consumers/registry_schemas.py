@@ -4,11 +4,11 @@ A registry-framed value is a magic byte (0), its schema's id (4 bytes, big-endia
 The ids a batch needs are fetched before the batch is planned (`fetch`), so that decoding never
 waits on the network. What the registry answers decides what a failure is:
 
-- the id does not exist (HTTP 404): a record fault, and the record is dead-lettered naming the
-  id (`missing`);
-- the registry cannot be reached, times out, or answers with an error of its own (5xx, 429, an
-  authentication refusal): an infrastructure fault, `RegistryUnavailable`. The batch waits and
-  is tried again; nothing is dead-lettered for it.
+- the id does not exist (HTTP 404 with the API's error code 40403): a record fault, and the
+  record is dead-lettered naming the id (`missing`);
+- the registry cannot be reached, times out, or answers anything else (5xx, 429, an
+  authentication refusal, a 404 of a URL that is not the API's): an infrastructure fault,
+  `RegistryUnavailable`. The batch waits and is tried again; nothing is dead-lettered for it.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ log = logging.getLogger("bridge.consumer")
 MAGIC = 0
 HEADER = 5  # the magic byte and the schema id
 _head = itemgetter(slice(0, HEADER))  # a value's header
-_NOT_FOUND = 404
+_SCHEMA_NOT_FOUND = 40403  # the Confluent-compatible API's error code (HTTP 404 with it)
 AVRO, JSON = "AVRO", "JSON"  # the registry's schema types bridge reads
 # One request at a time, each bounded; the batch's own backoff retries, not the client.
 _CLIENT_TIMEOUT_S = 10
@@ -115,7 +115,9 @@ class SchemaCache:
         try:
             schema = self._client.get_schema(wanted)
         except SchemaRegistryError as exc:
-            if exc.http_status_code == _NOT_FOUND:
+            # Only the API's own "schema not found" is the record's; any other answer, a 404 of
+            # a URL that is not the API's among them, is the registry's or the settings'.
+            if exc.error_code == _SCHEMA_NOT_FOUND:
                 self._missing(wanted, f"schema id {wanted} is not in the registry")
                 return
             self._unavailable(f"the registry at {self.url} answered {exc}")

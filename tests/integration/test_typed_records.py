@@ -424,3 +424,24 @@ def test_a_json_route_fills_array_columns_reads_epoch_millis_and_reports_ignored
         (2, None, None, datetime(2026, 11, 25, 12, 46, 8, 500000, tzinfo=UTC), None),
     ]  # fmt: skip
     sql(stack, f"DROP TABLE {table}")
+
+
+def test_a_registry_url_that_is_not_the_api_holds_records_back_and_dead_letters_none(
+    stack: Endpoints, names: dict[str, str], registry_url: str, typed_table: str
+) -> None:
+    """A wrong schema_registry.url on the right server answers 404 for every id, but not the
+    API's "schema not found": a settings fault, so the records wait and /readyz says why."""
+    create_topic(stack.bootstrap_servers, names["topic"], partitions=1)
+    with registry_client(stack, registry_url) as client:
+        schema = avro_schema(T.StructType([T.StructField("id", T.LongType(), False)]), name="R")
+        good = register(client, f"{names['topic']}-value", schema)
+    produce(stack, names["topic"], [(None, _framed(good, 1))])
+    wrong = registry_url.removesuffix("/apis/ccompat/v7") + "/not-the-api"
+    settings = settings_for(stack, names, registry_url=wrong, value_format="avro")
+    with running(settings) as service:
+        unavailable = "bridge_consumer_schema_registry_unavailable_total"
+        eventually(lambda: sample(service, unavailable) >= 2, timeout=60)
+        assert any("schema registry unavailable" in r for r in service.not_ready())
+        assert sample(service, "bridge_consumer_dead_letters_total", topic=names["topic"]) == 0
+    assert sql(stack, f"SELECT count(*) FROM {typed_table}") == [(0,)]
+    assert sql(stack, f"SELECT count(*) FROM {names['schema']}.dead_letters") == [(0,)]
