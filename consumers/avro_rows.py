@@ -1,11 +1,12 @@
 """Registry-framed Avro values to table rows, each value its exact PostgreSQL type.
 
-fastavro reads a value's body by its writer schema (fetched by id, `consumers.registry_schemas`)
-into Python values that psycopg sends as the types they are: `timestamp-millis`/`-micros` as
-aware datetimes (timestamptz), `local-timestamp-*` as naive ones (timestamp), `date`, `time-*`,
-`decimal` as Decimal with every digit (numeric), `uuid` as UUID, `bytes`/`fixed` as bytes
-(bytea), enums as text. Arrays go to array columns as PostgreSQL arrays, and as JSON text to any
-other column (jsonb); records and maps go as JSON text (jsonb).
+A value's body is read by its writer schema (fetched by id, `consumers.registry_schemas`),
+compiled once (`consumers.avro_program`) and read in C (`consumers._avro_body`), a batch in one
+call, into Python values that psycopg sends as the types they are: `timestamp-millis`/`-micros`
+as aware datetimes (timestamptz), `local-timestamp-*` as naive ones (timestamp), `date`,
+`time-*`, `decimal` as Decimal with every digit (numeric), `uuid` as its text, `bytes`/`fixed` as
+bytes (bytea), enums as text. Arrays go to array columns as PostgreSQL arrays, and as JSON text to
+any other column (jsonb); records and maps go as JSON text (jsonb).
 
 A column the writer schema has no field for is absent: UNSET where the table fills it (a
 default, an identity) and where the route tracks absence, else NULL.
@@ -13,24 +14,23 @@ default, an identity) and where the route tracks absence, else NULL.
 
 from __future__ import annotations
 
-import io
-from collections import deque
 from collections.abc import Callable, Collection, Iterable, Sequence
 from itertools import repeat
-from operator import itemgetter
-from typing import Any, cast
+from typing import Any, NamedTuple
 
-import fastavro
-
+from consumers.avro_program import Program, compile_record
 from consumers.records import RecordError
 from consumers.registry_schemas import AVRO, HEADER, SchemaCache, schema_id, unframed
 from consumers.rows import UNSET, ArrayValue, Row, as_cell, json_text
 
-_read = fastavro.schemaless_reader
-# What fastavro raises for bytes its schema does not read: too few, text that is not UTF-8, an
-# enum symbol or union branch index out of range, a length that makes no sense.
-_UNREADABLE = (EOFError, ValueError, IndexError, KeyError, OverflowError, TypeError, MemoryError)
-RowMaker = Callable[[dict[str, Any]], Row]
+RowFix = Callable[[Row], Row]
+
+
+class Reading(NamedTuple):
+    """How the values of one writer schema become rows."""
+
+    program: Program
+    fix: RowFix | None  # nested values to JSON text, lists to arrays; None: nothing to fix
 
 
 class AvroRowDecoder:
@@ -49,7 +49,7 @@ class AvroRowDecoder:
         self._tracked = frozenset(tracked)
         self._arrays = frozenset(arrays)
         self._schemas = schemas
-        self._makers: dict[int, RowMaker] = {}
+        self._readings: dict[int, Reading] = {}
         self.carried = tuple(i for i, c in enumerate(columns) if c not in filled)
 
     def prepare(self, raws: Iterable[bytes]) -> set[str]:
@@ -60,23 +60,16 @@ class AvroRowDecoder:
         writer = schema_id(raw)
         if writer is None:
             raise unframed(raw)
-        maker = self._makers.get(writer) or self._maker(writer)
-        body = io.BytesIO(raw)
-        body.seek(HEADER)
+        reading = self._readings.get(writer) or self._reading(writer)
         try:
-            record = _read(body, self._schemas.schemas[writer], None)
-        except _UNREADABLE as exc:
-            raise RecordError(f"value does not decode by schema id {writer}: {exc!r}") from None
-        if body.tell() != len(raw):
-            raise RecordError(
-                f"value does not decode by schema id {writer}: "
-                f"{len(raw) - body.tell()} byte(s) after the record"
-            )
-        return maker(record)  # type: ignore[arg-type] # a record schema reads a dict
+            (row,) = reading.program.rows([raw], HEADER)
+        except ValueError as exc:
+            raise RecordError(f"value does not decode by schema id {writer}: {exc}") from None
+        return row if reading.fix is None else reading.fix(row)
 
     def decode_all(self, raws: Iterable[bytes]) -> list[Row] | None:
         """Every value as a row, None when any is not one (`decode` then tells which). Values
-        that all carry the same schema id, as a batch's mostly do, are read in C loops."""
+        that all carry the same schema id, as a batch's mostly do, are read in one C call."""
         values = raws if isinstance(raws, list) else list(raws)
         if not values:
             return []
@@ -85,23 +78,11 @@ class AvroRowDecoder:
         if writer is None or not all(map(bytes.startswith, values, repeat(header))):
             return self._one_by_one(values)
         try:
-            maker = self._makers.get(writer) or self._maker(writer)
-        except RecordError:
+            reading = self._readings.get(writer) or self._reading(writer)
+            rows = reading.program.rows(values, HEADER)
+        except (RecordError, ValueError):
             return None
-        bodies = list(map(io.BytesIO, values))
-        deque(map(io.BytesIO.seek, bodies, repeat(HEADER)), maxlen=0)
-        try:
-            schema = self._schemas.schemas[writer]
-            # A record schema reads dicts.
-            records = cast(
-                list[dict[str, Any]], list(map(_read, bodies, repeat(schema), repeat(None)))
-            )
-        except _UNREADABLE:
-            return None
-        # Each body read to its end and no further: a value with bytes left over is not a row.
-        if list(map(io.BytesIO.tell, bodies)) != list(map(len, values)):
-            return None
-        return list(map(maker, records))
+        return rows if reading.fix is None else list(map(reading.fix, rows))
 
     def _one_by_one(self, values: list[bytes]) -> list[Row] | None:
         try:
@@ -112,7 +93,7 @@ class AvroRowDecoder:
     def decode_carried(self, raws: Iterable[bytes]) -> list[Row] | None:
         return None  # every Avro row goes through `decode_all`
 
-    def _maker(self, writer: int) -> RowMaker:
+    def _reading(self, writer: int) -> Reading:
         if writer in self._schemas.missing:
             raise RecordError(self._schemas.missing[writer])
         schema = self._schemas.schemas.get(writer)
@@ -124,49 +105,38 @@ class AvroRowDecoder:
         if not isinstance(schema, dict) or schema.get("type") != "record":
             self._schemas.missing[writer] = f"schema id {writer} is not an Avro record"
             raise RecordError(self._schemas.missing[writer])
-        maker = row_maker(self._columns, schema, tracked=self._tracked, arrays=self._arrays)
-        self._makers[writer] = maker
-        return maker
+        reading = reading_of(self._columns, schema, tracked=self._tracked, arrays=self._arrays)
+        self._readings[writer] = reading
+        return reading
 
 
-def row_maker(
+def reading_of(
     columns: Sequence[str],
     schema: dict[str, Any],
     *,
     tracked: Collection[str],
     arrays: Collection[str],
-) -> RowMaker:
-    """A function from a decoded record (a dict) to a row of `columns`."""
+) -> Reading:
+    """How values of the record `schema` (as fastavro parses it) become rows of `columns`."""
     kinds = {f["name"]: _kind(f["type"]) for f in schema["fields"]}
-    width = len(columns)
-    present = [i for i, c in enumerate(columns) if c in kinds]
-    absent = {i: (UNSET if c in tracked else None) for i, c in enumerate(columns) if c not in kinds}
-    converters: list[tuple[int, Callable[[Any], Any]]] = []
-    for i in present:
-        column = columns[i]
-        converter = _converter(kinds[column], to_array=column in arrays)
-        if converter is not None:
-            converters.append((i, converter))
-    take = itemgetter(*(columns[i] for i in present)) if present else None
-    if take is not None and not absent and not converters and width > 1:
-        return take  # every column a field as it is: the row straight from the record, in C
+    absent = [None if c in kinds else (UNSET if c in tracked else None) for c in columns]
+    fixes: list[tuple[int, Callable[[Any], Any]]] = []
+    for i, column in enumerate(columns):
+        fix = _converter(kinds[column], to_array=column in arrays) if column in kinds else None
+        if fix is not None:
+            fixes.append((i, fix))
+    return Reading(compile_record(schema, columns, absent), _row_fix(fixes) if fixes else None)
 
-    def make(record: dict[str, Any]) -> Row:
-        values: list[Any] = [None] * width
-        if take is not None:
-            taken = take(record)
-            if len(present) == 1:
-                taken = (taken,)
-            for i, value in zip(present, taken, strict=True):
-                values[i] = value
-        for i, marker in absent.items():
-            values[i] = marker
-        for i, convert in converters:
+
+def _row_fix(fixes: list[tuple[int, Callable[[Any], Any]]]) -> RowFix:
+    def fix(row: Row) -> Row:
+        values = list(row)
+        for i, convert in fixes:
             if values[i] is not None:
                 values[i] = convert(values[i])
         return tuple(values)
 
-    return make
+    return fix
 
 
 def _kind(avro_type: Any) -> str:

@@ -19,7 +19,7 @@ from pyspark.sql.types import BinaryType, LongType, StringType, StructField, Str
 from bridge.errors import ConfigError
 from bridge.settings import RouteSettings, SchemaRegistrySettings, load_settings
 from bridge_shell.spark.spark_session import REDACTION_REGEX
-from consumers.avro_rows import AvroRowDecoder, row_maker
+from consumers.avro_rows import AvroRowDecoder, reading_of
 from consumers.records import RecordError
 from consumers.registry_schemas import RegistryBackoff, SchemaCache, schema_id
 from consumers.rows import UNSET, ArrayValue
@@ -123,20 +123,31 @@ SCHEMA: dict[str, Any] = fastavro.parse_schema(  # type: ignore[assignment]
 )  # fmt: skip
 
 
+def _body(record: dict[str, Any]) -> bytes:
+    body = io.BytesIO()
+    fastavro.schemaless_writer(body, SCHEMA, record)
+    return body.getvalue()
+
+
 def test_an_avro_record_becomes_a_row_of_the_tables_columns() -> None:
-    make = row_maker(
+    reading = reading_of(
         ("id", "tags", "attrs", "at", "amount", "filled", "missing"),
         SCHEMA,
         tracked={"filled"},
         arrays={"tags"},
     )
     at = datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
-    row = make({"id": 1, "tags": ["a"], "attrs": {"k": 2}, "at": at, "amount": Decimal("1.2345")})
+    record = {"id": 1, "tags": ["a"], "attrs": {"k": 2}, "at": at, "amount": Decimal("1.2345")}
+    (row,) = reading.program.rows([_body(record)], 0)
+    assert reading.fix is not None
+    row = reading.fix(row)
     assert row == (1, ["a"], '{"k":2}', at, Decimal("1.2345"), UNSET, None)
     assert type(row[1]) is ArrayValue
     # A list bound for a column that is not an array (jsonb) is JSON text.
-    as_json = row_maker(("tags",), SCHEMA, tracked=(), arrays=())
-    assert as_json({"tags": ["a", "b"]}) == ('["a","b"]',)
+    as_json = reading_of(("tags",), SCHEMA, tracked=(), arrays=())
+    assert as_json.fix is not None
+    (row,) = as_json.program.rows([_body({**record, "tags": ["a", "b"]})], 0)
+    assert as_json.fix(row) == ('["a","b"]',)
 
 
 @pytest.fixture

@@ -1,0 +1,6 @@
+"""The consumer's Avro reader, in C against Python's own API (no library to link). Everything
+else about the package is in pyproject.toml; setuptools takes C extensions from here."""
+
+from setuptools import Extension, setup
+
+setup(ext_modules=[Extension("consumers._avro_body", ["consumers/_avro_body.c"])])
