@@ -14,12 +14,17 @@ ENV JAVA_HOME=/usr/lib/jvm/java-17 \
     PYTHONUNBUFFERED=1
 
 WORKDIR /app
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
 COPY bridge ./bridge
 COPY bridge_shell ./bridge_shell
 COPY spark_jobs ./spark_jobs
 COPY consumers ./consumers
-RUN pip install --no-cache-dir .
+# The consumer's Avro reader is C (consumers/_avro_body.c): a compiler for the install, gone after.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && pip install --no-cache-dir . \
+    && apt-get purge -y --auto-remove gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/*
 
 # Spark's Python processes import a compiled PySpark (bridge_shell/spark/spark_home.py); it is
 # built here, once, where the unprivileged user can read it.

@@ -50,6 +50,8 @@ class AvroRowDecoder:
         self._arrays = frozenset(arrays)
         self._schemas = schemas
         self._readings: dict[int, Reading] = {}
+        self._carried_readings: dict[int, Reading | None] = {}
+        self._filled = frozenset(filled)
         self.carried = tuple(i for i, c in enumerate(columns) if c not in filled)
 
     def prepare(self, raws: Iterable[bytes]) -> set[str]:
@@ -71,12 +73,9 @@ class AvroRowDecoder:
         """Every value as a row, None when any is not one (`decode` then tells which). Values
         that all carry the same schema id, as a batch's mostly do, are read in one C call."""
         values = raws if isinstance(raws, list) else list(raws)
-        if not values:
-            return []
-        header = values[0][:HEADER]
-        writer = schema_id(header)
-        if writer is None or not all(map(bytes.startswith, values, repeat(header))):
-            return self._one_by_one(values)
+        writer = _one_writer(values)
+        if writer is None:
+            return self._one_by_one(values) if values else []
         try:
             reading = self._readings.get(writer) or self._reading(writer)
             rows = reading.program.rows(values, HEADER)
@@ -91,7 +90,35 @@ class AvroRowDecoder:
             return None
 
     def decode_carried(self, raws: Iterable[bytes]) -> list[Row] | None:
-        return None  # every Avro row goes through `decode_all`
+        """As `RowDecoder.decode_carried`: rows of the carried columns only, when the values
+        share a writer schema that has a field for every tracked carried column and none for a
+        column the table fills; else None."""
+        values = raws if isinstance(raws, list) else list(raws)
+        writer = _one_writer(values)
+        if writer is None:
+            return None
+        if writer not in self._carried_readings:
+            try:
+                self._readings.get(writer) or self._reading(writer)
+            except RecordError:
+                return None
+            self._carried_readings[writer] = self._carried_reading(writer)
+        reading = self._carried_readings[writer]
+        if reading is None:
+            return None
+        try:
+            rows = reading.program.rows(values, HEADER)
+        except ValueError:
+            return None
+        return rows if reading.fix is None else list(map(reading.fix, rows))
+
+    def _carried_reading(self, writer: int) -> Reading | None:
+        schema = self._schemas.schemas[writer]
+        fields = {str(f["name"]) for f in schema["fields"]}
+        carried = [self._columns[i] for i in self.carried]
+        if fields & self._filled or not self._tracked.intersection(carried) <= fields:
+            return None
+        return reading_of(carried, schema, tracked=self._tracked, arrays=self._arrays)
 
     def _reading(self, writer: int) -> Reading:
         if writer in self._schemas.missing:
@@ -108,6 +135,17 @@ class AvroRowDecoder:
         reading = reading_of(self._columns, schema, tracked=self._tracked, arrays=self._arrays)
         self._readings[writer] = reading
         return reading
+
+
+def _one_writer(values: list[bytes]) -> int | None:
+    """The schema id every value names, in C loops; None when they name none or several."""
+    if not values:
+        return None
+    header = values[0][:HEADER]
+    writer = schema_id(header)
+    if writer is None or not all(map(bytes.startswith, values, repeat(header))):
+        return None
+    return writer
 
 
 def reading_of(

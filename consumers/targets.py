@@ -124,8 +124,8 @@ class Target:
         producer adds shows in every record after it), a C decoding of two values a batch; for
         registry-framed values, the fields of each writer schema."""
         if isinstance(self.decoder, AvroRowDecoder | RegistryJsonRowDecoder):
-            values = map(Message.value, records)
-            fields = self.decoder.prepare(value for value in values if value is not None)
+            # Tombstones (None) have no schema; filtered in C, not a step per record.
+            fields = self.decoder.prepare(filter(None, map(Message.value, records)))
         else:
             fields = set()
             for record in {id(r): r for r in (records[0], records[-1])}.values() if records else ():

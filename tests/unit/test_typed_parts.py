@@ -338,3 +338,23 @@ def test_a_json_schema_route_reads_base64_into_bytea_columns(cache: SchemaCache)
     assert target.row(b'\x00\x00\x00\x00\x08{"id": 1, "blob": "AP8="}') == (1, b"\x00\xff")
     with pytest.raises(RecordError, match="column blob: not base64 text"):
         target.row(b'\x00\x00\x00\x00\x08{"id": 1, "blob": "no!"}')
+
+
+def test_avro_rows_of_the_carried_columns_only_when_the_schema_has_no_filled_field(
+    cache: SchemaCache,
+) -> None:
+    record = {"id": 5, "tags": ["x"], "attrs": None, "at": datetime(2026, 1, 1, tzinfo=UTC),
+              "amount": Decimal("1.0000")}  # fmt: skip
+    good = _framed(7, record)
+    # `inserted` is filled by the table and no field of schema 7: rows of the others.
+    decoder = AvroRowDecoder(("id", "inserted", "amount"), schemas=cache, filled={"inserted"},
+                             tracked={"inserted"})  # fmt: skip
+    assert decoder.carried == (0, 2)
+    assert decoder.decode_carried([good, good]) == [(5, Decimal("1.0000"))] * 2
+    assert decoder.decode_all([good]) == [(5, UNSET, Decimal("1.0000"))]
+    # A filled column the schema has a field for: records carry it, so not this way.
+    carrying = AvroRowDecoder(("id", "at"), schemas=cache, filled={"at"}, tracked={"at"})
+    assert carrying.decode_carried([good]) is None
+    assert carrying.decode_carried([good, good + b"\x00"]) is None
+    assert decoder.decode_carried([good, good[:-1]]) is None
+    assert decoder.decode_carried([good, _framed(9, record)]) is None
