@@ -210,6 +210,11 @@ class RouteSettings(_Section):
     # JSON values only: an integer for a timestamp column is milliseconds since 1970 (UTC),
     # as Kafka Connect's and many producers' timestamps are; otherwise PostgreSQL refuses it.
     epoch_millis_timestamps: bool = False
+    # Registry routes only (a JSON route's table is its contract): create the table from the
+    # first record's writer schema when it does not exist, and add a nullable column for each
+    # field a new writer schema adds, in the batch's own transaction (docs/table-evolution.md).
+    auto_create: bool = False
+    auto_evolve: bool = False
 
     @field_validator("table")
     @classmethod
@@ -233,6 +238,16 @@ class RouteSettings(_Section):
     def _upsert_needs_keys(self) -> RouteSettings:
         if self.mode == "upsert" and not self.key_columns:
             raise ValueError("mode 'upsert' needs key_columns")
+        return self
+
+    @model_validator(mode="after")
+    def _following_needs_a_schema(self) -> RouteSettings:
+        if self.value_format != "avro" and (self.auto_create or self.auto_evolve):
+            raise ValueError(
+                "auto_create and auto_evolve need value_format avro: the table follows the "
+                "records' writer schemas (a JSON route's table is its contract; JSON Schema "
+                "is not followed yet)"
+            )
         return self
 
 

@@ -286,8 +286,11 @@ def _copy_steps(table: sql.Composable, target: Target, puts: list[Put]) -> list[
 
 def stage_name(target: Target) -> str:
     """The staging table of one upsert target: named after the table, and told apart from a
-    table of the same name in another schema by a digest of the qualified name."""
-    digest = hashlib.sha1(target.qualified.encode(), usedforsecurity=False).hexdigest()[:8]
+    table of the same name in another schema by a digest of the qualified name. The digest
+    covers the columns too: a table that gained a column (auto_evolve) gets a new staging
+    table shaped like it, not the session's old one."""
+    named = "\0".join((target.qualified, *target.columns))
+    digest = hashlib.sha1(named.encode(), usedforsecurity=False).hexdigest()[:8]
     return f"{UPSERT_STAGE_PREFIX}{target.name[:40]}_{digest}"
 
 

@@ -28,13 +28,15 @@ from itertools import chain
 from typing import Any
 
 import psycopg
+from confluent_kafka import Message
 
 from bridge.errors import BridgeError
-from consumers.applier import Applier, Step
+from consumers.applier import Applier, Step, run_steps
 from consumers.db_session import Refusal, is_lost, refusal_of
 from consumers.offsets import Lease, OffsetStore, PartitionKey
 from consumers.pipelined import PipelinedTransaction, formatted
 from consumers.records import Record, offset_of
+from consumers.table_follower import DRIFT, TableFollower
 from consumers.targets import Target
 
 log = logging.getLogger("bridge.consumer")
@@ -47,6 +49,8 @@ class Batch:
     records: dict[PartitionKey, list[Record]]
     leases: dict[PartitionKey, Lease]
     plans: dict[str, list[Step]] | None  # each topic's statements, when every record is a row
+    # Changes to followed tables (consumers.table_follower), first after the offset advance.
+    changes: list[Step] = field(default_factory=list)
 
     def next_offsets(self) -> dict[PartitionKey, int]:
         """Where each partition goes once the batch commits: after its last record."""
@@ -57,6 +61,7 @@ class Batch:
             {k: v for k, v in self.records.items() if k not in keys},
             {k: v for k, v in self.leases.items() if k not in keys},
             None,
+            self.changes,
         )
 
 
@@ -114,15 +119,37 @@ class Committer:
         targets: dict[str, Target],
         timeout_s: float,
         on_ignored: Callable[[str, list[str]], None] | None = None,
+        followers: dict[str, TableFollower] | None = None,
     ) -> None:
         """`on_ignored(topic, fields)`: told once of each field a topic's records carry that
-        is not a column of its table."""
+        is not a column of its table. `followers`: the topics whose tables follow their
+        writer schemas; their targets come from them."""
         self._on_ignored = on_ignored
+        self._followers = followers or {}
         self._store = store
         self._applier = applier
         self._targets = targets
         self._timeout_s = timeout_s
         self._sent: _Sent | None = None
+
+    def changes(self, records: dict[PartitionKey, list[Record]]) -> list[Step]:
+        """The table changes a batch of `records` makes first (followed tables only): their
+        writer schemas fetched (RegistryUnavailable) and checked (TableMismatch)."""
+        steps: list[Step] = []
+        for topic, of_topic in by_topic(records).items():
+            follower = self._followers.get(topic)
+            if follower is None:
+                continue
+            steps += follower.follow(list(filter(None, map(Message.value, of_topic))))
+            if follower.target is not None:
+                self._targets[topic] = follower.target
+        return steps
+
+    def committed_changes(self, batch: Batch) -> None:
+        """`batch` committed: its table changes are made."""
+        if batch.changes:
+            for follower in self._followers.values():
+                follower.committed(batch.changes)
 
     def plan(
         self, records: dict[PartitionKey, list[Record]], conn: psycopg.Connection[Any] | None
@@ -162,7 +189,7 @@ class Committer:
         started = time.perf_counter()
         # Step 1, 2 and 3 go in one message, in this order.
         advance = self._store.advance_statement(self._advances(batch), strict=True)
-        steps = list(chain.from_iterable(batch.plans.values()))
+        steps = batch.changes + list(chain.from_iterable(batch.plans.values()))
         try:
             transaction = PipelinedTransaction(
                 conn, steps, advance=advance, timeout_s=self._timeout_s
@@ -216,7 +243,7 @@ class Committer:
                 batch = batch.without(exc.keys)
                 continue
             except psycopg.Error as exc:
-                refusal = refusal_of(exc)
+                refusal = refusal_of(exc) or self._drift(exc)
                 if refusal is not None:
                     return CommitResult(
                         batch=batch, refused=refused, declined=list(batch.records), refusal=refusal
@@ -240,6 +267,16 @@ class Committer:
             )
         return CommitResult(batch=batch, refused=refused)
 
+    def _drift(self, exc: psycopg.Error) -> Refusal | None:
+        """A followed table other than its follower knew it: nothing written, the followers
+        read their tables again, and the batch is tried again after the refusal's wait."""
+        if not self._followers or not isinstance(exc, DRIFT):
+            return None
+        for follower in self._followers.values():
+            follower.drifted()
+        message = exc.diag.message_primary or str(exc)
+        return Refusal(exc.sqlstate or "", f"a followed table changed meanwhile: {message}")
+
     def _write_once(
         self, conn: psycopg.Connection[Any], batch: Batch, applied: dict[str, tuple[int, int]]
     ) -> None:
@@ -248,6 +285,7 @@ class Committer:
             refused = self._store.advance(conn, self._advances(batch))
             if refused:
                 raise _LeaseRefused(refused)  # rolls the transaction back
+            run_steps(conn, batch.changes)
             # Step 2
             staged: set[str] = set()
             for topic, records in by_topic(batch.records).items():

@@ -42,7 +42,8 @@ from consumers.metrics import ConsumerMetrics
 from consumers.offsets import OffsetStore, PartitionKey, StoredRow
 from consumers.partitions import PartitionState, PartitionTable
 from consumers.records import Record, offset_of
-from consumers.registry_schemas import RegistryBackoff, RegistryUnavailable
+from consumers.registry_schemas import HoldBackoff, RegistryBackoff, RegistryUnavailable
+from consumers.table_follower import TableMismatch
 
 log = logging.getLogger("bridge.consumer")
 
@@ -94,6 +95,7 @@ class BatchLifecycle:
         refusals: RefusalBackoff,
         registry: RegistryBackoff,
         mirror_offsets: bool,
+        mismatches: HoldBackoff | None = None,
     ) -> None:
         self._committer = committer
         self._table = table
@@ -103,6 +105,8 @@ class BatchLifecycle:
         self._metrics = metrics
         self._refusals = refusals
         self._registry = registry
+        # A writer schema a followed table cannot take (consumers.table_follower).
+        self._mismatches = mismatches or mismatch_backoff()
         self._mirror_offsets = mirror_offsets
         self.stage = Stage.IDLE
         self.applied_total = 0
@@ -126,6 +130,7 @@ class BatchLifecycle:
         # Step 1: the batch before is still in flight.
         ours = self._ours(records)
         try:
+            changes = self._committer.changes(ours)
             plans = self._committer.plan(ours, self._db.open_connection())
         except RegistryUnavailable as exc:
             # An infrastructure fault, never a record's: these records are fetched again once
@@ -135,7 +140,15 @@ class BatchLifecycle:
             self._registry.failed(str(exc))
             self._seek_to_leases()
             return
+        except TableMismatch as exc:
+            # Not the records' fault either: they wait until the table is mended.
+            self.settle()
+            self._metrics.table_mismatch.inc()
+            self._mismatches.failed(str(exc))
+            self._seek_to_leases()
+            return
         self._registry.cleared()
+        self._mismatches.cleared()
         # Step 2
         self.settle()
         leases = {key: lease for key in ours if (lease := self._table.lease(key))}
@@ -151,7 +164,7 @@ class BatchLifecycle:
             return
         # Step 3, with the leases as the batch before left them: this advance starts where
         # that one ended.
-        batch = Batch(ours, leases, plans)
+        batch = Batch(ours, leases, plans, changes)
         self._table.sent(list(ours))
         self._move(StageEvent.SENT)
         result = self._committer.commit(self._db.connection(), batch)
@@ -199,6 +212,7 @@ class BatchLifecycle:
         """The partitions' states, the backoff, the mirror and the metrics move."""
         self._move(StageEvent.SETTLED)
         if result.committed:
+            self._committer.committed_changes(result.batch)
             self._table.committed(result.committed)
             self._refusals.cleared()
             self._mirror(result.committed)
@@ -273,3 +287,10 @@ class BatchLifecycle:
             )
         except KafkaException as exc:
             log.warning("mirroring offsets to the Kafka group failed: %s", exc)
+
+
+def mismatch_backoff() -> HoldBackoff:
+    return HoldBackoff(
+        what="table does not fit its records' schema",
+        consequence="the batch waits until the table is mended",
+    )

@@ -34,6 +34,7 @@ from bridge.names import (
     METRIC_PARTITIONS,
     METRIC_RECORDS_APPLIED,
     METRIC_REGISTRY_UNAVAILABLE,
+    METRIC_TABLE_MISMATCH,
 )
 from consumers.partitions import PartitionState
 from consumers.records import Record, timestamp_ms
@@ -112,6 +113,12 @@ class ConsumerMetrics:
             METRIC_REGISTRY_UNAVAILABLE,
             "Batches held back because the schema registry could not answer for their schemas "
             "(unreachable, timed out, or answering with an error of its own).",
+            registry=self.registry,
+        )
+        self.table_mismatch = Counter(
+            METRIC_TABLE_MISMATCH,
+            "Batches held back because a writer schema does not fit a followed table in a way "
+            "adding a column can mend (a type change, a required new field, a missing key).",
             registry=self.registry,
         )
         Gauge(METRIC_INFO, "The consumer group.", list(labels), registry=self.registry).labels(

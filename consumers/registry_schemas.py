@@ -153,11 +153,13 @@ class SchemaCache:
         self._client.close()
 
 
-class RegistryBackoff:
-    """While the registry cannot answer for a batch's schemas: when to try the batch again
-    (a growing wait, to a bound), and what `/readyz` says meanwhile."""
+class HoldBackoff:
+    """While a batch is held back by something outside its records: when to try it again (a
+    growing wait, to a bound), and what `/readyz` says meanwhile."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, what: str, consequence: str) -> None:
+        """`what` heads the `/readyz` reason; `consequence` says in the log what waits."""
+        self._what, self._consequence = what, consequence
         self.current: str | None = None
         self.retry_at = 0.0  # monotonic: no batch before this
         self._since = 0.0
@@ -175,9 +177,8 @@ class RegistryBackoff:
         delay = _wait(self._attempt)
         self.retry_at = now + delay
         log.error(
-            "%s; the batch waits for its schemas, nothing is dead-lettered; retrying in %.1fs",
-            why, delay,
-        )  # fmt: skip
+            "%s; %s, nothing is dead-lettered; retrying in %.1fs", why, self._consequence, delay
+        )
 
     def cleared(self) -> None:
         self.current, self.retry_at = None, 0.0
@@ -185,7 +186,11 @@ class RegistryBackoff:
     def reasons(self) -> list[str]:
         if self.current is None:
             return []
-        return [
-            f"schema registry unavailable for {time.monotonic() - self._since:.0f}s "
-            f"({self.current})"
-        ]
+        return [f"{self._what} for {time.monotonic() - self._since:.0f}s ({self.current})"]
+
+
+class RegistryBackoff(HoldBackoff):
+    def __init__(self) -> None:
+        super().__init__(
+            what="schema registry unavailable", consequence="the batch waits for its schemas"
+        )

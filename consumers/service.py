@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
+import psycopg
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from bridge.settings import BridgeSettings, ConsumerSettings, LibrdkafkaValue
@@ -26,12 +27,13 @@ from consumers.committer import Committer
 from consumers.db_session import DatabaseSession, RefusalBackoff, at_start
 from consumers.kafka_health import KafkaHealth
 from consumers.leases import LeaseKeeper
-from consumers.lifecycle import BatchLifecycle
+from consumers.lifecycle import BatchLifecycle, mismatch_backoff
 from consumers.metrics import ConsumerMetrics, HealthServer
 from consumers.offsets import OffsetStore, PartitionKey
 from consumers.partitions import PartitionTable
 from consumers.registry_schemas import RegistryBackoff, SchemaCache
 from consumers.state import ensure_state_tables, sqlalchemy_engine, state_tables
+from consumers.table_follower import TableFollower, follow_table
 from consumers.targets import Target, reflect_target
 
 log = logging.getLogger("bridge.consumer")
@@ -48,6 +50,7 @@ CONSUMER_FETCH_DEFAULTS: dict[str, LibrdkafkaValue] = {"fetch.queue.backoff.ms":
 _STATISTICS_INTERVAL_MS = 5_000  # how often librdkafka reports the last stable offsets (lag)
 _RECONCILE_INTERVAL_S = 1.0  # how often leases are compared with the offsets table
 _STALLED_AFTER_S = 60.0  # /healthz fails when the poll loop has not turned for this long
+_CONNECT_TIMEOUT_S = 10  # reading a followed table again: a database that does not answer
 
 
 @dataclass(frozen=True)
@@ -82,6 +85,7 @@ class ConsumerService:
         )
         self._refusals = RefusalBackoff()
         self._registry = RegistryBackoff()
+        self._mismatches = mismatch_backoff()
         # Writer schemas by id, for the routes whose values are registry-framed (from start).
         self._schemas: SchemaCache | None = None
         self._partitions = PartitionTable()
@@ -105,13 +109,23 @@ class ConsumerService:
         configuration (missing table or column) before consuming anything."""
         engine = sqlalchemy_engine(self._dsn)
 
+        followers: dict[str, TableFollower] = {}
+
         def prepare() -> dict[str, Target]:
             with engine.connect() as conn:
                 ensure_state_tables(conn, self._tables)
-            return {
-                route.topic: reflect_target(engine, route, index, schemas=self._schemas)
-                for index, route in enumerate(self._config.routes)
-            }
+            targets = {}
+            for index, route in enumerate(self._config.routes):
+                if route.auto_create or route.auto_evolve:
+                    assert self._schemas is not None  # noqa: S101 - settings need the registry
+                    follower = follow_table(engine, route, index, self._schemas, self._connect)
+                    followers[route.topic] = follower
+                    targets[route.topic] = follower.target or follower.placeholder()
+                else:
+                    targets[route.topic] = reflect_target(
+                        engine, route, index, schemas=self._schemas
+                    )
+            return targets
 
         registry = self._settings.schema_registry
         if registry is not None and any(r.value_format != "json" for r in self._config.routes):
@@ -130,6 +144,7 @@ class ConsumerService:
             targets=targets,
             timeout_s=self._db.reply_timeout_s,
             on_ignored=self._ignored,
+            followers=followers,
         )
         self._db.connect()
         consumer = Consumer(self._kafka_config())
@@ -142,6 +157,7 @@ class ConsumerService:
             metrics=self.metrics,
             refusals=self._refusals,
             registry=self._registry,
+            mismatches=self._mismatches,
             mirror_offsets=self._config.mirror_offsets_to_kafka,
         )
         leases = LeaseKeeper(
@@ -173,6 +189,11 @@ class ConsumerService:
             "consumer started",
             extra={"owner": self._owner, "topics": list(targets), "http_port": self.http_port},
         )
+
+    def _connect(self) -> psycopg.Connection[Any]:
+        """A connection of its own, for reading a followed table again (the session's may have
+        a batch in flight)."""
+        return psycopg.connect(self._dsn, autocommit=True, connect_timeout=_CONNECT_TIMEOUT_S)
 
     def _ignored(self, topic: str, fields: list[str]) -> None:
         """A producer's new fields are no longer dropped in silence: once each, a line and the
@@ -230,7 +251,9 @@ class ConsumerService:
                 if not self._behind:
                     batches.settle()  # caught up: nothing to overlap the commit with
                 # The database refused a batch, or the registry could not answer for one.
-                retry_at = max(self._refusals.retry_at, self._registry.retry_at)
+                retry_at = max(
+                    self._refusals.retry_at, self._registry.retry_at, self._mismatches.retry_at
+                )
                 if self._last_turn < retry_at:
                     self._stop.wait(min(1.0, retry_at - self._last_turn))
                     continue
@@ -296,6 +319,7 @@ class ConsumerService:
             + self._db.reasons()
             + self._refusals.reasons()
             + self._registry.reasons()
+            + self._mismatches.reasons()
             + self._partitions.not_progressing(stalled_after_s=stalled_after)
         )
 

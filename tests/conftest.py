@@ -104,6 +104,14 @@ def stack(secure: bool) -> Iterator[Endpoints]:
 
 
 @pytest.fixture
+def registry_url(stack: Endpoints) -> str:
+    """The stack's schema registry (its Confluent-compatible API)."""
+    if stack.registry_url is None:
+        pytest.skip("no schema registry: set BRIDGE_TEST_SCHEMA_REGISTRY_URL with the others")
+    return stack.registry_url
+
+
+@pytest.fixture
 def names() -> dict[str, str]:
     """Fresh names for one consumer test: topic, table, group and state schema."""
     suffix = uuid.uuid4().hex[:10]

@@ -85,13 +85,6 @@ ROWS: list[tuple[Any, ...]] = [
 
 
 @pytest.fixture
-def registry_url(stack: Endpoints) -> str:
-    if stack.registry_url is None:
-        pytest.skip("no schema registry: set BRIDGE_TEST_SCHEMA_REGISTRY_URL with the others")
-    return stack.registry_url
-
-
-@pytest.fixture
 def typed_table(stack: Endpoints, names: dict[str, str]) -> Iterator[str]:
     # Qualified: on the secured stack the administrator's search_path starts with its own schema.
     table = f"public.{names['table']}"

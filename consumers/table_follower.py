@@ -1,0 +1,373 @@
+"""Tables that follow their records' writer schemas (`auto_create`, `auto_evolve`).
+
+Before a batch is planned, each writer schema its records name that the table has not been
+checked against is compared with the table's columns (`consumers.table_types` maps the fields):
+
+- no table, with `auto_create`: `CREATE TABLE` from the schema, the route's key columns as its
+  primary key;
+- a field with no column, with `auto_evolve`: `ADD COLUMN` (nullable);
+- a field whose column is of another kind, a new field that is required and has no default, a
+  key column or a NOT NULL column without a default that the schema has no field for: a
+  `TableMismatch` naming the field, the table's type and the schema's type. The batch waits
+  (`/readyz` says why), nothing is dead-lettered or skipped, and the table is read again before
+  the next try, so that fixing it by hand lets the records through.
+
+The statements run first in the batch's own transaction, after an advisory lock on the table's
+name, so that the change commits with the rows and the offset advance or not at all, and two
+members meeting the same schema at once change the table once (`ADD COLUMN IF NOT EXISTS` under
+the lock). They go with every batch of the topic until one commits; then the table is known to
+have them. A batch that finds the table other than this member knew it (`DRIFT`: created, or
+without a column, by another member meanwhile) is refused as a whole, and the table read again.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from sqlalchemy import Engine
+
+from bridge.errors import BridgeError, ConfigError, PermissionMissing
+from bridge.settings import RouteSettings
+from consumers.applier import Step
+from consumers.registry_schemas import AVRO, SchemaCache, schema_id
+from consumers.table_types import FieldColumn, field_columns
+from consumers.targets import Target, reflect_target
+
+log = logging.getLogger("bridge.consumer")
+
+# The first key of the advisory locks that serialize bridge's changes to one table: "brdg".
+DDL_LOCK_CLASS = 0x62726467
+
+
+# What a batch meets when a followed table changed under this member.
+DRIFT = (psycopg.errors.DuplicateTable, psycopg.errors.UndefinedColumn)
+
+
+class TableMismatch(BridgeError):
+    """A writer schema the table cannot take by adding a column: the batch waits."""
+
+
+@dataclass(frozen=True)
+class TableColumn:
+    name: str
+    sql_type: str  # format_type()
+    kind: str  # pg_type.typcategory
+    element_kind: str  # an array's element typcategory; "" for other types
+    not_null: bool
+    has_default: bool  # a default or an identity
+    generated: bool
+
+
+_DESCRIBE = """
+SELECT a.attname, format_type(a.atttypid, a.atttypmod), t.typcategory,
+       coalesce(e.typcategory, ''), a.attnotnull,
+       (a.atthasdef AND a.attgenerated = '') OR a.attidentity <> '', a.attgenerated <> ''
+FROM pg_attribute a
+JOIN pg_type t ON t.oid = a.atttypid
+LEFT JOIN pg_type e ON e.oid = t.typelem AND t.typcategory = 'A'
+WHERE a.attrelid = %(table)s::regclass AND a.attnum > 0 AND NOT a.attisdropped
+ORDER BY a.attnum
+"""
+
+
+def describe(conn: psycopg.Connection[Any], qualified: str) -> list[TableColumn] | None:
+    """The table's columns in order, or None when there is no such table."""
+    if conn.execute("SELECT to_regclass(%s)", [qualified]).fetchone() == (None,):
+        return None
+    return [TableColumn(*row) for row in conn.execute(_DESCRIBE, {"table": qualified})]
+
+
+def target_of(
+    route: RouteSettings, schema: str, name: str, columns: list[TableColumn], schemas: SchemaCache
+) -> Target:
+    """The Target of a table as `describe` (or the planned change) has it."""
+    return Target(
+        route=route,
+        schema=schema,
+        name=name,
+        columns=tuple(c.name for c in columns),
+        required=frozenset(
+            c.name for c in columns if c.not_null and not c.has_default and not c.generated
+        ),
+        defaulted=frozenset(c.name for c in columns if c.has_default),
+        generated=frozenset(c.name for c in columns if c.generated),
+        arrays=frozenset(c.name for c in columns if c.kind == "A"),
+        timestamps=frozenset(c.name for c in columns if c.sql_type.startswith("timestamp")),
+        binaries=frozenset(c.name for c in columns if c.sql_type == "bytea"),
+        schemas=schemas,
+    )
+
+
+def fits(column: TableColumn, field: FieldColumn) -> bool:
+    """Whether the field's values go into the column as they are (see consumers.table_types)."""
+    if field.kind == "S" and column.kind in ("S", "E"):  # text, or a PostgreSQL enum
+        return True
+    if field.kind != column.kind:
+        return False
+    if field.kind == "A":
+        return column.element_kind == _element_kind(field.sql_type)
+    if field.kind == "U":
+        json = ("jsonb", "json")
+        return column.sql_type == field.sql_type or (
+            field.sql_type in json and column.sql_type in json
+        )
+    return True
+
+
+def _element_kind(array_type: str) -> str:
+    element = array_type.removesuffix("[]")
+    if element.startswith(("numeric", "integer", "bigint", "real", "double")):
+        return "N"
+    if element.startswith(("date", "time")):
+        return "D"
+    return {"boolean": "B", "text": "S", "bytea": "U", "uuid": "U"}[element]
+
+
+def follow_table(
+    engine: Engine,
+    route: RouteSettings,
+    index: int,
+    schemas: SchemaCache,
+    connect: Callable[[], psycopg.Connection[Any]],
+) -> TableFollower:
+    """At start-up: the route's table checked as any route's is (`reflect_target`), or, when
+    it does not exist yet, refused unless `auto_create` is on and the role may create it."""
+    schema = route.table.rpartition(".")[0] or "public"
+    qualified = sql.Identifier(schema, route.table.rpartition(".")[2]).as_string()
+    with connect() as conn:
+        found = conn.execute("SELECT current_user").fetchone()
+        role = str(found[0]) if found else "?"
+        columns = describe(conn, qualified)
+        if columns is None:
+            if not route.auto_create:
+                raise ConfigError(
+                    [(f"consumer.routes.{index}.table", f"table {route.table!r} does not exist")]
+                )
+            exists = conn.execute("SELECT to_regnamespace(%s)", [schema]).fetchone()
+            if exists == (None,):
+                raise ConfigError(
+                    [(f"consumer.routes.{index}.table", f"schema {schema!r} does not exist")]
+                )
+            may = conn.execute("SELECT has_schema_privilege(%s, 'CREATE')", [schema]).fetchone()
+            if may != (True,):
+                raise PermissionMissing(
+                    f"role {role!r} may not create {route.table}, which auto_create needs: "
+                    f'GRANT CREATE ON SCHEMA {sql.Identifier(schema).as_string()} TO "{role}"'
+                )
+        elif route.auto_evolve:
+            owns = conn.execute(
+                "SELECT pg_has_role(relowner, 'USAGE') FROM pg_class WHERE oid = %s::regclass",
+                [qualified],
+            ).fetchone()
+            if owns != (True,):
+                raise PermissionMissing(
+                    f"role {role!r} does not own {route.table}, and only its "
+                    "owner may ALTER it, which auto_evolve needs"
+                )
+    if columns is not None:
+        reflect_target(engine, route, index, schemas=schemas)  # the checks of any route
+
+    def read() -> list[TableColumn] | None:
+        with connect() as conn:
+            return describe(conn, qualified)
+
+    return TableFollower(route=route, schemas=schemas, columns=columns, read=read)
+
+
+class TableFollower:
+    """One auto route's table, kept in step with its records' writer schemas."""
+
+    def __init__(
+        self,
+        *,
+        route: RouteSettings,
+        schemas: SchemaCache,
+        columns: list[TableColumn] | None,
+        read: Callable[[], list[TableColumn] | None],
+    ) -> None:
+        """`columns`: the table as described at start-up (None: it does not exist yet);
+        `read`: the table as it is now (`describe` on a connection of its own), read again
+        after a mismatch or a drift, and while it does not exist."""
+        self.route = route
+        schema, _, name = route.table.rpartition(".")
+        self._schema, self._name = schema or "public", name
+        self._identifier = sql.Identifier(self._schema, self._name)
+        self._schemas = schemas
+        self._read = read
+        self._columns = columns  # the table as it is once `pending` commits
+        self._checked: set[int] = set()  # writer ids the table (with `pending`) takes
+        self.pending: list[Step] = []  # this table's changes that no batch has committed yet
+        self._stale = False  # a mismatch was found: read the table again before trusting it
+        self.target: Target | None = self._target()
+
+    @property
+    def qualified(self) -> str:
+        return self._identifier.as_string()
+
+    def placeholder(self) -> Target:
+        """The Target of a table not created yet: no record of a schema that creates it can be
+        a row of it, so every record planned against it is a dead letter naming why."""
+        return Target(
+            route=self.route,
+            schema=self._schema,
+            name=self._name,
+            columns=self.route.key_columns,
+            required=frozenset(),
+            schemas=self._schemas,
+        )
+
+    def follow(self, values: list[bytes]) -> list[Step]:
+        """Fetch the writer schemas of `values` (RegistryUnavailable when the registry cannot
+        answer) and check them against the table; the changes a batch of them must make
+        first. Raises TableMismatch."""
+        self._schemas.prepare(values)
+        # Not there yet as far as this member knows: another member may have created it since.
+        if self._stale or self._columns is None:
+            self._read_again()
+        writers = {i for i in map(schema_id, set(map(_head, values))) if i is not None}
+        for writer in sorted(writers - self._checked):
+            schema = self._schemas.schemas.get(writer)
+            if (
+                self._schemas.types.get(writer) != AVRO
+                or not isinstance(schema, dict)
+                or (schema.get("type") != "record")
+            ):
+                continue  # its records are dead letters naming why (consumers.avro_rows)
+            try:
+                self._take(writer, field_columns(schema))
+            except TableMismatch:
+                self._stale = True
+                raise
+            self._checked.add(writer)
+        return list(self.pending)
+
+    def committed(self, steps: list[Step]) -> None:
+        """A batch that made `steps` committed: the table has them."""
+        self.pending = [step for step in self.pending if step not in steps]
+
+    def drifted(self) -> None:
+        """A batch found the table other than this member knew it (another member created or
+        changed it meanwhile): read it again before the next one."""
+        self._stale = True
+
+    def _read_again(self) -> None:
+        try:
+            self._columns = self._read()
+        except psycopg.OperationalError as exc:
+            raise TableMismatch(f"{self.route.table} could not be read again: {exc}") from None
+        self._checked.clear()
+        self.pending = []
+        if self._stale:
+            log.info("table %s read again", self.route.table)
+        self._stale = False
+        self.target = self._target()
+
+    def _target(self) -> Target | None:
+        if self._columns is None:
+            return None
+        return target_of(self.route, self._schema, self._name, self._columns, self._schemas)
+
+    def _take(self, writer: int, fields: list[FieldColumn]) -> None:
+        """Check one writer schema; plan the change it needs, or raise TableMismatch."""
+        where = f"table {self.route.table}, schema id {writer}"
+        by_name = {f.name: f for f in fields}
+        missing_keys = [k for k in self.route.key_columns if k not in by_name]
+        if missing_keys:
+            raise TableMismatch(
+                f"{where}: key column(s) {', '.join(missing_keys)} have no field in the schema"
+            )
+        if self._columns is None:
+            if not self.route.auto_create:
+                raise TableMismatch(f"{self.route.table} does not exist and auto_create is off")
+            self._create(writer, fields)
+            return
+        table = {c.name: c for c in self._columns}
+        for column in self._columns:
+            field = by_name.get(column.name)
+            if field is None:
+                if column.not_null and not column.has_default and not column.generated:
+                    raise TableMismatch(
+                        f"{where}: column {column.name} ({column.sql_type} NOT NULL, no "
+                        "default) has no field in the schema"
+                    )
+            elif not fits(column, field):
+                raise TableMismatch(
+                    f"{where}: field {field.name} is {field.sql_type} in the schema, "
+                    f"{column.sql_type} in the table"
+                )
+        added = [f for f in fields if f.name not in table]
+        if not added or not self.route.auto_evolve:
+            return  # fields that are not columns: left out, and reported (Committer)
+        required = [f for f in added if f.required]
+        if required:
+            raise TableMismatch(
+                f"{where}: new field(s) {', '.join(f.name for f in required)} are required "
+                "and have no default, which existing rows cannot have"
+            )
+        self._alter(writer, added)
+
+    def _create(self, writer: int, fields: list[FieldColumn]) -> None:
+        definitions = [
+            sql.SQL("{} {}{}").format(
+                sql.Identifier(f.name),
+                sql.SQL(f.sql_type),  # from consumers.table_types' table, not from input
+                sql.SQL("" if f.nullable else " NOT NULL"),
+            )
+            for f in fields
+        ]
+        if self.route.key_columns:
+            definitions.append(
+                sql.SQL("PRIMARY KEY ({})").format(
+                    sql.SQL(", ").join(map(sql.Identifier, self.route.key_columns))
+                )
+            )
+        # Not IF NOT EXISTS: a table another member created meanwhile, maybe from another
+        # schema version, fails the batch (DuplicateTable), which reads it again and retries.
+        self._plan(
+            sql.SQL("CREATE TABLE {} ({})").format(
+                self._identifier, sql.SQL(", ").join(definitions)
+            ),
+            [_column(f, not_null=not f.nullable) for f in fields],
+            f"creates {self.route.table} from schema id {writer}",
+        )
+
+    def _alter(self, writer: int, added: list[FieldColumn]) -> None:
+        statement = sql.SQL("ALTER TABLE {} {}").format(
+            self._identifier,
+            sql.SQL(", ").join(
+                sql.SQL("ADD COLUMN IF NOT EXISTS {} {}").format(
+                    sql.Identifier(f.name), sql.SQL(f.sql_type)
+                )
+                for f in added
+            ),
+        )
+        assert self._columns is not None  # noqa: S101 - altering an existing table
+        self._plan(
+            statement,
+            self._columns + [_column(f, not_null=False) for f in added],
+            f"adds {', '.join(f'{f.name} {f.sql_type}' for f in added)} to {self.route.table} "
+            f"for schema id {writer}",
+        )
+
+    def _plan(self, statement: sql.Composed, columns: list[TableColumn], what: str) -> None:
+        lock = sql.SQL("SELECT pg_advisory_xact_lock({}, hashtext({}))").format(
+            sql.Literal(DDL_LOCK_CLASS), sql.Literal(self.qualified)
+        )
+        self.pending += [Step(lock), Step(statement)]
+        self._columns = columns
+        self.target = self._target()
+        log.info("the next batch %s", what)
+
+
+def _column(field: FieldColumn, *, not_null: bool) -> TableColumn:
+    element = _element_kind(field.sql_type) if field.kind == "A" else ""
+    return TableColumn(field.name, field.sql_type, field.kind, element, not_null, False, False)
+
+
+def _head(value: bytes) -> bytes:
+    return value[:5]

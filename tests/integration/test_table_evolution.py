@@ -1,0 +1,293 @@
+"""Tables that follow their records' writer schemas, on the real stack and registry: created from
+the first record, evolved mid-stream in the batch's own transaction (also with the consumer
+SIGKILLed inside that transaction and right after it), by two members at once, and stopped,
+never dead-lettered, by a change a column cannot mend, until the table is fixed by hand."""
+
+from __future__ import annotations
+
+import io
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from datetime import UTC, date, datetime
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import fastavro
+import psycopg
+import pytest
+import yaml
+
+from bridge.kafka_admin import create_topic
+from spark_jobs.registry_frames import register
+from tests.consumer_helpers import drained, eventually, produce, running, sample, settings_for, sql
+from tests.harness import Endpoints
+from tests.integration.test_consumer_faults import start_consumer
+
+PARTITIONS = 2
+V1: dict[str, Any] = {
+    "type": "record",
+    "name": "Payment",
+    "namespace": "test",
+    "fields": [
+        {"name": "id", "type": "long"},
+        {"name": "flag", "type": "boolean"},
+        {"name": "n", "type": "int"},
+        {"name": "ratio", "type": "float"},
+        {"name": "score", "type": "double"},
+        {"name": "note", "type": ["null", "string"]},
+        {"name": "raw", "type": "bytes"},
+        {"name": "amount", "type": {"type": "bytes", "logicalType": "decimal",
+                                    "precision": 20, "scale": 4}},
+        {"name": "day", "type": {"type": "int", "logicalType": "date"}},
+        {"name": "at", "type": {"type": "long", "logicalType": "timestamp-micros"}},
+        {"name": "local", "type": {"type": "long", "logicalType": "local-timestamp-millis"}},
+        {"name": "ref", "type": {"type": "string", "logicalType": "uuid"}},
+        {"name": "kind", "type": {"type": "enum", "name": "Kind", "symbols": ["A", "B"]}},
+        {"name": "tags", "type": {"type": "array", "items": "string"}},
+        {"name": "attrs", "type": {"type": "map", "values": "long"}},
+    ],
+}  # fmt: skip
+# V1 and one more field, nullable: what auto_evolve adds as a column.
+V2: dict[str, Any] = {**V1, "fields": [*V1["fields"], {"name": "region", "type": ["null", "string"],
+                                                       "default": None}]}  # fmt: skip
+COLUMNS = {
+    "id": "bigint", "flag": "boolean", "n": "integer", "ratio": "real",
+    "score": "double precision", "note": "text", "raw": "bytea", "amount": "numeric(20,4)",
+    "day": "date", "at": "timestamp with time zone", "local": "timestamp without time zone",
+    "ref": "uuid", "kind": "text", "tags": "text[]", "attrs": "jsonb",
+}  # fmt: skip
+
+
+def _record(i: int, **more: Any) -> dict[str, Any]:
+    return {
+        "id": i, "flag": i % 2 == 0, "n": -i, "ratio": 0.5, "score": i / 3,
+        "note": None if i % 3 else f"n{i}", "raw": bytes([i % 256]),
+        "amount": Decimal(i).scaleb(-4), "day": date(2026, 1, 1 + i % 28),
+        "at": datetime(2026, 11, 25, 1, 2, 3, i % 1_000_000, tzinfo=UTC),
+        "local": datetime(2000, 1, 1, 0, 0, i % 60), "ref": f"00000000-0000-0000-0000-{i:012d}",
+        "kind": "AB"[i % 2], "tags": [f"t{i}", "x"], "attrs": {"k": i}, **more,
+    }  # fmt: skip
+
+
+def _framed(schema_id: int, schema: dict[str, Any], record: dict[str, Any]) -> bytes:
+    body = io.BytesIO()
+    fastavro.schemaless_writer(body, fastavro.parse_schema(schema), record)
+    return b"\x00" + schema_id.to_bytes(4, "big") + body.getvalue()
+
+
+@pytest.fixture
+def table(stack: Endpoints, names: dict[str, str]) -> Iterator[str]:
+    create_topic(stack.bootstrap_servers, names["topic"], partitions=PARTITIONS)
+    yield f"public.{names['table']}"
+    sql(stack, f"DROP TABLE IF EXISTS public.{names['table']}")
+
+
+def _ids(stack: Endpoints, url: str, topic: str, *schemas: dict[str, Any]) -> list[int]:
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+
+    with SchemaRegistryClient({"url": url, **stack.registry_properties}) as client:
+        return [register(client, f"{topic}-value", schema) for schema in schemas]
+
+
+def _produce(stack: Endpoints, topic: str, ids: range, schema_id: int, schema: dict[str, Any],
+             **more: Any) -> None:  # fmt: skip
+    produce(stack, topic, [({"id": i}, _framed(schema_id, schema, _record(i, **more)))
+                           for i in ids])  # fmt: skip
+
+
+def _columns(stack: Endpoints, table: str) -> dict[str, str]:
+    return dict(
+        sql(stack, f"SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute "
+                   f"WHERE attrelid = '{table}'::regclass AND attnum > 0 AND NOT attisdropped")
+    )  # fmt: skip
+
+
+def test_a_table_is_created_from_the_first_record_and_gains_a_column_mid_stream(
+    stack: Endpoints, names: dict[str, str], registry_url: str, table: str
+) -> None:
+    v1, v2 = _ids(stack, registry_url, names["topic"], V1, V2)
+    settings = settings_for(stack, names, registry_url=registry_url, value_format="avro",
+                            auto_create=True, auto_evolve=True, mode="upsert",
+                            key_columns=["id"])  # fmt: skip
+    with running(settings):
+        # Before the table exists, a record no schema reads is a dead letter all the same.
+        produce(stack, names["topic"], [(None, b'{"id": -1}')])
+        drained(stack, names, PARTITIONS)
+        assert sql(stack, f"SELECT count(*) FROM {names['schema']}.dead_letters") == [(1,)]
+        assert sql(stack, f"SELECT to_regclass('{table}')") == [(None,)]
+        _produce(stack, names["topic"], range(0, 50), v1, V1)
+        drained(stack, names, PARTITIONS)
+        assert _columns(stack, table) == COLUMNS
+        _produce(stack, names["topic"], range(50, 100), v2, V2, region="eu")
+        _produce(stack, names["topic"], range(100, 110), v1, V1)  # an old writer goes on
+        drained(stack, names, PARTITIONS)
+    assert _columns(stack, table) == {**COLUMNS, "region": "text"}
+    assert sql(stack, f"SELECT count(*), count(DISTINCT id), count(region) FROM {table}") == [
+        (110, 110, 50)
+    ]
+    assert sql(stack, f"SELECT min(id), max(id) FROM {table} WHERE region = 'eu'") == [(50, 99)]
+    primary = sql(stack, f"SELECT a.attname FROM pg_index i JOIN pg_attribute a ON "
+                         f"a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey) "
+                         f"WHERE i.indrelid = '{table}'::regclass AND i.indisprimary")  # fmt: skip
+    assert primary == [("id",)]
+    stored = sql(stack, f"SELECT id, flag, n, ratio, score, note, raw, amount, day, at, local, "
+                        f"ref::text, kind, tags, attrs FROM {table} WHERE id = 7")  # fmt: skip
+    expected = _record(7)
+    assert stored == [(
+        7, False, -7, 0.5, 7 / 3, None, b"\x07", Decimal("0.0007"), date(2026, 1, 8),
+        expected["at"], expected["local"], expected["ref"], "B", ["t7", "x"], {"k": 7},
+    )]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("change", "names_in_readyz", "fix"),
+    [
+        # A field's type changes: long in the table, string in the schema.
+        ({"name": "n", "type": "string"}, ["field n", "text in the schema", "integer in the table"],
+         "ALTER TABLE {t} ALTER COLUMN n TYPE text"),
+        # A new field that is required and has no default.
+        ({"name": "must", "type": "long"}, ["new field(s) must", "required"],
+         "ALTER TABLE {t} ADD COLUMN must bigint"),
+    ],
+)  # fmt: skip
+def test_a_change_a_column_cannot_mend_stops_the_records_until_the_table_is_fixed(
+    stack: Endpoints, names: dict[str, str], registry_url: str, table: str,
+    change: dict[str, Any], names_in_readyz: list[str], fix: str,
+) -> None:  # fmt: skip
+    fields = [f for f in V1["fields"] if f["name"] != change["name"]] + [change]
+    changed = {**V1, "fields": fields}
+    v1, bad = _ids(stack, registry_url, names["topic"], V1, changed)
+    _produce(stack, names["topic"], range(0, 20), v1, V1)
+    value = "text" if change["type"] == "string" else 5
+    settings = settings_for(stack, names, registry_url=registry_url, value_format="avro",
+                            auto_create=True, auto_evolve=True)  # fmt: skip
+    with running(settings) as service:
+        drained(stack, names, PARTITIONS)  # the table, created from V1
+        produce(stack, names["topic"], [
+            (None, _framed(bad, changed, {**_record(i), change["name"]: value}))
+            for i in range(20, 30)
+        ])  # fmt: skip
+        mismatch = "bridge_consumer_table_schema_mismatch_total"
+        eventually(lambda: sample(service, mismatch) >= 2, timeout=60)
+        reasons = " ".join(service.not_ready())
+        for part in names_in_readyz:
+            assert part in reasons, reasons
+        assert sample(service, "bridge_consumer_dead_letters_total", topic=names["topic"]) == 0
+        sql(stack, fix.format(t=table))
+        drained(stack, names, PARTITIONS, timeout=90)
+        eventually(lambda: not any("does not fit" in r for r in service.not_ready()), timeout=30)
+    assert sql(stack, f"SELECT count(*), count(DISTINCT id) FROM {table}") == [(30, 30)]
+    assert sql(stack, f"SELECT count(*) FROM {names['schema']}.dead_letters") == [(0,)]
+
+
+def test_a_schema_without_the_key_stops_the_records_and_names_the_key(
+    stack: Endpoints, names: dict[str, str], registry_url: str, table: str
+) -> None:
+    keyless = {**V1, "fields": [f for f in V1["fields"] if f["name"] != "id"]}
+    (bad,) = _ids(stack, registry_url, names["topic"], keyless)
+    record = {k: v for k, v in _record(1).items() if k != "id"}
+    produce(stack, names["topic"], [(None, _framed(bad, keyless, record))])
+    settings = settings_for(stack, names, registry_url=registry_url, value_format="avro",
+                            auto_create=True, mode="upsert", key_columns=["id"])  # fmt: skip
+    with running(settings) as service:
+        eventually(lambda: any("key column(s) id" in r for r in service.not_ready()), timeout=60)
+        assert sample(service, "bridge_consumer_dead_letters_total", topic=names["topic"]) == 0
+    assert sql(stack, f"SELECT to_regclass('{table}')") == [(None,)]
+
+
+def test_two_members_meeting_the_same_new_schema_at_once_change_the_table_once(
+    stack: Endpoints, names: dict[str, str], registry_url: str, table: str
+) -> None:
+    v1, v2 = _ids(stack, registry_url, names["topic"], V1, V2)
+    _produce(stack, names["topic"], range(0, 40), v1, V1)
+    settings = settings_for(stack, names, registry_url=registry_url, value_format="avro",
+                            auto_create=True, auto_evolve=True)  # fmt: skip
+    with running(settings) as first, running(settings) as second:
+        drained(stack, names, PARTITIONS)
+        # Both hold a partition, so the next records reach both members at once.
+        eventually(lambda: all(_consuming(member) for member in (first, second)))
+        before = first.applied_total, second.applied_total
+        _produce(stack, names["topic"], range(40, 400), v2, V2, region="eu")
+        drained(stack, names, PARTITIONS, timeout=90)
+        assert first.applied_total > before[0] and second.applied_total > before[1]
+        for member in (first, second):
+            assert sample(member, "bridge_consumer_table_schema_mismatch_total") == 0
+            assert sample(member, "bridge_consumer_dead_letters_total", topic=names["topic"]) == 0
+    assert sql(stack, f"SELECT count(*), count(DISTINCT id), count(region) FROM {table}") == [
+        (400, 400, 360)
+    ]
+
+
+def _consuming(service: Any) -> bool:
+    return bool(service._partitions.counts().get("consuming"))
+
+
+def _config(path: Path, stack: Endpoints, names: dict[str, str], url: str) -> Path:
+    settings = {
+        # A short session lets the group drop a killed member quickly.
+        "kafka": {"bootstrap_servers": stack.bootstrap_servers,
+                  "properties": {"session.timeout.ms": 6000, "heartbeat.interval.ms": 1000,
+                                 **stack.properties("consumer", resolved=False)}},
+        "postgres": {"dsn": stack.role_dsn("consumer")},
+        "schema_registry": {"url": url, "properties": dict(stack.registry_properties)},
+        "consumer": {
+            "group_id": names["group"], "state_schema": names["schema"],
+            "batch_max_wait_ms": 50,
+            "routes": [{"topic": names["topic"], "table": f"public.{names['table']}",
+                        "value_format": "avro", "auto_create": True, "auto_evolve": True}],
+        },
+    }  # fmt: skip
+    path.write_text(yaml.safe_dump(settings))
+    return path
+
+
+def _alter_waiting(stack: Endpoints) -> bool:
+    return bool(sql(stack, "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                           "AND query LIKE '%ADD COLUMN IF NOT EXISTS%'"))  # fmt: skip
+
+
+def test_sigkill_inside_the_altering_transaction_and_after_its_commit_loses_nothing(
+    stack: Endpoints, names: dict[str, str], registry_url: str, table: str, tmp_path: Path
+) -> None:
+    v1, v2 = _ids(stack, registry_url, names["topic"], V1, V2)
+    _produce(stack, names["topic"], range(0, 100), v1, V1)
+    config = _config(tmp_path / "bridge.yaml", stack, names, registry_url)
+    log = tmp_path / "consumer.log"
+    consumer = start_consumer(config, log)
+    try:
+        drained(stack, names, PARTITIONS)
+        # Inside: the table locked by the test, so the consumer's ALTER waits in its batch's
+        # transaction, and is killed there.
+        with psycopg.connect(stack.dsn) as holder:
+            holder.execute(f"LOCK TABLE {table} IN ACCESS SHARE MODE")
+            _produce(stack, names["topic"], range(100, 200), v2, V2, region="eu")
+            eventually(lambda: _alter_waiting(stack), timeout=60)
+            consumer.send_signal(signal.SIGKILL)
+            consumer.wait(30)
+            holder.rollback()
+        assert "region" not in _columns(stack, table)  # the change died with its transaction
+        assert sql(stack, f"SELECT count(*) FROM {table}") == [(100,)]
+        # After: killed as soon as the column is there, its rows committed with it.
+        consumer = start_consumer(config, log)
+        eventually(lambda: "region" in _columns(stack, table), timeout=60)
+        consumer.send_signal(signal.SIGKILL)
+        consumer.wait(30)
+        _produce(stack, names["topic"], range(200, 300), v2, V2, region="us")
+        consumer = start_consumer(config, log)
+        drained(stack, names, PARTITIONS, timeout=90)
+    finally:
+        consumer.send_signal(signal.SIGTERM)
+        try:
+            consumer.wait(30)
+        except subprocess.TimeoutExpired:
+            consumer.kill()
+    print(log.read_text()[-3000:], file=sys.stderr)
+    assert sql(stack, f"SELECT count(*), count(DISTINCT id), count(region) FROM {table}") == [
+        (300, 300, 200)
+    ]
+    assert sql(
+        stack, f"SELECT count(*) FROM {table} WHERE (id >= 100) <> (region IS NOT NULL)"
+    ) == [(0,)]
