@@ -10,7 +10,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
-from datetime import UTC, date, datetime
+from datetime import UTC, date, datetime, time
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -48,6 +48,12 @@ V1: dict[str, Any] = {
         {"name": "kind", "type": {"type": "enum", "name": "Kind", "symbols": ["A", "B"]}},
         {"name": "tags", "type": {"type": "array", "items": "string"}},
         {"name": "attrs", "type": {"type": "map", "values": "long"}},
+        {"name": "two", "type": {"type": "fixed", "name": "Two", "size": 2}},
+        {"name": "clock", "type": {"type": "long", "logicalType": "time-micros"}},
+        {"name": "ms_at", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+        {"name": "sub", "type": {"type": "record", "name": "Sub",
+                                 "fields": [{"name": "a", "type": "int"}]}},
+        {"name": "either", "type": ["null", "string", "long"]},
     ],
 }  # fmt: skip
 # V1 and one more field, nullable: what auto_evolve adds as a column.
@@ -57,7 +63,9 @@ COLUMNS = {
     "id": "bigint", "flag": "boolean", "n": "integer", "ratio": "real",
     "score": "double precision", "note": "text", "raw": "bytea", "amount": "numeric(20,4)",
     "day": "date", "at": "timestamp with time zone", "local": "timestamp without time zone",
-    "ref": "uuid", "kind": "text", "tags": "text[]", "attrs": "jsonb",
+    "ref": "uuid", "kind": "text", "tags": "text[]", "attrs": "jsonb", "two": "bytea",
+    "clock": "time without time zone", "ms_at": "timestamp with time zone", "sub": "jsonb",
+    "either": "text",
 }  # fmt: skip
 
 
@@ -68,7 +76,10 @@ def _record(i: int, **more: Any) -> dict[str, Any]:
         "amount": Decimal(i).scaleb(-4), "day": date(2026, 1, 1 + i % 28),
         "at": datetime(2026, 11, 25, 1, 2, 3, i % 1_000_000, tzinfo=UTC),
         "local": datetime(2000, 1, 1, 0, 0, i % 60), "ref": f"00000000-0000-0000-0000-{i:012d}",
-        "kind": "AB"[i % 2], "tags": [f"t{i}", "x"], "attrs": {"k": i}, **more,
+        "kind": "AB"[i % 2], "tags": [f"t{i}", "x"], "attrs": {"k": i}, "two": b"ab",
+        "clock": time(1, 2, 3, i % 1_000_000),
+        "ms_at": datetime(2026, 1, 2, 3, 4, 5, 6000, tzinfo=UTC),
+        "sub": {"a": i}, "either": i if i % 2 else f"s{i}", **more,
     }  # fmt: skip
 
 
@@ -134,12 +145,17 @@ def test_a_table_is_created_from_the_first_record_and_gains_a_column_mid_stream(
                          f"WHERE i.indrelid = '{table}'::regclass AND i.indisprimary")  # fmt: skip
     assert primary == [("id",)]
     stored = sql(stack, f"SELECT id, flag, n, ratio, score, note, raw, amount, day, at, local, "
-                        f"ref::text, kind, tags, attrs FROM {table} WHERE id = 7")  # fmt: skip
-    expected = _record(7)
-    assert stored == [(
-        7, False, -7, 0.5, 7 / 3, None, b"\x07", Decimal("0.0007"), date(2026, 1, 8),
-        expected["at"], expected["local"], expected["ref"], "B", ["t7", "x"], {"k": 7},
-    )]  # fmt: skip
+                        f"ref::text, kind, tags, attrs, two, clock, ms_at, sub, either "
+                        f"FROM {table} WHERE id IN (6, 7) ORDER BY id")  # fmt: skip
+    six, seven = _record(6), _record(7)
+    assert stored == [
+        (6, True, -6, 0.5, 2.0, "n6", b"\x06", Decimal("0.0006"), date(2026, 1, 7), six["at"],
+         six["local"], six["ref"], "A", ["t6", "x"], {"k": 6}, b"ab", six["clock"],
+         six["ms_at"], {"a": 6}, "s6"),
+        (7, False, -7, 0.5, 7 / 3, None, b"\x07", Decimal("0.0007"), date(2026, 1, 8),
+         seven["at"], seven["local"], seven["ref"], "B", ["t7", "x"], {"k": 7}, b"ab",
+         seven["clock"], seven["ms_at"], {"a": 7}, "7"),
+    ]  # fmt: skip
 
 
 @pytest.mark.parametrize(
