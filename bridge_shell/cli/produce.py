@@ -120,6 +120,14 @@ def produce(
             "docs/typed-records.md).",
         ),
     ] = "json",
+    key_format: Annotated[
+        str,
+        typer.Option(
+            "--key-format",
+            help="json (the --key-field's value as text) or avro or json-schema: a typed "
+            "record of the --key-field, registered under the topic's -key subject.",
+        ),
+    ] = "json",
     value_schema: Annotated[
         str | None,
         typer.Option(
@@ -167,9 +175,12 @@ def produce(
         progress_file=progress_file.resolve() if progress_file else None,
         spark_conf=_key_values(spark_conf or []),
         # Spark's Kafka connector for the kafka source; its Avro functions for typed values.
-        jars=tuple(spark_kafka_jars()) if chosen is Source.KAFKA or value_format != "json" else (),
+        jars=tuple(spark_kafka_jars())
+        if chosen is Source.KAFKA or value_format != "json" or key_format != "json"
+        else (),
         metrics_port=metrics_port,
         value_format=value_format,
+        key_format=key_format,
         value_schema=value_schema,
         registry=settings.schema_registry.client_config() if settings.schema_registry else {},
     )

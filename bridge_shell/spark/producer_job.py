@@ -12,6 +12,10 @@ source's own columns, or for the files and kafka sources each JSON line read by
 A line that is not JSON or does not fit the schema goes through unchanged and unframed, for the
 consumer to dead-letter as above.
 
+With `key_format` avro (or json-schema) and `key_field`, each key is a typed record of that one
+field, registered under the topic's `-key` subject and framed the same way; the field keeps the
+type the value gives it (a string where the value stays JSON).
+
 Run it with `bridge produce ...`, or `spark-submit bridge_shell/cli/spark_submit.py ...` (same
 options).
 """
@@ -75,6 +79,7 @@ class ProducerJob:
     metrics_host: str = "0.0.0.0"  # noqa: S104 - scraped from elsewhere
     progress_file: Path | None = None  # default: see locations.progress_path
     value_format: str = "json"  # or avro, json-schema: see the module's docstring
+    key_format: str = "json"  # the same, for the key: a record of `key_field`
     value_schema: str | None = None  # a Spark DDL string: the JSON lines' fields, for avro
     # The schema registry client's settings (url, credentials): never in a repr.
     registry: dict[str, str] = field(default_factory=dict, repr=False)
@@ -133,6 +138,18 @@ class ProducerJob:
                 )  # fmt: skip
         elif self.value_schema is not None:
             problems.append(("--value-schema", "only a registry format reads lines by a schema"))
+        if self.key_format not in ("json", "avro", "json-schema"):
+            problems.append(
+                ("--key-format", f"{self.key_format!r} is not json, avro or json-schema")
+            )
+        elif self.key_format != "json":
+            if self.key_field is None:
+                problems.append(("--key-format", "a typed key is a record of --key-field: name it"))
+            if not self.registry.get("url"):
+                problems.append(
+                    ("schema_registry.url", f"--key-format {self.key_format} needs the schema "
+                     "registry")
+                )  # fmt: skip
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65_535:
             problems.append(("--metrics-port", f"{self.metrics_port} is not a TCP port"))
         if problems:
@@ -180,25 +197,25 @@ def _start(spark: Any, job: ProducerJob) -> Any:
     from pyspark.sql import functions as F
 
     rows = _read(spark, job)
-    value = F.col("value") if job.source is Source.FILES else F.to_json(F.struct("*"))
-    columns = [value.alias("value")]
-    if job.key_field is not None:
-        if job.source is Source.FILES:
-            key = F.get_json_object(F.col("value"), f"$.{job.key_field}")
-        else:
-            key = F.col(job.key_field).cast("string")
-        columns.append(key.alias("key"))
     options = {
         "kafka.bootstrap.servers": job.bootstrap_servers,
         "topic": job.topic,
         "progress.path": str(job.progress_path),
         **{f"kafka.{name}": setting for name, setting in job.kafka_properties.items()},
     }
-    if job.value_format != "json":
-        options["value.format"] = job.value_format
+    if job.value_format != "json" or job.key_format != "json":
         options.update({f"schema.registry.{k}": v for k, v in job.registry.items()})
-        records = _typed(rows, job, columns[1:], options)
+        options.update({"value.format": job.value_format, "key.format": job.key_format})
+        records = _typed(rows, job, options)
     else:
+        value = F.col("value") if job.source is Source.FILES else F.to_json(F.struct("*"))
+        columns = [value.alias("value")]
+        if job.key_field is not None:
+            if job.source is Source.FILES:
+                key = F.get_json_object(F.col("value"), f"$.{job.key_field}")
+            else:
+                key = F.col(job.key_field).cast("string")
+            columns.append(key.alias("key"))
         records = rows.select(*columns)
     writer = (
         records.writeStream.format(SINK_FORMAT)
@@ -218,29 +235,43 @@ def _start(spark: Any, job: ProducerJob) -> Any:
     return writer.start()
 
 
-def _typed(rows: Any, job: ProducerJob, key: list[Any], options: dict[str, str]) -> Any:
-    """The rows as typed records framed for the registry (see the module's docstring)."""
+def _typed(rows: Any, job: ProducerJob, options: dict[str, str]) -> Any:
+    """The rows with a typed value, a typed key, or both, framed for the registry (see the
+    module's docstring)."""
     from pyspark.sql import functions as F
 
     from spark_jobs.registry_frames import encode
 
+    typed_value, typed_key = job.value_format != "json", job.key_format != "json"
+
+    def keyed(field: Any) -> list[Any]:
+        """The key column from the key field: a record of it, or its text."""
+        if job.key_field is None:
+            return []
+        key = F.struct(field.alias(job.key_field)) if typed_key else field.cast("string")
+        return [key.alias("key")]
+
+    keys = ["key"] if job.key_field is not None else []
     if job.source is Source.RATE:
-        return encode(rows.select(F.struct("*").alias("value"), *key), options)
+        value = F.struct("*") if typed_value else F.to_json(F.struct("*"))
+        field = F.col(job.key_field) if job.key_field is not None else None
+        return encode(rows.select(value.alias("value"), *keyed(field)), options)
     line = F.col("value")
+    if not typed_value:  # the line as it is; the key field read from it as text
+        field = F.get_json_object(line, f"$.{job.key_field}")
+        return encode(rows.select(line.alias("value"), *keyed(field)), options)
     parsed = F.from_json(
         line, f"{job.value_schema}, {_CORRUPT} STRING", {"columnNameOfCorruptRecord": _CORRUPT}
     )
-    readable = rows.select(
-        parsed.alias("parsed"), line.cast("binary").alias("line"), *key
-    ).select(
+    readable = rows.select(parsed.alias("parsed"), line.cast("binary").alias("line")).select(
         F.col("parsed").dropFields(_CORRUPT).alias("value"),
         F.col(f"parsed.{_CORRUPT}").isNotNull().alias("unreadable"),
         "line",
-        *(["key"] if key else []),
-    )  # fmt: skip
+        *keyed(F.col(f"parsed.{job.key_field}") if job.key_field is not None else None),
+    )
     framed = encode(readable, options)
     value = F.when(F.col("unreadable"), F.col("line")).otherwise(F.col("value"))
-    return framed.select(value.alias("value"), *(["key"] if key else []))
+    return framed.select(value.alias("value"), *keys)
 
 
 def _read(spark: Any, job: ProducerJob) -> Any:

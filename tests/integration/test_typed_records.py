@@ -4,6 +4,7 @@ the exact types, every value compared exactly."""
 
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import Iterator
 from datetime import UTC, date, datetime
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Any
 from uuid import UUID
 
+import fastavro
 import pytest
 from confluent_kafka.schema_registry import Schema, SchemaReference, SchemaRegistryClient
 from pyspark.sql import functions as F
@@ -31,6 +33,7 @@ from tests.consumer_helpers import (
     sql,
 )
 from tests.harness import Endpoints
+from tests.kafka_helpers import read_messages
 
 PARTITIONS = 2
 
@@ -346,9 +349,10 @@ def test_the_producer_job_writes_json_lines_as_typed_records_and_passes_bad_line
     typed_table: str,
     tmp_path: Path,
 ) -> None:
-    """`bridge produce --value-format avro --value-schema ...`: each line read by the schema
-    and framed; a line that is not JSON, or does not fit, goes through as it is, and the
-    consumer dead-letters it with its bytes: nothing is lost."""
+    """`bridge produce --value-format avro --value-schema ... --key-field id --key-format
+    avro`: each line read by the schema and framed, its key a framed record of its id; a line
+    that is not JSON, or does not fit, goes through as it is, and the consumer dead-letters it
+    with its bytes: nothing is lost."""
     create_topic(stack.bootstrap_servers, names["topic"], partitions=PARTITIONS)
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "part-0.json").write_text(
@@ -369,8 +373,26 @@ def test_the_producer_job_writes_json_lines_as_typed_records_and_passes_bad_line
             "id BIGINT, name STRING, amount DECIMAL(38,18), at TIMESTAMP, tags ARRAY<STRING>"
         ),
         registry={"url": registry_url},
+        key_field="id",
+        key_format="avro",
     )
     assert run(job, spark).rows_written == 4
+    keys: list[dict[str, Any]] = []
+    with registry_client(stack, registry_url) as client:
+        for message in read_messages(stack.bootstrap_servers, names["topic"],
+                                     partitions=PARTITIONS, config=stack.properties()):  # fmt: skip
+            raw = message.key()
+            assert raw is not None and raw[0] == 0
+            schema = client.get_schema(int.from_bytes(raw[1:5], "big"))
+            parsed = fastavro.parse_schema(json.loads(schema.schema_str))
+            key = fastavro.schemaless_reader(io.BytesIO(raw[5:]), parsed, None)
+            assert isinstance(key, dict)
+            keys.append(key)
+        assert client.get_latest_version(f"{names['topic']}-key").schema is not None
+    # The id as the value's schema types it; null where the line had none to read.
+    assert sorted(keys, key=lambda k: (k["id"] is not None, k["id"] or 0)) == [
+        {"id": None}, {"id": None}, {"id": 1}, {"id": 2},
+    ]  # fmt: skip
 
     settings = settings_for(stack, names, registry_url=registry_url, value_format="avro")
     with running(settings):

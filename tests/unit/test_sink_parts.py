@@ -7,6 +7,7 @@ import re
 import threading
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from confluent_kafka import TopicPartition
@@ -299,3 +300,25 @@ def test_each_route_mode_names_the_table_rights_it_needs() -> None:
     assert table_rights("insert", deletes=False) == ("INSERT",)
     assert table_rights("insert", deletes=True) == ("INSERT", "SELECT", "DELETE")
     assert table_rights("upsert", deletes=True) == ("INSERT", "SELECT", "UPDATE", "DELETE")
+
+
+def test_a_typed_key_needs_its_field_and_the_registry() -> None:
+    from bridge_shell.spark.producer_job import ProducerJob, Source
+
+    def problems(**job: Any) -> dict[str, str]:
+        with pytest.raises(ConfigError) as raised:
+            ProducerJob(source=Source.RATE, topic="t", checkpoint="/c", bootstrap_servers="b:9",
+                        **job).check()  # fmt: skip
+        return dict(raised.value.problems)
+
+    assert problems(key_format="avro") == {
+        "--key-format": "a typed key is a record of --key-field: name it",
+        "schema_registry.url": "--key-format avro needs the schema registry",
+    }
+    assert problems(key_format="protobuf", key_field="id") == {
+        "--key-format": "'protobuf' is not json, avro or json-schema"
+    }
+    typed: dict[str, Any] = {"key_field": "value", "key_format": "avro",
+                             "registry": {"url": "http://r"}}  # fmt: skip
+    ProducerJob(source=Source.RATE, topic="t", checkpoint="/c", bootstrap_servers="b:9",
+                **typed).check()  # fmt: skip
