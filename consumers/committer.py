@@ -132,18 +132,28 @@ class Committer:
         self._timeout_s = timeout_s
         self._sent: _Sent | None = None
 
-    def changes(self, records: dict[PartitionKey, list[Record]]) -> list[Step]:
-        """The table changes a batch of `records` makes first (followed tables only): their
-        writer schemas fetched (RegistryUnavailable) and checked (TableMismatch)."""
-        steps: list[Step] = []
+    def follow_tables(self, records: dict[PartitionKey, list[Record]]) -> None:
+        """Bring the followed tables' targets in step with the writer schemas of `records`
+        (fetched: RegistryUnavailable; checked: TableMismatch); `pending_changes` then says what
+        a batch of them must change first."""
         for topic, of_topic in by_topic(records).items():
             follower = self._followers.get(topic)
             if follower is None:
                 continue
-            steps += follower.follow(list(filter(None, map(Message.value, of_topic))))
+            follower.follow(list(filter(None, map(Message.value, of_topic))))
             if follower.target is not None:
                 self._targets[topic] = follower.target
-        return steps
+
+    def pending_changes(self, records: dict[PartitionKey, list[Record]]) -> list[Step]:
+        """The table changes not known to be committed yet that a batch of `records` makes:
+        `changes` as it stands after the batch before settled (which may have made them)."""
+        topics = by_topic(records)
+        return [
+            step
+            for topic, follower in self._followers.items()
+            if topic in topics
+            for step in follower.pending
+        ]
 
     def committed_changes(self, batch: Batch) -> None:
         """`batch` committed: its table changes are made."""

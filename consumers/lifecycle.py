@@ -130,7 +130,7 @@ class BatchLifecycle:
         # Step 1: the batch before is still in flight.
         ours = self._ours(records)
         try:
-            changes = self._committer.changes(ours)
+            self._committer.follow_tables(ours)
             plans = self._committer.plan(ours, self._db.open_connection())
         except RegistryUnavailable as exc:
             # An infrastructure fault, never a record's: these records are fetched again once
@@ -164,7 +164,8 @@ class BatchLifecycle:
             return
         # Step 3, with the leases as the batch before left them: this advance starts where
         # that one ended.
-        batch = Batch(ours, leases, plans, changes)
+        # The changes still to make, now that the batch before (which may have made them) settled.
+        batch = Batch(ours, leases, plans, self._committer.pending_changes(ours))
         self._table.sent(list(ours))
         self._move(StageEvent.SENT)
         result = self._committer.commit(self._db.connection(), batch)
