@@ -13,7 +13,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 import yaml
 from pydantic import (
@@ -198,6 +198,12 @@ class SparkSettings(_Section):
         return value.strip() if value else None
 
 
+# Where a metadata column's value comes from (besides header:<name>); the spark.* ones are the
+# sink's provenance headers.
+METADATA_SOURCES: Final = ("topic", "partition", "offset", "timestamp", "key", "spark.query",
+                           "spark.partition", "spark.epoch")  # fmt: skip
+
+
 class RouteSettings(_Section):
     topic: str = Field(min_length=1)
     table: str = Field(min_length=1)
@@ -215,6 +221,10 @@ class RouteSettings(_Section):
     # field a new writer schema adds, in the batch's own transaction (docs/table-evolution.md).
     auto_create: bool = False
     auto_evolve: bool = False
+    # Columns filled from the record rather than its value: {column: source}, the source one of
+    # topic, partition, offset, timestamp, key, header:<name>, or the Spark sink's provenance
+    # spark.query, spark.partition, spark.epoch (its bridge.* headers). See docs/routes.md.
+    metadata: dict[str, str] = Field(default_factory=dict)
 
     @field_validator("table")
     @classmethod
@@ -240,6 +250,21 @@ class RouteSettings(_Section):
             raise ValueError("mode 'upsert' needs key_columns")
         return self
 
+    @field_validator("metadata")
+    @classmethod
+    def _check_metadata(cls, value: dict[str, str]) -> dict[str, str]:
+        for column, source in value.items():
+            if not _IDENTIFIER.match(column):
+                raise ValueError(f"{column!r} is not a column name")
+            if source not in METADATA_SOURCES and not (
+                source.startswith("header:") and len(source) > len("header:")
+            ):
+                raise ValueError(
+                    f"{column}: {source!r} is not one of {', '.join(METADATA_SOURCES)} or "
+                    "header:<name>"
+                )
+        return value
+
     @model_validator(mode="after")
     def _following_needs_a_schema(self) -> RouteSettings:
         if self.value_format != "avro" and (self.auto_create or self.auto_evolve):
@@ -247,6 +272,11 @@ class RouteSettings(_Section):
                 "auto_create and auto_evolve need value_format avro: the table follows the "
                 "records' writer schemas (a JSON route's table is its contract; JSON Schema "
                 "is not followed yet)"
+            )
+        if self.auto_create and self.metadata:
+            raise ValueError(
+                "metadata columns need a table that has them: create it by hand, not with "
+                "auto_create"
             )
         return self
 

@@ -108,7 +108,7 @@ class Applier:
             winners = _last_row_per_key(decoded, target.carried_key)
             if winners is not None:
                 return _merge_steps(target, [(columns, winners)], staged)
-        rows = target.rows(raws)
+        rows = target.rows(raws, records)
         if rows is None:
             return None
         puts: list[Put] = list(zip(records, rows, strict=True))
@@ -129,7 +129,7 @@ class Applier:
         """Decode every record into an op; a record that cannot be one is dead-lettered here."""
         values = list(map(Message.value, records))
         if None not in values:  # no tombstone: the whole batch decodes in C loops
-            rows = target.rows(cast(list[bytes], values))
+            rows = target.rows(cast(list[bytes], values), records)
             if rows is not None:
                 return _Decoded(list(zip(records, rows, strict=True)), deletes=False)
         # Record by record, to tell which records are tombstones or are not rows, and why.
@@ -147,7 +147,7 @@ class Applier:
                     ops.append(Delete(record, decode_key(record.key(), keys)))
                     deletes = True
                     continue
-                ops.append((record, to_row(raw)))
+                ops.append((record, to_row(raw, record)))
             except RecordError as exc:
                 self._dead_letter(conn, record, str(exc))
                 counts.dead += 1

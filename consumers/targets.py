@@ -7,16 +7,17 @@ from base64 import b64decode
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from operator import itemgetter
-from typing import Any
+from operator import add, itemgetter
+from typing import Any, cast
 
-from confluent_kafka import Message
+from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Message
 from psycopg import sql
 from sqlalchemy import ARRAY, DateTime, Engine, LargeBinary, MetaData, Table, inspect, text
 from sqlalchemy.exc import NoSuchTableError
 
 from bridge.acls import table_rights
 from bridge.errors import ConfigError, PermissionMissing
+from bridge.names import PROVENANCE_EPOCH, PROVENANCE_PARTITION, PROVENANCE_QUERY
 from bridge.settings import RouteSettings
 from consumers.avro_rows import AvroRowDecoder
 from consumers.records import Record, RecordError
@@ -51,6 +52,8 @@ class Target:
     # Fields of the records that are not columns, already reported (see `prepare`).
     _seen_fields: set[str] = field(init=False, repr=False, compare=False, default_factory=set)
     _column_set: frozenset[str] = field(init=False, repr=False, compare=False)
+    # The metadata columns' values of a record (route.metadata); None without any.
+    _meta: Callable[[Record], Row] | None = field(init=False, repr=False, compare=False)
     # Where absent must stay apart from null: a column with a default takes it when absent; in
     # upsert mode an absent column is also left as it is in an existing row.
     tracked: tuple[int, ...] = field(init=False, repr=False, compare=False)
@@ -65,36 +68,45 @@ class Target:
     )
 
     def __post_init__(self) -> None:
+        # The value's columns first, then those the record's coordinates and headers fill
+        # (`route.metadata`): a row is the value's decoded row with the metadata after it.
+        meta = tuple(c for c in self.route.metadata if c in self.columns)
+        values = tuple(c for c in self.columns if c not in meta)
+        object.__setattr__(self, "columns", values + meta)
+        object.__setattr__(
+            self, "_meta", metadata_reader(self.route.metadata, meta, binary=self.binaries)
+        )
         position = {name: i for i, name in enumerate(self.columns)}
         keys = tuple(position[c] for c in self.route.key_columns)
         required = tuple(position[c] for c in self.columns if c in self.required)
         upsert = self.route.mode == "upsert"
         # A generated column is tracked too, so that a record carrying it can be told apart.
         fills = self.defaulted | self.generated
-        tracked = self.columns if upsert else [c for c in self.columns if c in fills]
+        tracked = values if upsert else [c for c in values if c in fills]
         decoder: RowDecoder | AvroRowDecoder | RegistryJsonRowDecoder
         if self.route.value_format != "json" and self.schemas is None:
             raise ValueError(f"a {self.route.value_format} route needs the schema registry")
         if self.route.value_format == "avro":
             assert self.schemas is not None  # noqa: S101 - checked above
             decoder = AvroRowDecoder(
-                self.columns, schemas=self.schemas, tracked=tracked, filled=fills,
-                arrays=self.arrays,
-            )  # fmt: skip
+                values, schemas=self.schemas, tracked=tracked, filled=fills, arrays=self.arrays
+            )
             fix = None
         elif self.route.value_format == "json-schema":
             assert self.schemas is not None  # noqa: S101 - checked above
             decoder = RegistryJsonRowDecoder(
-                self.columns, schemas=self.schemas, tracked=tracked, filled=fills
+                values, schemas=self.schemas, tracked=tracked, filled=fills
             )
             # JSON has no bytes: JSON Schema's (and Spark's to_json) are base64 text.
-            fix = _json_fix(self.columns, self.arrays, frozenset(), base64=self.binaries)
+            fix = _json_fix(values, self.arrays, frozenset(), base64=self.binaries)
         else:
-            decoder = RowDecoder(self.columns, tracked=tracked, filled=fills)
-            fix = _json_fix(self.columns, self.arrays, self._epoch_columns())
+            decoder = RowDecoder(values, tracked=tracked, filled=fills)
+            fix = _json_fix(values, self.arrays, self._epoch_columns())
         object.__setattr__(self, "decoder", decoder)
         object.__setattr__(self, "_fix", fix)
         object.__setattr__(self, "_column_set", frozenset(self.columns))
+        # In upsert mode the metadata columns are written like any other: tracked too.
+        tracked = [*tracked, *meta] if upsert else tracked
         object.__setattr__(self, "tracked", tuple(position[c] for c in tracked))
         object.__setattr__(self, "_must_carry", tuple(dict.fromkeys(required + keys * upsert)))
         object.__setattr__(self, "_key_positions", keys)
@@ -103,7 +115,7 @@ class Target:
         # the table fills (an identity) is not: a record that carries it is not decoded that way.
         carried = decoder.carried
         in_carried = [carried.index(i) if i in carried else None for i in self._must_carry]
-        if None in in_carried or fix is not None:
+        if None in in_carried or fix is not None or meta:
             object.__setattr__(self, "_must_carry_of_carried", None)
         else:
             object.__setattr__(self, "_must_carry_of_carried", tuple(in_carried))
@@ -143,11 +155,15 @@ class Target:
     def qualified(self) -> str:
         return self.identifier.as_string()
 
-    def row(self, raw: bytes) -> Row:
-        """A record value as a row of this table, or a RecordError naming what is wrong."""
+    def row(self, raw: bytes, record: Record | None = None) -> Row:
+        """A record value as a row of this table, or a RecordError naming what is wrong.
+        `record` fills the metadata columns, if the route has any."""
         row = self.decoder.decode(raw)
         if self._fix is not None:
             row = self._fix(row)
+        if self._meta is not None:
+            assert record is not None  # noqa: S101 - a route with metadata passes its records
+            row += self._meta(record)
         for i in self._must_carry:
             if row[i] is None or row[i] is UNSET:
                 raise RecordError(self._missing(row))
@@ -158,17 +174,20 @@ class Target:
                 )
         return row
 
-    def rows(self, raws: list[bytes]) -> list[Row] | None:
-        """The rows of a batch of values, with no Python step per record, or None when any of
-        them is not a row of this table: `row` then tells, record by record, which and why."""
+    def rows(self, raws: list[bytes], records: Sequence[Record] = ()) -> list[Row] | None:
+        """The rows of a batch of values, with no Python step per record (but the metadata
+        columns', where the route has any, from `records`), or None when any of them is not a
+        row of this table: `row` then tells, record by record, which and why."""
         rows = self.decoder.decode_all(raws)
         if rows is None:
             return None
-        if self._fix is not None:
-            try:
+        try:
+            if self._fix is not None:
                 rows = list(map(self._fix, rows))
-            except RecordError:
-                return None
+            if self._meta is not None:
+                rows = list(map(add, rows, map(self._meta, records)))
+        except RecordError:
+            return None
         for i in self._must_carry:
             if count_of(rows, i, None) or count_of(rows, i, UNSET):
                 return None
@@ -216,6 +235,80 @@ class Target:
 
     def names(self, positions: Iterable[int]) -> list[str]:
         return [self.columns[i] for i in positions]
+
+
+# The record's coordinates, and the Spark sink's provenance headers, by metadata source.
+_COORDINATES: dict[str, Callable[[Message], Any]] = {
+    "topic": Message.topic,
+    "partition": Message.partition,
+    "offset": Message.offset,
+}
+_PROVENANCE = {"spark.query": PROVENANCE_QUERY, "spark.partition": PROVENANCE_PARTITION,
+               "spark.epoch": PROVENANCE_EPOCH}  # fmt: skip
+
+
+def metadata_reader(
+    sources: dict[str, str], columns: Sequence[str], *, binary: frozenset[str]
+) -> Callable[[Record], Row] | None:
+    """The values of the metadata `columns` of a record, each from its source (see
+    `RouteSettings.metadata`): a key or a header as bytes for a bytea column, else as text
+    (RecordError when it is not UTF-8); a timestamp as an aware datetime. None when there are
+    no metadata columns."""
+    if not columns:
+        return None
+    getters: list[Callable[[Record], Any]] = []
+    for column in columns:
+        source = sources[column]
+        header = _PROVENANCE.get(source) or source.removeprefix("header:")
+        if source in _COORDINATES:
+            getters.append(_COORDINATES[source])
+        elif source == "timestamp":
+            getters.append(_record_time)
+        elif source == "key":
+            getters.append(_as_column(Message.key, column, column in binary))
+        else:
+            getters.append(_as_column(_header(header), column, column in binary))
+
+    def read(record: Record) -> Row:
+        return tuple(get(record) for get in getters)
+
+    return read
+
+
+def _record_time(record: Record) -> datetime | None:
+    kind, millis = record.timestamp()
+    if kind == TIMESTAMP_NOT_AVAILABLE:
+        return None
+    return _EPOCH + timedelta(milliseconds=millis)
+
+
+def _header(name: str) -> Callable[[Record], bytes | None]:
+    def value(record: Record) -> bytes | None:
+        found = None
+        headers = record.headers() or ()
+        # A consumed record's headers are a list of pairs (a dict only when producing).
+        for key, data in cast(list[tuple[str, Any]], headers):
+            if key == name:
+                found = data  # the last of a repeated header, as Kafka's lastHeader
+        return found
+
+    return value
+
+
+def _as_column(read: Callable[[Record], Any], column: str, binary: bool) -> Callable[[Record], Any]:
+    if binary:
+        return read
+
+    def text(record: Record) -> str | None:
+        data = read(record)
+        if data is None or isinstance(data, str):
+            return data
+        try:
+            return bytes(data).decode()
+        except UnicodeDecodeError:
+            raise RecordError(f"column {column}: not UTF-8 text") from None
+
+    return text
 
 
 def _json_fix(
@@ -274,6 +367,11 @@ def reflect_target(
         raise ConfigError([(f"{path}.table", f"table {route.table!r} does not exist")]) from None
     # SQLAlchemy's names are a str subclass (quoted_name); the decoder's keys must be plain str.
     columns = tuple(str(c.name) for c in table.columns)
+    absent = [c for c in route.metadata if c not in columns]
+    if absent:
+        raise ConfigError(
+            [(f"{path}.metadata.{c}", f"{route.table} has no column {c}") for c in absent]
+        )
     unknown = [c for c in route.key_columns if c not in columns]
     if unknown:
         raise ConfigError(
