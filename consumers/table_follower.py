@@ -201,13 +201,23 @@ class TableFollower:
         self._read = read
         self._columns = columns  # the table as it is once `pending` commits
         self._checked: set[int] = set()  # writer ids the table (with `pending`) takes
-        self.pending: list[Step] = []  # this table's changes that no batch has committed yet
+        self._changes: list[Step] = []  # this table's changes that no batch has committed yet
         self._stale = False  # a mismatch was found: read the table again before trusting it
         self.target: Target | None = self._target()
 
     @property
     def qualified(self) -> str:
         return self._identifier.as_string()
+
+    @property
+    def pending(self) -> list[Step]:
+        """The changes no batch has committed yet, after the lock on the table's name."""
+        if not self._changes:
+            return []
+        lock = sql.SQL("SELECT pg_advisory_xact_lock({}, hashtext({}))").format(
+            sql.Literal(DDL_LOCK_CLASS), sql.Literal(self.qualified)
+        )
+        return [Step(lock), *self._changes]
 
     def placeholder(self) -> Target:
         """The Target of a table not created yet: no record of a schema that creates it can be
@@ -248,7 +258,7 @@ class TableFollower:
 
     def committed(self, steps: list[Step]) -> None:
         """A batch that made `steps` committed: the table has them."""
-        self.pending = [step for step in self.pending if step not in steps]
+        self._changes = [step for step in self._changes if step not in steps]
 
     def drifted(self) -> None:
         """A batch found the table other than this member knew it (another member created or
@@ -261,7 +271,7 @@ class TableFollower:
         except psycopg.OperationalError as exc:
             raise TableMismatch(f"{self.route.table} could not be read again: {exc}") from None
         self._checked.clear()
-        self.pending = []
+        self._changes = []
         if self._stale:
             log.info("table %s read again", self.route.table)
         self._stale = False
@@ -355,10 +365,7 @@ class TableFollower:
         )
 
     def _plan(self, statement: sql.Composed, columns: list[TableColumn], what: str) -> None:
-        lock = sql.SQL("SELECT pg_advisory_xact_lock({}, hashtext({}))").format(
-            sql.Literal(DDL_LOCK_CLASS), sql.Literal(self.qualified)
-        )
-        self.pending += [Step(lock), Step(statement)]
+        self._changes.append(Step(statement))
         self._columns = columns
         self.target = self._target()
         log.info("the next batch %s", what)

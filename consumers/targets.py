@@ -185,6 +185,8 @@ class Target:
             if self._fix is not None:
                 rows = list(map(self._fix, rows))
             if self._meta is not None:
+                if len(records) != len(rows):  # map() would stop at the shorter, silently
+                    raise ValueError("a route with metadata columns needs every value's record")
                 rows = list(map(add, rows, map(self._meta, records)))
         except RecordError:
             return None

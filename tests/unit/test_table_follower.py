@@ -178,3 +178,21 @@ def test_following_a_table_needs_avro() -> None:
             kafka={"bootstrap_servers": "k:9092"}, postgres={"dsn": "postgresql://x@h/db"},
             consumer={"group_id": "g", "routes": [route]},
         )  # fmt: skip
+
+
+def test_a_change_made_while_another_is_pending_keeps_its_lock(cache: SchemaCache) -> None:
+    follower = _follower(cache, list(TABLE), auto_evolve=True)
+    fields = [*BASE["fields"], {"name": "a", "type": ["null", "long"]}]
+    first = follower.follow(_values(cache, 5, {**BASE, "fields": fields}))
+    fields.append({"name": "b", "type": ["null", "long"]})
+    both = follower.follow(_values(cache, 6, {**BASE, "fields": fields}))
+    assert [s.statement.as_string() for s in both][1:] == [
+        'ALTER TABLE "public"."t" ADD COLUMN IF NOT EXISTS "a" bigint',
+        'ALTER TABLE "public"."t" ADD COLUMN IF NOT EXISTS "b" bigint',
+    ]
+    follower.committed(first)  # the batch that carried the first change committed
+    rest = follower.pending
+    assert [s.statement.as_string() for s in rest] == [
+        first[0].statement.as_string(),  # the lock, still first
+        'ALTER TABLE "public"."t" ADD COLUMN IF NOT EXISTS "b" bigint',
+    ]
