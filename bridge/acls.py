@@ -155,12 +155,14 @@ def add_scram_user(
 
 
 def table_rights(mode: str, *, deletes: bool) -> tuple[str, ...]:
-    """What the consumer's role needs on a target table in PostgreSQL: INSERT; for an upsert
-    also SELECT (ON CONFLICT reads the conflicting row) and UPDATE; DELETE where a route has
-    key columns, by which a tombstone deletes (a delete by key reads the key: SELECT too)."""
-    rights = ["INSERT"]
-    if mode == "upsert":
+    """What the consumer's role needs on a target table in PostgreSQL: INSERT (but for update
+    mode); for an upsert also SELECT (ON CONFLICT reads the conflicting row) and UPDATE; for
+    update mode UPDATE and SELECT (it reads the keys); DELETE where a route has key columns,
+    by which a tombstone deletes (a delete by key reads the key: SELECT too), and so does
+    replace mode."""
+    rights = [] if mode == "update" else ["INSERT"]
+    if mode in ("upsert", "update"):
         rights += ["SELECT", "UPDATE"]
-    if deletes:
+    if deletes or mode == "replace":
         rights += ["SELECT", "DELETE"]
     return tuple(dict.fromkeys(rights))

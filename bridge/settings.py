@@ -204,10 +204,20 @@ METADATA_SOURCES: Final = ("topic", "partition", "offset", "timestamp", "key", "
                            "spark.partition", "spark.epoch")  # fmt: skip
 
 
+# The write modes that go by the route's key columns; those that find the row by its key
+# need a primary key or unique constraint on them (ON CONFLICT, or one row a key to update).
+KEYED_MODES: Final = ("upsert", "replace", "insert_if_absent", "update")
+UNIQUE_KEY_MODES: Final = ("upsert", "insert_if_absent", "update")
+
+
 class RouteSettings(_Section):
     topic: str = Field(min_length=1)
     table: str = Field(min_length=1)
-    mode: Literal["insert", "upsert"] = "insert"
+    # insert: append every record. The keyed modes go by key_columns, the last record of a key
+    # in a batch winning (the first, for insert_if_absent): upsert merges it into the row;
+    # replace deletes the row and inserts the record, so a column it lacks takes its default;
+    # insert_if_absent writes it only where the key is absent, update only where it is present.
+    mode: Literal["insert", "upsert", "replace", "insert_if_absent", "update"] = "insert"
     key_columns: tuple[str, ...] = ()
     # How record values are written: JSON objects, or in the schema registry's wire format
     # (magic byte, schema id, body) Avro decoded by the writer schema the id names, or JSON
@@ -245,9 +255,9 @@ class RouteSettings(_Section):
         return value
 
     @model_validator(mode="after")
-    def _upsert_needs_keys(self) -> RouteSettings:
-        if self.mode == "upsert" and not self.key_columns:
-            raise ValueError("mode 'upsert' needs key_columns")
+    def _keyed_modes_need_keys(self) -> RouteSettings:
+        if self.mode in KEYED_MODES and not self.key_columns:
+            raise ValueError(f"mode '{self.mode}' needs key_columns")
         return self
 
     @field_validator("metadata")

@@ -50,6 +50,8 @@ class Step(NamedTuple):
     statement: sql.Composed
     rows: list[Row] | None = None
     data: bytes | None = None
+    # The rows this statement writes are counted: those it leaves are the records skipped.
+    counted: bool = False
 
 
 class _Decoded(NamedTuple):
@@ -62,6 +64,9 @@ class ApplyCounts:
     applied: int = 0
     deleted: int = 0
     dead: int = 0
+    # Records a mode does not write, by design: in insert_if_absent a key already there (or
+    # earlier in the batch), in update a key that is not there.
+    skipped: int = 0
 
 
 class Applier:
@@ -80,11 +85,18 @@ class Applier:
         this transaction has already used (see `_merge_steps`)."""
         counts = ApplyCounts()
         decoded = self._decode(conn, target, records, counts)
-        if target.route.mode == "upsert":
+        mode = target.route.mode
+        if mode == "insert_if_absent":
+            self._apply_if_absent(conn, target, decoded, counts, staged)
+        elif mode != "insert":  # upsert, replace, update: the last record of a key wins
             winners = _last_per_key(target, decoded.ops, deletes=decoded.deletes)
             self._apply_upserts(conn, target, winners, counts, staged)
         elif decoded.deletes:
-            self._apply_in_order(conn, target, decoded.ops, counts)
+
+            def copy_run(run: list[Put]) -> None:
+                counts.applied += self._isolate(conn, run, lambda r: self._copy(conn, target, r))
+
+            self._apply_in_order(conn, target, decoded.ops, counts, copy_run)
         elif decoded.ops:
             counts.applied += self._isolate(
                 conn, decoded.ops, lambda run: self._copy(conn, target, run)
@@ -96,6 +108,8 @@ class Applier:
         """The statements that write `records`, when every one of them is a row (no tombstone,
         nothing to dead-letter), or None: `apply` then goes statement by statement. `staged`
         names the upsert staging tables the transaction's earlier statements use."""
+        if target.route.mode in ("insert_if_absent", "update"):
+            return None  # statement by statement, which counts the records they skip
         values = list(map(Message.value, records))
         if None in values:
             return None
@@ -112,7 +126,7 @@ class Applier:
         if rows is None:
             return None
         puts: list[Put] = list(zip(records, rows, strict=True))
-        if target.route.mode == "upsert":
+        if target.route.mode != "insert":
             winners = _last_per_key(target, puts, deletes=False)
             return _merge_steps(target, _column_runs(target, winners), staged)
         return _copy_steps(target.identifier, target, puts)
@@ -156,18 +170,21 @@ class Applier:
     # -- writing ------------------------------------------------------------------------------
 
     def _apply_in_order(
-        self, conn: psycopg.Connection, target: Target, ops: list[Op], counts: ApplyCounts
+        self,
+        conn: psycopg.Connection,
+        target: Target,
+        ops: list[Op],
+        counts: ApplyCounts,
+        write_run: Callable[[list[Put]], None],
     ) -> None:
-        # Runs of inserts go through COPY; a tombstone in between is applied at its place.
+        """Runs of rows go to `write_run`; a tombstone in between is applied at its place."""
         run: list[Put] = []
         for op in [*ops, None]:
             if op is not None and not isinstance(op, Delete):
                 run.append(op)
                 continue
             if run:
-                counts.applied += self._isolate(
-                    conn, run, lambda rows: self._copy(conn, target, rows)
-                )
+                write_run(run)
                 run = []
             if isinstance(op, Delete):
                 counts.deleted += self._isolate(
@@ -185,17 +202,51 @@ class Applier:
         upserts = [op for op in ops if not isinstance(op, Delete)]
         deletes = [op for op in ops if isinstance(op, Delete)]
         if upserts:
-            counts.applied += self._isolate(
-                conn,
-                upserts,
-                lambda puts: run_steps(
-                    conn, _merge_steps(target, _column_runs(target, puts), staged)
-                ),
-            )
+            self._merge(conn, target, upserts, counts, staged)
         if deletes:
             counts.deleted += self._isolate(
                 conn, deletes, lambda ds: self._delete(conn, target, ds)
             )
+
+    def _apply_if_absent(
+        self,
+        conn: psycopg.Connection,
+        target: Target,
+        decoded: _Decoded,
+        counts: ApplyCounts,
+        staged: set[str],
+    ) -> None:
+        """insert_if_absent: the first record of a key wins, in the batch and against the table.
+        A tombstone deletes at its place, so a key's record after it is written again."""
+
+        def write_run(run: list[Put]) -> None:
+            firsts = _first_per_key(target, run)
+            counts.skipped += len(run) - len(firsts)
+            self._merge(conn, target, firsts, counts, staged)
+
+        self._apply_in_order(conn, target, decoded.ops, counts, write_run)
+
+    def _merge(
+        self,
+        conn: psycopg.Connection,
+        target: Target,
+        puts: list[Put],
+        counts: ApplyCounts,
+        staged: set[str],
+    ) -> None:
+        """Write `puts` through the staging table by the route's mode; what the mode's statement
+        leaves unwritten (a key present for insert_if_absent, absent for update) is skipped."""
+        skipped: list[int] = []  # of the writes that went through, not of those split again
+
+        def write(run: list[Put]) -> None:
+            steps = _merge_steps(target, _column_runs(target, run), staged)
+            skipped.append(len(run) - run_steps(conn, steps))
+
+        written = self._isolate(conn, puts, write)
+        if target.route.mode in ("insert_if_absent", "update"):
+            counts.skipped += sum(skipped)
+            written -= sum(skipped)
+        counts.applied += written
 
     def _isolate(
         self, conn: psycopg.Connection, ops: list[OpT], write: Callable[[list[OpT]], None]
@@ -249,15 +300,19 @@ class Applier:
         )
 
 
-def run_steps(conn: psycopg.Connection, steps: list[Step]) -> None:
-    """Execute the steps one by one, each awaited."""
+def run_steps(conn: psycopg.Connection, steps: list[Step]) -> int:
+    """Execute the steps one by one, each awaited. Returns how many rows the counted ones
+    wrote."""
+    counted = 0
     for step in steps:
         if step.rows is None:
-            conn.execute(step.statement)
+            cursor = conn.execute(step.statement)
+            counted += cursor.rowcount if step.counted else 0
             continue
         with row_cursor(conn).copy(step.statement) as copy:
             # Rows go to psycopg's C formatting as they are, without a Python loop per row.
             deque(map(copy.write_row, step.rows), maxlen=0)
+    return counted
 
 
 def _column_runs(target: Target, puts: list[Put]) -> list[tuple[list[str], list[Row]]]:
@@ -297,8 +352,9 @@ def stage_name(target: Target) -> str:
 def _merge_steps(
     target: Target, column_runs: list[tuple[list[str], list[Row]]], staged: set[str]
 ) -> list[Step]:
-    """Upsert through a staging table: each run of rows names the columns it carries, so a
-    column a record lacks takes its default in a new row and stays as it is in an old one.
+    """A keyed mode's writes through a staging table (`_from_stage`): each run of rows names
+    the columns it carries, so a column a record lacks takes its default in a new row and, in
+    upsert and update modes, stays as it is in an old one.
 
     The staging table lives as long as the session (made per transaction, ON COMMIT DROP, its
     creation and drop cost each batch a dozen catalog writes), and ON COMMIT DELETE ROWS
@@ -312,7 +368,6 @@ def _merge_steps(
     stage_id = stage_name(target)
     stage = sql.Identifier(stage_id)
     table = target.identifier
-    keys = sql.SQL(", ").join(map(sql.Identifier, target.route.key_columns))
     steps = []
     for columns, rows in column_runs:
         # Made here every time, cheap when it exists: a savepoint rolled back may have undone
@@ -328,29 +383,70 @@ def _merge_steps(
         if stage_id in staged:
             steps.append(Step(sql.SQL("DELETE FROM {}").format(stage)))
         staged.add(stage_id)
-        names = sql.SQL(", ").join(map(sql.Identifier, columns))
-        updates = [c for c in columns if c not in target.route.key_columns]
-        action = (
-            sql.SQL("DO UPDATE SET ")
-            + sql.SQL(", ").join(
-                sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(c)) for c in updates
-            )
-            if updates
-            else sql.SQL("DO NOTHING")
-        )
-        steps += [
-            _copy(stage, columns, rows),
-            # COPY writes a value a record carries for a GENERATED ALWAYS identity column;
-            # the upsert does the same rather than refuse it (428C9).
-            Step(
-                sql.SQL(
-                    "INSERT INTO {} ({}) OVERRIDING SYSTEM VALUE SELECT {} FROM {} "
-                    "ON CONFLICT ({}) "
-                ).format(table, names, names, stage, keys)
-                + action
-            ),
-        ]
+        steps += [_copy(stage, columns, rows), *_from_stage(target, stage, columns)]
     return steps
+
+
+def _from_stage(target: Target, stage: sql.Identifier, columns: list[str]) -> list[Step]:
+    """The statements that move the staged rows (of `columns`) into the table, by mode."""
+    table = target.identifier
+    mode = target.route.mode
+    keys = target.route.key_columns
+    names = sql.SQL(", ").join(map(sql.Identifier, columns))
+    # COPY writes a value a record carries for a GENERATED ALWAYS identity column; the
+    # statements below do the same rather than refuse it (428C9).
+    insert = sql.SQL("INSERT INTO {} ({}) OVERRIDING SYSTEM VALUE SELECT {} FROM {} ").format(
+        table, names, names, stage
+    )
+    key_list = sql.SQL(", ").join(map(sql.Identifier, keys))
+    same_key = sql.SQL(" AND ").join(
+        sql.SQL("t.{0} = s.{0}").format(sql.Identifier(k)) for k in keys
+    )
+    if mode == "replace":
+        # The key's row goes and the record's comes, in this transaction: never absent after it.
+        delete = sql.SQL("DELETE FROM {} AS t USING {} AS s WHERE ").format(table, stage)
+        return [Step(delete + same_key), Step(insert)]
+    if mode == "insert_if_absent":
+        return [
+            Step(insert + sql.SQL("ON CONFLICT ({}) DO NOTHING").format(key_list), counted=True)
+        ]
+    # An update sets every column the records carry; a run of keys alone sets them to
+    # themselves, so that the rows found are counted all the same.
+    updates = [c for c in columns if c not in keys] or list(keys)
+    assignments = sql.SQL(", ").join(
+        sql.SQL("{0} = s.{0}").format(sql.Identifier(c)) for c in updates
+    )
+    if mode == "update":
+        return [
+            Step(
+                sql.SQL("UPDATE {} AS t SET ").format(table)
+                + assignments
+                + sql.SQL(" FROM {} AS s WHERE ").format(stage)
+                + same_key,
+                counted=True,
+            )
+        ]
+    action = (
+        sql.SQL("DO UPDATE SET ")
+        + sql.SQL(", ").join(
+            sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(c))
+            for c in columns
+            if c not in keys
+        )
+        if any(c not in keys for c in columns)
+        else sql.SQL("DO NOTHING")
+    )
+    return [Step(insert + sql.SQL("ON CONFLICT ({}) ").format(key_list) + action)]
+
+
+def _first_per_key(target: Target, puts: list[Put]) -> list[Put]:
+    """insert_if_absent: the first record of each key in `puts`, in their order."""
+    if target.distinct_keys(list(map(_row_of, puts))):
+        return puts
+    first: dict[tuple[Any, ...], Put] = {}
+    for put in puts:
+        first.setdefault(target.key(put[1]), put)
+    return list(first.values())
 
 
 def _refused_by_a_record(exc: psycopg.Error) -> bool:

@@ -78,7 +78,8 @@ class CommitResult:
 
     batch: Batch
     committed: dict[PartitionKey, int] = field(default_factory=dict)  # new next offsets
-    applied: dict[str, tuple[int, int]] = field(default_factory=dict)  # rows, dead letters
+    # Per topic: rows written, dead letters, records skipped by their mode.
+    applied: dict[str, tuple[int, int, int]] = field(default_factory=dict)
     seconds: float = 0.0
     # The advance was refused for these: another owner, or an offset not where the lease said.
     refused: list[PartitionKey] = field(default_factory=list)
@@ -218,7 +219,7 @@ class Committer:
         batch = sent.batch
         assert batch.plans is not None  # noqa: S101 - only such batches are sent
         applied = {
-            topic: (sum(len(step.rows) for step in plan if step.rows is not None), 0)
+            topic: (sum(len(step.rows) for step in plan if step.rows is not None), 0, 0)
             for topic, plan in batch.plans.items()
         }
         try:
@@ -244,7 +245,7 @@ class Committer:
         refused: list[PartitionKey] = []
         while batch.records:
             started = time.perf_counter()
-            applied: dict[str, tuple[int, int]] = {}
+            applied: dict[str, tuple[int, int, int]] = {}
             try:
                 self._write_once(conn, batch, applied)
             except _LeaseRefused as exc:
@@ -288,7 +289,7 @@ class Committer:
         return Refusal(exc.sqlstate or "", f"a followed table changed meanwhile: {message}")
 
     def _write_once(
-        self, conn: psycopg.Connection[Any], batch: Batch, applied: dict[str, tuple[int, int]]
+        self, conn: psycopg.Connection[Any], batch: Batch, applied: dict[str, tuple[int, int, int]]
     ) -> None:
         with conn.transaction():
             # Step 1
@@ -300,7 +301,7 @@ class Committer:
             staged: set[str] = set()
             for topic, records in by_topic(batch.records).items():
                 counts = self._applier.apply(conn, self._targets[topic], records, staged)
-                applied[topic] = (counts.applied + counts.deleted, counts.dead)
+                applied[topic] = (counts.applied + counts.deleted, counts.dead, counts.skipped)
         # Step 3: the block above committed on leaving it.
 
     @staticmethod

@@ -272,10 +272,11 @@ class BatchLifecycle:
             self._consumer.seek(TopicPartition(lease.topic, lease.partition, lease.next_offset))
 
     def _count(self, result: CommitResult, records: list[list[Record]]) -> None:
-        for topic, (rows, dead) in result.applied.items():
+        for topic, (rows, dead, skipped) in result.applied.items():
             self.applied_total += rows
             self._metrics.records_applied(topic).inc(rows)
             self._metrics.dead_letters(topic).inc(dead)
+            self._metrics.records_skipped(topic).inc(skipped)
         self._metrics.committed(list(chain.from_iterable(records)), result.seconds)
 
     def _mirror(self, advanced: dict[PartitionKey, int]) -> None:

@@ -61,6 +61,13 @@ class ConsumerMetrics:
             ["topic"],
             registry=self.registry,
         ).labels
+        self.records_skipped = Counter(
+            "bridge_consumer_records_skipped_total",
+            "Records their route's mode leaves unwritten, by design: in insert_if_absent a key "
+            "already in the table or earlier in the batch, in update a key not in the table.",
+            ["topic"],
+            registry=self.registry,
+        ).labels
         self.batches = Counter(
             METRIC_BATCHES, "Database transactions committed.", registry=self.registry
         )

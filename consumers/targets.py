@@ -18,7 +18,7 @@ from sqlalchemy.exc import NoSuchTableError
 from bridge.acls import table_rights
 from bridge.errors import ConfigError, PermissionMissing
 from bridge.names import PROVENANCE_EPOCH, PROVENANCE_PARTITION, PROVENANCE_QUERY
-from bridge.settings import RouteSettings
+from bridge.settings import KEYED_MODES, UNIQUE_KEY_MODES, RouteSettings
 from consumers.avro_rows import AvroRowDecoder
 from consumers.records import Record, RecordError
 from consumers.registry_json_rows import RegistryJsonRowDecoder
@@ -55,9 +55,9 @@ class Target:
     # The metadata columns' values of a record (route.metadata); None without any.
     _meta: Callable[[Record], Row] | None = field(init=False, repr=False, compare=False)
     # Where absent must stay apart from null: a column with a default takes it when absent; in
-    # upsert mode an absent column is also left as it is in an existing row.
+    # upsert and update modes an absent column is also left as it is in an existing row.
     tracked: tuple[int, ...] = field(init=False, repr=False, compare=False)
-    # Positions a row must hold a value at: the required columns, and in upsert mode the keys.
+    # Positions a row must hold a value at: the required columns, and in keyed modes the keys.
     _must_carry: tuple[int, ...] = field(init=False, repr=False, compare=False)
     _key_positions: tuple[int, ...] = field(init=False, repr=False, compare=False)
     _generated: tuple[int, ...] = field(init=False, repr=False, compare=False)
@@ -78,11 +78,17 @@ class Target:
         )
         position = {name: i for i, name in enumerate(self.columns)}
         keys = tuple(position[c] for c in self.route.key_columns)
+        # An update writes into rows that exist: a column a record lacks stays as it is there,
+        # so none is required of it but the key.
+        mode = self.route.mode
         required = tuple(position[c] for c in self.columns if c in self.required)
-        upsert = self.route.mode == "upsert"
+        required = () if mode == "update" else required
+        keyed = mode in KEYED_MODES
+        # Where a column a record lacks is left as it is in an existing row.
+        merges = mode in ("upsert", "update")
         # A generated column is tracked too, so that a record carrying it can be told apart.
         fills = self.defaulted | self.generated
-        tracked = values if upsert else [c for c in values if c in fills]
+        tracked = values if merges else [c for c in values if c in fills]
         decoder: RowDecoder | AvroRowDecoder | RegistryJsonRowDecoder
         if self.route.value_format != "json" and self.schemas is None:
             raise ValueError(f"a {self.route.value_format} route needs the schema registry")
@@ -105,10 +111,10 @@ class Target:
         object.__setattr__(self, "decoder", decoder)
         object.__setattr__(self, "_fix", fix)
         object.__setattr__(self, "_column_set", frozenset(self.columns))
-        # In upsert mode the metadata columns are written like any other: tracked too.
-        tracked = [*tracked, *meta] if upsert else tracked
+        # In upsert and update modes the metadata columns are written like any other: tracked.
+        tracked = [*tracked, *meta] if merges else tracked
         object.__setattr__(self, "tracked", tuple(position[c] for c in tracked))
-        object.__setattr__(self, "_must_carry", tuple(dict.fromkeys(required + keys * upsert)))
+        object.__setattr__(self, "_must_carry", tuple(dict.fromkeys(required + keys * keyed)))
         object.__setattr__(self, "_key_positions", keys)
         object.__setattr__(self, "_generated", tuple(position[c] for c in sorted(self.generated)))
         # Where the key and the columns a row must hold are among the carried columns. A key
@@ -119,7 +125,7 @@ class Target:
             object.__setattr__(self, "_must_carry_of_carried", None)
         else:
             object.__setattr__(self, "_must_carry_of_carried", tuple(in_carried))
-            if upsert:  # then the key is among the columns a row must hold
+            if keyed:  # then the key is among the columns a row must hold
                 key = itemgetter(*(carried.index(i) for i in keys))
                 object.__setattr__(self, "carried_key", key)
 
@@ -200,9 +206,9 @@ class Target:
 
     def carried_rows(self, raws: list[bytes]) -> tuple[list[str], list[Row]] | None:
         """When every value holds no column the table fills (a default, an identity, a
-        generated column) and no key that is not a column, and in upsert mode every other
-        column: those columns and the rows of just them, with no Python step per record. None
-        otherwise, or when a required column or the key is null, for `rows` to tell."""
+        generated column) and no key that is not a column, and in upsert and update modes
+        every other column: those columns and the rows of just them, with no Python step per
+        record. None otherwise, or when a required column or the key is null, for `rows`."""
         if self._must_carry_of_carried is None:
             return None
         rows = self.decoder.decode_carried(raws)
@@ -218,7 +224,7 @@ class Target:
             values = [(c, row[self.columns.index(c)]) for c in names]
             return sorted(c for c, value in values if value is None or value is UNSET)
 
-        required = lacking(self.required)
+        required = lacking(self.required) if self.route.mode != "update" else []
         if required:
             return f"missing required column(s) {', '.join(required)}"
         return f"value lacks key column(s) {', '.join(lacking(self.route.key_columns))}"
@@ -379,14 +385,14 @@ def reflect_target(
         raise ConfigError(
             [(f"{path}.key_columns", f"{route.table} has no column {', '.join(unknown)}")]
         )
-    if route.mode == "upsert" and not _has_unique(engine, schema, name, route.key_columns):
+    if route.mode in UNIQUE_KEY_MODES and not _has_unique(engine, schema, name, route.key_columns):
         raise ConfigError(
             [(f"{path}.key_columns", f"{route.table} has no primary key or unique constraint "
-              f"on ({', '.join(route.key_columns)}), which upsert needs")]
+              f"on ({', '.join(route.key_columns)}), which {route.mode} needs")]
         )  # fmt: skip
     generated = frozenset(str(c.name) for c in table.columns if c.computed is not None)
     generated_keys = sorted(generated.intersection(route.key_columns))
-    if route.mode == "upsert" and generated_keys:
+    if route.mode in KEYED_MODES and generated_keys:
         raise ConfigError(
             [(f"{path}.key_columns", f"{', '.join(generated_keys)} is generated by "
               f"{route.table}: records cannot carry it as a key")]

@@ -300,6 +300,9 @@ def test_each_route_mode_names_the_table_rights_it_needs() -> None:
     assert table_rights("insert", deletes=False) == ("INSERT",)
     assert table_rights("insert", deletes=True) == ("INSERT", "SELECT", "DELETE")
     assert table_rights("upsert", deletes=True) == ("INSERT", "SELECT", "UPDATE", "DELETE")
+    assert table_rights("replace", deletes=True) == ("INSERT", "SELECT", "DELETE")
+    assert table_rights("insert_if_absent", deletes=True) == ("INSERT", "SELECT", "DELETE")
+    assert table_rights("update", deletes=True) == ("SELECT", "UPDATE", "DELETE")
 
 
 def test_a_typed_key_needs_its_field_and_the_registry() -> None:
