@@ -235,6 +235,10 @@ class RouteSettings(_Section):
     # topic, partition, offset, timestamp, key, header:<name>, or the Spark sink's provenance
     # spark.query, spark.partition, spark.epoch (its bridge.* headers). See docs/routes.md.
     metadata: dict[str, str] = Field(default_factory=dict)
+    # A record that cannot be written (undecodable, the wrong shape, refused by a constraint):
+    # to the dead-letter table, its offset passed; or `stop` its partition there, unwritten,
+    # until the table or the route is fixed or the offset reset past it (docs/routes.md).
+    on_record_error: Literal["dead_letter", "stop"] = "dead_letter"
 
     @field_validator("table")
     @classmethod

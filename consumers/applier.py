@@ -23,7 +23,7 @@ from psycopg import sql
 
 from bridge.names import UPSERT_STAGE_PREFIX
 from consumers.pg_errors import RECORD_FAULTS
-from consumers.records import Record, RecordError, headers_json
+from consumers.records import Record, RecordError, RecordStopped, headers_json
 from consumers.rows import Row, decode_key, projector, row_cursor, runs
 from consumers.state import StateTables
 from consumers.targets import Target
@@ -94,12 +94,14 @@ class Applier:
         elif decoded.deletes:
 
             def copy_run(run: list[Put]) -> None:
-                counts.applied += self._isolate(conn, run, lambda r: self._copy(conn, target, r))
+                counts.applied += self._isolate(
+                    conn, target, run, lambda r: self._copy(conn, target, r)
+                )
 
             self._apply_in_order(conn, target, decoded.ops, counts, copy_run)
         elif decoded.ops:
             counts.applied += self._isolate(
-                conn, decoded.ops, lambda run: self._copy(conn, target, run)
+                conn, target, decoded.ops, lambda run: self._copy(conn, target, run)
             )
         return counts
 
@@ -163,7 +165,7 @@ class Applier:
                     continue
                 ops.append((record, to_row(raw, record)))
             except RecordError as exc:
-                self._dead_letter(conn, record, str(exc))
+                self._reject(conn, target, record, str(exc))
                 counts.dead += 1
         return _Decoded(ops, deletes)
 
@@ -188,7 +190,7 @@ class Applier:
                 run = []
             if isinstance(op, Delete):
                 counts.deleted += self._isolate(
-                    conn, [op], lambda ds: self._delete(conn, target, ds)
+                    conn, target, [op], lambda ds: self._delete(conn, target, ds)
                 )
 
     def _apply_upserts(
@@ -205,7 +207,7 @@ class Applier:
             self._merge(conn, target, upserts, counts, staged)
         if deletes:
             counts.deleted += self._isolate(
-                conn, deletes, lambda ds: self._delete(conn, target, ds)
+                conn, target, deletes, lambda ds: self._delete(conn, target, ds)
             )
 
     def _apply_if_absent(
@@ -242,14 +244,18 @@ class Applier:
             steps = _merge_steps(target, _column_runs(target, run), staged)
             skipped.append(len(run) - run_steps(conn, steps))
 
-        written = self._isolate(conn, puts, write)
+        written = self._isolate(conn, target, puts, write)
         if target.route.mode in ("insert_if_absent", "update"):
             counts.skipped += sum(skipped)
             written -= sum(skipped)
         counts.applied += written
 
     def _isolate(
-        self, conn: psycopg.Connection, ops: list[OpT], write: Callable[[list[OpT]], None]
+        self,
+        conn: psycopg.Connection,
+        target: Target,
+        ops: list[OpT],
+        write: Callable[[list[OpT]], None],
     ) -> int:
         """Write `ops` under a savepoint; when PostgreSQL refuses a record, split and retry, and
         dead-letter each single op it still refuses. Returns how many ops were written."""
@@ -261,11 +267,11 @@ class Applier:
             if not _refused_by_a_record(exc):
                 raise
             if len(ops) == 1:
-                self._dead_letter(conn, ops[0][0], _describe(exc))
+                self._reject(conn, target, ops[0][0], _describe(exc))
                 return 0
             middle = len(ops) // 2
-            return self._isolate(conn, ops[:middle], write) + self._isolate(
-                conn, ops[middle:], write
+            return self._isolate(conn, target, ops[:middle], write) + self._isolate(
+                conn, target, ops[middle:], write
             )
 
     @staticmethod
@@ -280,6 +286,13 @@ class Applier:
         statement = sql.SQL("DELETE FROM {} WHERE ").format(target.identifier) + condition
         with conn.cursor() as cursor:
             cursor.executemany(statement, [op.key for op in deletes])
+
+    def _reject(self, conn: psycopg.Connection, target: Target, record: Record, error: str) -> None:
+        """A record that cannot be written: dead-lettered, or with `on_record_error: stop`
+        raised, which rolls back the caller's transaction (the committer cuts the batch there)."""
+        if target.route.on_record_error == "stop":
+            raise RecordStopped(record, error)
+        self._dead_letter(conn, record, error)
 
     def _dead_letter(self, conn: psycopg.Connection, record: Record, error: str) -> None:
         conn.execute(

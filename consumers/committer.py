@@ -35,7 +35,7 @@ from consumers.applier import Applier, Step, run_steps
 from consumers.db_session import Refusal, is_lost, refusal_of
 from consumers.offsets import Lease, OffsetStore, PartitionKey
 from consumers.pipelined import PipelinedTransaction, formatted
-from consumers.records import Record, offset_of
+from consumers.records import Record, RecordStopped, offset_of
 from consumers.table_follower import DRIFT, TableFollower
 from consumers.targets import Target
 
@@ -55,6 +55,14 @@ class Batch:
     def next_offsets(self) -> dict[PartitionKey, int]:
         """Where each partition goes once the batch commits: after its last record."""
         return {key: offset_of(records[-1]) + 1 for key, records in self.records.items()}
+
+    def before(self, key: PartitionKey, offset: int) -> Batch:
+        """The batch with `key`'s records from `offset` on taken out (the partition too, when
+        none is left)."""
+        kept = [r for r in self.records[key] if offset_of(r) < offset]
+        if not kept:
+            return self.without([key])
+        return Batch({**self.records, key: kept}, self.leases, None, self.changes)
 
     def without(self, keys: list[PartitionKey]) -> Batch:
         return Batch(
@@ -90,11 +98,14 @@ class CommitResult:
     # nothing of these partitions' batch was written.
     declined: list[PartitionKey] = field(default_factory=list)
     refusal: Refusal | None = None
+    # A record of an `on_record_error: stop` route that cannot be written: its partition's
+    # records before it are committed (or, with none, the partition is declined), none after.
+    stopped: RecordStopped | None = None
 
     @property
     def whole(self) -> bool:
         """Every partition of the batch committed."""
-        return not self.refused and not self.unknown and not self.declined
+        return not self.refused and not self.unknown and not self.declined and not self.stopped
 
 
 class _LeaseRefused(BridgeError):
@@ -243,6 +254,8 @@ class Committer:
         """Steps 1 to 3 statement by statement; partitions whose advance is refused are taken
         out of the batch and the rest is written again."""
         refused: list[PartitionKey] = []
+        stopped: RecordStopped | None = None
+        declined: list[PartitionKey] = []  # the stopped partition, when nothing is before it
         while batch.records:
             started = time.perf_counter()
             applied: dict[str, tuple[int, int, int]] = {}
@@ -253,11 +266,20 @@ class Committer:
                 refused += exc.keys
                 batch = batch.without(exc.keys)
                 continue
+            except RecordStopped as exc:  # rolled back: written again up to the record
+                stopped, key = exc, (exc.topic, exc.partition)
+                batch = batch.before(key, exc.offset)
+                declined += [] if key in batch.records else [key]
+                continue
             except psycopg.Error as exc:
                 refusal = refusal_of(exc) or self._drift(exc)
                 if refusal is not None:
                     return CommitResult(
-                        batch=batch, refused=refused, declined=list(batch.records), refusal=refusal
+                        batch=batch,
+                        refused=refused,
+                        declined=[*declined, *batch.records],
+                        refusal=refusal,
+                        stopped=stopped,
                     )
                 if not is_lost(exc):
                     raise
@@ -268,6 +290,8 @@ class Committer:
                     refused=refused,
                     unknown=list(batch.records),
                     lost=str(exc),
+                    declined=declined,
+                    stopped=stopped,
                 )
             return CommitResult(
                 batch=batch,
@@ -275,8 +299,10 @@ class Committer:
                 applied=applied,
                 seconds=time.perf_counter() - started,
                 refused=refused,
+                declined=declined,
+                stopped=stopped,
             )
-        return CommitResult(batch=batch, refused=refused)
+        return CommitResult(batch=batch, refused=refused, declined=declined, stopped=stopped)
 
     def _drift(self, exc: psycopg.Error) -> Refusal | None:
         """A followed table other than its follower knew it: nothing written, the followers

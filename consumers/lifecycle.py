@@ -41,7 +41,7 @@ from consumers.db_session import DatabaseSession, RefusalBackoff
 from consumers.metrics import ConsumerMetrics
 from consumers.offsets import OffsetStore, PartitionKey, StoredRow
 from consumers.partitions import PartitionState, PartitionTable
-from consumers.records import Record, offset_of
+from consumers.records import Record, RecordStopped, offset_of
 from consumers.registry_schemas import HoldBackoff, RegistryBackoff, RegistryUnavailable
 from consumers.table_follower import TableMismatch
 
@@ -96,6 +96,7 @@ class BatchLifecycle:
         registry: RegistryBackoff,
         mirror_offsets: bool,
         mismatches: HoldBackoff | None = None,
+        stops: HoldBackoff | None = None,
     ) -> None:
         self._committer = committer
         self._table = table
@@ -107,6 +108,9 @@ class BatchLifecycle:
         self._registry = registry
         # A writer schema a followed table cannot take (consumers.table_follower).
         self._mismatches = mismatches or mismatch_backoff()
+        # A record of an `on_record_error: stop` route that cannot be written, and where.
+        self._stops = stops or stop_backoff()
+        self._stopped_at: tuple[PartitionKey, int] | None = None
         self._mirror_offsets = mirror_offsets
         self.stage = Stage.IDLE
         self.applied_total = 0
@@ -223,8 +227,24 @@ class BatchLifecycle:
             self._metrics.refusals(result.refusal.sqlstate).inc()
             self._refusals.refused(result.refusal)
             self._seek_to_leases()
+        elif result.declined:  # a stopped partition with nothing before its record
+            self._table.not_committed(result.declined)
+        if result.stopped is not None:
+            self._stopped(result.stopped)
+        elif self._stopped_at is not None:
+            key, offset = self._stopped_at
+            if result.committed.get(key, offset) > offset or key not in self._table:
+                self._stopped_at = None  # let through: fixed, reset, or no longer ours
+                self._stops.cleared()
         if (result.refused or result.unknown) and self._resolve(result):
             self._count(result, list(result.batch.records.values()))  # its reply was lost
+
+    def _stopped(self, stop: RecordStopped) -> None:
+        """Its partition holds at the record; the member's batches wait between tries."""
+        self._stopped_at = ((stop.topic, stop.partition), stop.offset)
+        self._metrics.records_stopped(stop.topic).inc()
+        self._stops.failed(str(stop))
+        self._seek_to_leases()
 
     def _resolve(self, result: CommitResult) -> bool:
         """After a batch whose advance was refused or whose connection was lost: read where
@@ -289,6 +309,14 @@ class BatchLifecycle:
             )
         except KafkaException as exc:
             log.warning("mirroring offsets to the Kafka group failed: %s", exc)
+
+
+def stop_backoff() -> HoldBackoff:
+    return HoldBackoff(
+        what="a record its route may not dead-letter stops its partition",
+        consequence="the partition holds at it (on_record_error: stop) until the table or "
+        "the route is fixed, or `bridge offsets reset` moves it past the record",
+    )
 
 
 def mismatch_backoff() -> HoldBackoff:

@@ -61,6 +61,13 @@ class ConsumerMetrics:
             ["topic"],
             registry=self.registry,
         ).labels
+        self.records_stopped = Counter(
+            "bridge_consumer_records_stopped_total",
+            "Tries that met a record of an `on_record_error: stop` route that cannot be "
+            "written: its partition holds at it.",
+            ["topic"],
+            registry=self.registry,
+        ).labels
         self.records_skipped = Counter(
             "bridge_consumer_records_skipped_total",
             "Records their route's mode leaves unwritten, by design: in insert_if_absent a key "

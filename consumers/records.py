@@ -48,5 +48,17 @@ def _visible(value: str | bytes) -> str:
     return text.replace("\x00", "\\x00")
 
 
+class RecordStopped(BridgeError):
+    """A bad record of a route whose `on_record_error` is `stop`: its partition is not written
+    from it on until it is let through (the table or the route fixed, or the offset reset)."""
+
+    def __init__(self, record: Message, error: str) -> None:
+        self.topic = cast(str, record.topic())
+        self.partition = cast(int, record.partition())
+        self.offset = cast(int, record.offset())
+        self.error = error
+        super().__init__(f"record {self.topic}[{self.partition}]@{self.offset}: {error}")
+
+
 class RecordError(BridgeError):
     """Why a record cannot become a row; the message goes to the dead-letter table."""

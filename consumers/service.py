@@ -27,7 +27,7 @@ from consumers.committer import Committer
 from consumers.db_session import DatabaseSession, RefusalBackoff, at_start
 from consumers.kafka_health import KafkaHealth
 from consumers.leases import LeaseKeeper
-from consumers.lifecycle import BatchLifecycle, mismatch_backoff
+from consumers.lifecycle import BatchLifecycle, mismatch_backoff, stop_backoff
 from consumers.metrics import ConsumerMetrics, HealthServer
 from consumers.offsets import OffsetStore, PartitionKey
 from consumers.partitions import PartitionTable
@@ -86,6 +86,7 @@ class ConsumerService:
         self._refusals = RefusalBackoff()
         self._registry = RegistryBackoff()
         self._mismatches = mismatch_backoff()
+        self._stops = stop_backoff()
         # Writer schemas by id, for the routes whose values are registry-framed (from start).
         self._schemas: SchemaCache | None = None
         self._partitions = PartitionTable()
@@ -158,6 +159,7 @@ class ConsumerService:
             refusals=self._refusals,
             registry=self._registry,
             mismatches=self._mismatches,
+            stops=self._stops,
             mirror_offsets=self._config.mirror_offsets_to_kafka,
         )
         leases = LeaseKeeper(
@@ -250,9 +252,13 @@ class ConsumerService:
                     self.metrics.states(self._partitions.counts())
                 if not self._behind:
                     batches.settle()  # caught up: nothing to overlap the commit with
-                # The database refused a batch, or the registry could not answer for one.
+                # The database refused a batch, the registry could not answer for one, a table
+                # does not fit its schema, or a record stopped its partition.
                 retry_at = max(
-                    self._refusals.retry_at, self._registry.retry_at, self._mismatches.retry_at
+                    self._refusals.retry_at,
+                    self._registry.retry_at,
+                    self._mismatches.retry_at,
+                    self._stops.retry_at,
                 )
                 if self._last_turn < retry_at:
                     self._stop.wait(min(1.0, retry_at - self._last_turn))
@@ -320,6 +326,7 @@ class ConsumerService:
             + self._refusals.reasons()
             + self._registry.reasons()
             + self._mismatches.reasons()
+            + self._stops.reasons()
             + self._partitions.not_progressing(stalled_after_s=stalled_after)
         )
 
