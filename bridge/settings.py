@@ -204,6 +204,44 @@ METADATA_SOURCES: Final = ("topic", "partition", "offset", "timestamp", "key", "
                            "spark.partition", "spark.epoch")  # fmt: skip
 
 
+class FieldSettings(_Section):
+    """Which of a value's fields land, and in which columns, as Kafka Connect's ReplaceField:
+    `include` or `exclude` name the value's fields; `rename` maps a field to its column."""
+
+    include: tuple[str, ...] | None = None
+    exclude: tuple[str, ...] = ()
+    rename: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("rename")
+    @classmethod
+    def _check_rename(cls, value: dict[str, str]) -> dict[str, str]:
+        for source, column in value.items():
+            if not _IDENTIFIER.match(column):
+                raise ValueError(f"{source}: {column!r} is not a column name")
+        targets = list(value.values())
+        twice = sorted({c for c in targets if targets.count(c) > 1})
+        if twice:
+            raise ValueError(f"more than one field renamed to {', '.join(twice)}")
+        return value
+
+    @model_validator(mode="after")
+    def _one_of_include_or_exclude(self) -> FieldSettings:
+        if self.include is not None and self.exclude:
+            raise ValueError("include or exclude, not both")
+        dropped = [f for f in self.rename if not self.takes(f)]
+        if dropped:
+            raise ValueError(f"renames field(s) it leaves out: {', '.join(sorted(dropped))}")
+        return self
+
+    def takes(self, name: str) -> bool:
+        """Whether the value's field `name` lands in a column."""
+        return (self.include is None or name in self.include) and name not in self.exclude
+
+    @property
+    def default(self) -> bool:
+        return self.include is None and not self.exclude and not self.rename
+
+
 # The write modes that go by the route's key columns; those that find the row by its key
 # need a primary key or unique constraint on them (ON CONFLICT, or one row a key to update).
 KEYED_MODES: Final = ("upsert", "replace", "insert_if_absent", "update")
@@ -239,6 +277,11 @@ class RouteSettings(_Section):
     # to the dead-letter table, its offset passed; or `stop` its partition there, unwritten,
     # until the table or the route is fixed or the offset reset past it (docs/routes.md).
     on_record_error: Literal["dead_letter", "stop"] = "dead_letter"
+    # Where the key columns come from: the value's fields; the record's key (a JSON object of
+    # the key columns, or for one key column its text or JSON scalar); or the record's Kafka
+    # coordinates, key_columns then naming the topic, partition and offset columns in order.
+    key_source: Literal["value", "record_key", "kafka"] = "value"
+    fields: FieldSettings = Field(default_factory=FieldSettings)
 
     @field_validator("table")
     @classmethod
@@ -262,6 +305,19 @@ class RouteSettings(_Section):
     def _keyed_modes_need_keys(self) -> RouteSettings:
         if self.mode in KEYED_MODES and not self.key_columns:
             raise ValueError(f"mode '{self.mode}' needs key_columns")
+        if self.key_source != "value" and not self.key_columns:
+            raise ValueError(f"key_source '{self.key_source}' needs key_columns")
+        if self.key_source == "kafka" and len(self.key_columns) != 3:
+            raise ValueError(
+                "key_source 'kafka' needs three key_columns: the topic's, the partition's and "
+                "the offset's, in that order"
+            )
+        overlap = sorted(set(self.metadata) & set(self.key_columns))
+        if self.key_source != "value" and overlap:
+            raise ValueError(
+                f"{', '.join(overlap)}: a key column from the {self.key_source.replace('_', ' ')}"
+                " cannot also be a metadata column"
+            )
         return self
 
     @field_validator("metadata")
@@ -286,6 +342,16 @@ class RouteSettings(_Section):
                 "auto_create and auto_evolve need value_format avro: the table follows the "
                 "records' writer schemas (a JSON route's table is its contract; JSON Schema "
                 "is not followed yet)"
+            )
+        if (self.auto_create or self.auto_evolve) and not self.fields.default:
+            raise ValueError(
+                "fields (include, exclude, rename) need a table made by hand, not one that "
+                "follows the schema (auto_create, auto_evolve)"
+            )
+        if self.auto_create and self.key_source != "value":
+            raise ValueError(
+                f"key_source '{self.key_source}' needs a table that has the key columns: "
+                "create it by hand, not with auto_create"
             )
         if self.auto_create and self.metadata:
             raise ValueError(

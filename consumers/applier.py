@@ -160,6 +160,11 @@ class Applier:
                         raise RecordError(
                             "tombstone, but the route has no key_columns to delete by"
                         )
+                    if target.route.key_source == "kafka":
+                        raise RecordError(
+                            "tombstone, but the route's key is each record's own Kafka "
+                            "coordinates (key_source kafka): it names no row to delete"
+                        )
                     ops.append(Delete(record, decode_key(record.key(), keys)))
                     deletes = True
                     continue

@@ -23,7 +23,16 @@ from consumers.avro_rows import AvroRowDecoder
 from consumers.records import Record, RecordError
 from consumers.registry_json_rows import RegistryJsonRowDecoder
 from consumers.registry_schemas import SchemaCache
-from consumers.rows import UNSET, ArrayValue, Row, RowDecoder, as_cell, count_of, json_keys
+from consumers.rows import (
+    UNSET,
+    ArrayValue,
+    Row,
+    RowDecoder,
+    as_cell,
+    count_of,
+    decode_key,
+    json_keys,
+)
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -51,7 +60,7 @@ class Target:
     _fix: Callable[[Row], Row] | None = field(init=False, repr=False, compare=False)
     # Fields of the records that are not columns, already reported (see `prepare`).
     _seen_fields: set[str] = field(init=False, repr=False, compare=False, default_factory=set)
-    _column_set: frozenset[str] = field(init=False, repr=False, compare=False)
+    _known_fields: frozenset[str] = field(init=False, repr=False, compare=False)
     # The metadata columns' values of a record (route.metadata); None without any.
     _meta: Callable[[Record], Row] | None = field(init=False, repr=False, compare=False)
     # Where absent must stay apart from null: a column with a default takes it when absent; in
@@ -68,13 +77,20 @@ class Target:
     )
 
     def __post_init__(self) -> None:
-        # The value's columns first, then those the record's coordinates and headers fill
-        # (`route.metadata`): a row is the value's decoded row with the metadata after it.
-        meta = tuple(c for c in self.route.metadata if c in self.columns)
-        values = tuple(c for c in self.columns if c not in meta)
+        # The value's columns first, then those the record fills: from its coordinates and
+        # headers (`route.metadata`, and the key columns with key_source kafka), and from its
+        # key (key_source record_key). A row is the value's decoded row with those after it.
+        sources = record_sources(self.route)
+        meta = tuple(c for c in sources if c in self.columns)
+        field_of = value_fields(self.route, self.columns)
+        values = tuple(c for c in self.columns if c in field_of and c not in sources)
         object.__setattr__(self, "columns", values + meta)
         object.__setattr__(
-            self, "_meta", metadata_reader(self.route.metadata, meta, binary=self.binaries)
+            self,
+            "_meta",
+            metadata_reader(
+                sources, meta, binary=self.binaries, key_columns=self.route.key_columns
+            ),
         )
         position = {name: i for i, name in enumerate(self.columns)}
         keys = tuple(position[c] for c in self.route.key_columns)
@@ -89,28 +105,39 @@ class Target:
         # A generated column is tracked too, so that a record carrying it can be told apart.
         fills = self.defaulted | self.generated
         tracked = values if merges else [c for c in values if c in fills]
+        # The decoders read the value's fields by name: each column's field (`fields.rename`).
+        named = [field_of[c] for c in values]
+        tracked_fields = [field_of[c] for c in tracked]
+        filled_fields = [field_of[c] for c in values if c in fills]
         decoder: RowDecoder | AvroRowDecoder | RegistryJsonRowDecoder
         if self.route.value_format != "json" and self.schemas is None:
             raise ValueError(f"a {self.route.value_format} route needs the schema registry")
         if self.route.value_format == "avro":
             assert self.schemas is not None  # noqa: S101 - checked above
             decoder = AvroRowDecoder(
-                values, schemas=self.schemas, tracked=tracked, filled=fills, arrays=self.arrays
+                named,
+                schemas=self.schemas,
+                tracked=tracked_fields,
+                filled=filled_fields,
+                arrays=[field_of[c] for c in values if c in self.arrays],
             )
             fix = None
         elif self.route.value_format == "json-schema":
             assert self.schemas is not None  # noqa: S101 - checked above
             decoder = RegistryJsonRowDecoder(
-                values, schemas=self.schemas, tracked=tracked, filled=fills
+                named, schemas=self.schemas, tracked=tracked_fields, filled=filled_fields
             )
             # JSON has no bytes: JSON Schema's (and Spark's to_json) are base64 text.
             fix = _json_fix(values, self.arrays, frozenset(), base64=self.binaries)
         else:
-            decoder = RowDecoder(values, tracked=tracked, filled=fills)
+            decoder = RowDecoder(named, tracked=tracked_fields, filled=filled_fields)
             fix = _json_fix(values, self.arrays, self._epoch_columns())
         object.__setattr__(self, "decoder", decoder)
         object.__setattr__(self, "_fix", fix)
-        object.__setattr__(self, "_column_set", frozenset(self.columns))
+        # The fields that are not reported as left out: those that land, those a column of the
+        # record's takes the name of, and those the route leaves out on purpose.
+        meant = set(named) | set(sources) | set(self.route.fields.exclude)
+        object.__setattr__(self, "_known_fields", frozenset(meant))
         # In upsert and update modes the metadata columns are written like any other: tracked.
         tracked = [*tracked, *meta] if merges else tracked
         object.__setattr__(self, "tracked", tuple(position[c] for c in tracked))
@@ -148,7 +175,9 @@ class Target:
             fields = set()
             for record in {id(r): r for r in (records[0], records[-1])}.values() if records else ():
                 fields.update(json_keys(record.value()))
-        new = sorted(fields - self._seen_fields - self._column_set)
+        if self.route.fields.include is not None:
+            return []  # every field not included is left out on purpose
+        new = sorted(fields - self._seen_fields - self._known_fields)
         self._seen_fields.update(new)
         return new
 
@@ -255,17 +284,51 @@ _PROVENANCE = {"spark.query": PROVENANCE_QUERY, "spark.partition": PROVENANCE_PA
                "spark.epoch": PROVENANCE_EPOCH}  # fmt: skip
 
 
+# The source of a key column that key_source record_key fills from the record's key.
+KEY_FIELD = "record_key"
+
+
+def record_sources(route: RouteSettings) -> dict[str, str]:
+    """The columns a route fills from the record rather than its value, by source: its
+    metadata columns, and its key columns where key_source is kafka (the coordinates) or
+    record_key (the key's fields), those last."""
+    sources = dict(route.metadata)
+    if route.key_source == "kafka":
+        sources.update(zip(route.key_columns, ("topic", "partition", "offset"), strict=True))
+    elif route.key_source == "record_key":
+        sources.update(dict.fromkeys(route.key_columns, KEY_FIELD))
+    return sources
+
+
+def value_fields(route: RouteSettings, columns: Sequence[str]) -> dict[str, str]:
+    """Each column the value fills, with the value's field that fills it: the field of the
+    same name unless `fields` renames another field to it, renames this one away, or leaves
+    it out."""
+    rename, rules = route.fields.rename, route.fields
+    of_column = {c: c for c in columns if c not in rename}
+    of_column.update({column: source for source, column in rename.items()})
+    return {c: f for c, f in of_column.items() if c in columns and rules.takes(f)}
+
+
 def metadata_reader(
-    sources: dict[str, str], columns: Sequence[str], *, binary: frozenset[str]
+    sources: dict[str, str],
+    columns: Sequence[str],
+    *,
+    binary: frozenset[str],
+    key_columns: tuple[str, ...] = (),
 ) -> Callable[[Record], Row] | None:
     """The values of the metadata `columns` of a record, each from its source (see
     `RouteSettings.metadata`): a key or a header as bytes for a bytea column, else as text
-    (RecordError when it is not UTF-8); a timestamp as an aware datetime. None when there are
-    no metadata columns."""
+    (RecordError when it is not UTF-8); a timestamp as an aware datetime. Columns whose source
+    is KEY_FIELD come last, all of them from one decoding of the record's key
+    (`rows.decode_key`, by `key_columns`). None when there are no such columns."""
     if not columns:
         return None
+    from_key = tuple(c for c in key_columns if c in columns and sources[c] == KEY_FIELD)
+    if columns[len(columns) - len(from_key) :] != from_key:
+        raise ValueError("the columns of the record's key must come last")
     getters: list[Callable[[Record], Any]] = []
-    for column in columns:
+    for column in columns[: len(columns) - len(from_key)]:
         source = sources[column]
         header = _PROVENANCE.get(source) or source.removeprefix("header:")
         if source in _COORDINATES:
@@ -276,6 +339,16 @@ def metadata_reader(
             getters.append(_as_column(Message.key, column, column in binary))
         else:
             getters.append(_as_column(_header(header), column, column in binary))
+
+    if from_key:
+
+        def read_with_key(record: Record) -> Row:
+            key = record.key()
+            if key is None:
+                raise RecordError("the record has no key, which key_source record_key reads")
+            return tuple(get(record) for get in getters) + decode_key(key, from_key)
+
+        return read_with_key
 
     def read(record: Record) -> Row:
         return tuple(get(record) for get in getters)
@@ -403,6 +476,7 @@ def reflect_target(
     defaulted = frozenset(str(c.name) for c in with_default) - generated
     not_null = frozenset(str(c.name) for c in table.columns if not c.nullable)
     required = not_null - defaulted - generated
+    _check_fields(route, path, columns, required)
     return Target(
         route=route,
         schema=schema,
@@ -416,6 +490,35 @@ def reflect_target(
         binaries=frozenset(str(c.name) for c in table.columns if isinstance(c.type, LargeBinary)),
         schemas=schemas,
     )
+
+
+def _check_fields(
+    route: RouteSettings, path: str, columns: tuple[str, ...], required: frozenset[str]
+) -> None:
+    """Refuse at start-up `fields` that name a column the table lacks, or that leave no field
+    for a key column or a column every new row needs: each of its records would be refused."""
+    rules, problems = route.fields, []
+    for source, column in rules.rename.items():
+        if column not in columns:
+            problems.append(
+                (f"{path}.fields.rename.{source}", f"{route.table} has no column {column}")
+            )
+    for source in rules.include or ():
+        column = rules.rename.get(source, source)
+        if column not in columns:
+            problems.append((f"{path}.fields.include", f"{route.table} has no column {column}"))
+    filled = set(value_fields(route, columns)) | set(record_sources(route))
+    keys = [c for c in route.key_columns if c not in filled]
+    if keys:
+        problems.append((f"{path}.fields", f"no field fills key column(s) {', '.join(keys)}"))
+    needed = [] if route.mode == "update" else sorted(required - filled - set(keys))
+    if needed:
+        problems.append(
+            (f"{path}.fields", f"no field fills {', '.join(needed)}, which {route.table} "
+             "needs in every row (NOT NULL without a default)")
+        )  # fmt: skip
+    if problems:
+        raise ConfigError(problems)
 
 
 def _check_rights(engine: Engine, route: RouteSettings, schema: str, name: str) -> None:

@@ -4,6 +4,7 @@ equal to what a read_committed reader sees of the same record."""
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -13,9 +14,10 @@ import pytest
 from bridge.errors import ConfigError
 from bridge.kafka_admin import create_topic
 from bridge.names import PROVENANCE_EPOCH, PROVENANCE_PARTITION, PROVENANCE_QUERY
+from bridge.settings import load_settings
 from bridge_shell.spark.producer_job import ProducerJob, Source, run
 from consumers.service import ConsumerService
-from tests.consumer_helpers import drained, produce, running, settings_for, sql
+from tests.consumer_helpers import drained, produce, running, sample, settings_for, sql
 from tests.harness import Endpoints
 from tests.kafka_helpers import read_messages
 
@@ -95,4 +97,131 @@ def test_a_metadata_column_the_table_lacks_is_refused_naming_the_key_path(
     create_topic(stack.bootstrap_servers, names["topic"], partitions=1)
     settings = settings_for(stack, names, metadata={"nope": "offset"})
     with pytest.raises(ConfigError, match=r"consumer\.routes\.0\.metadata\.nope"):
+        ConsumerService(settings).start()
+
+
+IGNORED = "bridge_consumer_ignored_fields_total"
+
+
+@pytest.mark.parametrize(
+    ("fields", "row", "ignored"),
+    [
+        # name lands in label; secret is left out on purpose, junk and the second record's
+        # own label (not a field that lands) are left out too, and counted.
+        ({"rename": {"name": "label"}, "exclude": ["secret"]}, (1, "a", 5, "none"), 2),
+        # Only id and name, name in label: nothing else lands, nothing counted.
+        ({"include": ["id", "name"], "rename": {"name": "label"}}, (1, "a", None, "none"), 0),
+    ],
+)
+def test_fields_rename_include_and_exclude_what_lands(
+    stack: Endpoints, names: dict[str, str], fields: dict[str, Any], row: tuple[Any, ...],
+    ignored: int,
+) -> None:  # fmt: skip
+    create_topic(stack.bootstrap_servers, names["topic"], partitions=1)
+    table = f"public.{names['table']}"
+    sql(stack, f"CREATE TABLE {table} (id bigint, label text, amount numeric, "
+               f"secret text NOT NULL DEFAULT 'none')")  # fmt: skip
+    value = {"id": 1, "name": "a", "amount": 5, "secret": "s", "junk": 1}
+    produce(stack, names["topic"], [(None, value), (None, {**value, "id": 2, "label": "x"})])
+    with running(settings_for(stack, names, fields=fields)) as service:
+        drained(stack, names, 1)
+        assert sample(service, IGNORED, topic=names["topic"]) == ignored
+    assert sql(stack, f"SELECT * FROM {table} ORDER BY id") == [
+        row, (2, *row[1:])  # the record's own label is not a field that lands in label
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("fields", "path", "message"),
+    [
+        ({"rename": {"name": "nope"}}, "fields.rename.name", "has no column nope"),
+        ({"include": ["id", "nope"]}, "fields.include", "has no column nope"),
+        ({"exclude": ["label"]}, "fields", "no field fills label, which"),
+        ({"exclude": ["id"]}, "fields", "no field fills key column(s) id"),
+    ],
+)
+def test_fields_the_table_cannot_take_are_refused_naming_the_key_path(
+    stack: Endpoints, names: dict[str, str], fields: dict[str, Any], path: str, message: str
+) -> None:
+    create_topic(stack.bootstrap_servers, names["topic"], partitions=1)
+    sql(stack, f"CREATE TABLE public.{names['table']} (id bigint PRIMARY KEY, label text NOT NULL)")
+    settings = settings_for(stack, names, fields=fields, mode="upsert", key_columns=["id"])
+    with pytest.raises(ConfigError) as refused:
+        ConsumerService(settings).start()
+    assert any(
+        p == f"consumer.routes.0.{path}" and message in m for p, m in refused.value.problems
+    ), refused.value.problems
+
+
+def test_settings_refuse_contradicting_fields_and_key_sources() -> None:
+    base = {"topic": "t", "table": "public.t"}
+    bad: list[tuple[dict[str, Any], str]] = [
+        ({"fields": {"include": ["a"], "exclude": ["b"]}}, "include or exclude, not both"),
+        ({"fields": {"rename": {"a": "c", "b": "c"}}}, "more than one field renamed to c"),
+        ({"fields": {"exclude": ["a"], "rename": {"a": "c"}}}, "renames field(s) it leaves out"),
+        ({"key_source": "kafka", "key_columns": ["t", "p"]}, "needs three key_columns"),
+        ({"key_source": "record_key"}, "key_source 'record_key' needs key_columns"),
+        ({"key_source": "kafka", "key_columns": ["t", "p", "o"], "metadata": {"o": "offset"}},
+         "cannot also be a metadata column"),
+        ({"mode": "replace"}, "mode 'replace' needs key_columns"),
+    ]  # fmt: skip
+    for route, message in bad:
+        with pytest.raises(ConfigError) as refused:
+            load_settings(
+                kafka={"bootstrap_servers": "127.0.0.1:9"},
+                postgres={"dsn": "postgresql://u@127.0.0.1/db"},
+                consumer={"group_id": "g", "routes": [{**base, **route}]},
+            )
+        assert any(p.startswith("consumer.routes.0") and message in m
+                   for p, m in refused.value.problems), (route, refused.value.problems)  # fmt: skip
+
+
+def test_key_from_the_record_key_upserts_and_deletes_by_it(
+    stack: Endpoints, names: dict[str, str]
+) -> None:
+    create_topic(stack.bootstrap_servers, names["topic"], partitions=1)
+    table = f"public.{names['table']}"
+    sql(stack, f"CREATE TABLE {table} (id bigint PRIMARY KEY, note text)")
+    produce(stack, names["topic"], [
+        ({"id": 1}, {"note": "a"}), (2, {"note": "b"}), (3, {"note": "c"}),
+        ({"id": 1}, {"note": "a2", "id": 99}),  # the value's id is not the key
+        ({"id": 2}, None),  # a tombstone deletes by the record key
+        (None, {"note": "no key"}),  # a dead letter: nothing to key it by
+    ])  # fmt: skip
+    settings = settings_for(stack, names, mode="upsert", key_columns=["id"],
+                            key_source="record_key")  # fmt: skip
+    with running(settings):
+        drained(stack, names, 1)
+    assert sql(stack, f"SELECT id, note FROM {table} ORDER BY id") == [(1, "a2"), (3, "c")]
+    dead = sql(stack, f'SELECT "offset", error FROM {names["schema"]}.dead_letters')
+    assert dead == [(5, "the record has no key, which key_source record_key reads")]
+
+
+def test_kafka_coordinates_as_the_key_match_what_a_reader_sees(
+    stack: Endpoints, names: dict[str, str]
+) -> None:
+    create_topic(stack.bootstrap_servers, names["topic"], partitions=PARTITIONS)
+    table = f"public.{names['table']}"
+    sql(stack, f"CREATE TABLE {table} (t text, p integer, o bigint, id bigint, "
+               f"PRIMARY KEY (t, p, o))")  # fmt: skip
+    produce(stack, names["topic"], [({"id": i % 3}, {"id": i % 3}) for i in range(30)])
+    produce(stack, names["topic"], [({"id": 0}, None)])  # no row is its own coordinates
+    settings = settings_for(stack, names, mode="upsert", key_columns=["t", "p", "o"],
+                            key_source="kafka")  # fmt: skip
+    with running(settings):
+        drained(stack, names, PARTITIONS)
+    expected = {
+        (m.topic(), m.partition(), m.offset(), json.loads(value)["id"])
+        for m in read_messages(stack.bootstrap_servers, names["topic"], partitions=PARTITIONS,
+                               config=stack.properties())
+        if (value := m.value()) is not None
+    }  # fmt: skip
+    assert set(sql(stack, f"SELECT t, p, o, id FROM {table}")) == expected
+    assert len(expected) == 30
+    dead = sql(stack, f"SELECT error FROM {names['schema']}.dead_letters")
+    assert len(dead) == 1 and "key_source kafka" in dead[0][0]
+    # The same keys with upsert on a table keyed by something else are refused at start.
+    sql(stack, f"ALTER TABLE {table} DROP CONSTRAINT {names['table']}_pkey")
+    sql(stack, f"ALTER TABLE {table} ADD PRIMARY KEY (id, o)")
+    with pytest.raises(ConfigError, match="no primary key or unique constraint on"):
         ConsumerService(settings).start()
