@@ -13,7 +13,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, cast
 
 import yaml
 from pydantic import (
@@ -42,6 +42,14 @@ from bridge.names import (
     STACK_ENV_FILE,
 )
 from bridge.secrets import masked, resolve_file_reference
+from bridge.topic_patterns import (
+    TOPIC_PLACEHOLDER,
+    check_pattern,
+    common_topic,
+    matches,
+    subscription,
+    table_of,
+)
 
 _HOST_PORT = re.compile(r"^[A-Za-z0-9._\-\[\]:]+:\d{1,5}$")
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]*$")
@@ -249,7 +257,11 @@ UNIQUE_KEY_MODES: Final = ("upsert", "insert_if_absent", "update")
 
 
 class RouteSettings(_Section):
-    topic: str = Field(min_length=1)
+    # One topic by name, or every topic whose whole name a regular expression matches,
+    # those created later included (bridge/topic_patterns.py, docs/routes.md).
+    topic: str | None = Field(default=None, min_length=1)
+    topic_pattern: str | None = Field(default=None, min_length=1)
+    # With topic_pattern it may hold ${topic}: each topic's name, made a name of a table.
     table: str = Field(min_length=1)
     # insert: append every record. The keyed modes go by key_columns, the last record of a key
     # in a batch winning (the first, for insert_if_absent): upsert merges it into the row;
@@ -286,10 +298,35 @@ class RouteSettings(_Section):
     @field_validator("table")
     @classmethod
     def _check_table(cls, value: str) -> str:
-        parts = value.split(".")
+        parts = value.replace(TOPIC_PLACEHOLDER, "topic").split(".")
         if len(parts) > 2 or not all(_IDENTIFIER.match(p) for p in parts):
             raise ValueError(f"{value!r} is not `table` or `schema.table`")
         return value
+
+    @field_validator("topic_pattern")
+    @classmethod
+    def _check_topic_pattern(cls, value: str | None) -> str | None:
+        return None if value is None else check_pattern(value)
+
+    @model_validator(mode="after")
+    def _one_topic_or_a_pattern(self) -> RouteSettings:
+        if (self.topic is None) == (self.topic_pattern is None):
+            raise ValueError("needs topic or topic_pattern, not both")
+        if self.topic is not None and TOPIC_PLACEHOLDER in self.table:
+            raise ValueError(f"a table with {TOPIC_PLACEHOLDER} needs topic_pattern")
+        return self
+
+    @property
+    def source(self) -> str:
+        """The topic, or the pattern, as the logs and errors name it."""
+        return self.topic or f"topic_pattern {self.topic_pattern!r}"
+
+    def for_topic(self, topic: str) -> RouteSettings:
+        """This route as it applies to one topic: a pattern's, with its table's name made."""
+        if self.topic is not None:
+            return self
+        table = table_of(self.table, topic)
+        return self.model_copy(update={"topic": topic, "topic_pattern": None, "table": table})
 
     @field_validator("key_columns")
     @classmethod
@@ -392,12 +429,47 @@ class ConsumerSettings(_Section):
 
     @field_validator("routes")
     @classmethod
-    def _unique_topics(cls, value: tuple[RouteSettings, ...]) -> tuple[RouteSettings, ...]:
-        topics = [route.topic for route in value]
+    def _routes_apart(cls, value: tuple[RouteSettings, ...]) -> tuple[RouteSettings, ...]:
+        """No topic that two routes could both read: the same name twice, a name a pattern
+        matches, or two patterns that match one name."""
+        topics = [route.topic for route in value if route.topic is not None]
         duplicated = sorted({t for t in topics if topics.count(t) > 1})
         if duplicated:
             raise ValueError(f"topic routed twice: {', '.join(duplicated)}")
+        for i, first in enumerate(value):
+            for j, second in enumerate(value[i + 1 :], start=i + 1):
+                common = _common_topic(first, second)
+                if common is not None:
+                    raise ValueError(
+                        f"routes {i} ({first.source}) and {j} ({second.source}) could both "
+                        f"read topic {common!r}: a topic goes to one route"
+                    )
         return value
+
+    def route_for(self, topic: str) -> tuple[int, RouteSettings] | None:
+        """The route that reads `topic` (at most one: `_routes_apart`), as it applies to it."""
+        for index, route in enumerate(self.routes):
+            if route.topic == topic or (
+                route.topic_pattern is not None and matches(route.topic_pattern, topic)
+            ):
+                return index, route.for_topic(topic)
+        return None
+
+    def subscription(self) -> list[str]:
+        """What the consumer subscribes to: each named topic, and each pattern as a regex."""
+        return [
+            route.topic or subscription(cast(str, route.topic_pattern)) for route in self.routes
+        ]
+
+
+def _common_topic(first: RouteSettings, second: RouteSettings) -> str | None:
+    if first.topic_pattern is None and second.topic_pattern is None:
+        return None  # two names: compared as names
+    if first.topic_pattern is None or second.topic_pattern is None:
+        topic, pattern = (first.topic, second.topic_pattern) if first.topic else (
+            second.topic, first.topic_pattern)  # fmt: skip
+        return topic if matches(cast(str, pattern), cast(str, topic)) else None
+    return common_topic(first.topic_pattern, second.topic_pattern)
 
 
 # The files a load reads: set by `load_settings`, read by `settings_customise_sources`, which

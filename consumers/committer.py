@@ -108,6 +108,11 @@ class CommitResult:
         return not self.refused and not self.unknown and not self.declined and not self.stopped
 
 
+class RouteUnresolved(BridgeError):
+    """A topic a pattern matched whose table cannot take its records yet (missing, lacking a
+    column, not granted): not the records' fault, so they wait, as for a table mismatch."""
+
+
 class _LeaseRefused(BridgeError):
     def __init__(self, keys: list[PartitionKey]) -> None:
         self.keys = keys
@@ -132,10 +137,13 @@ class Committer:
         timeout_s: float,
         on_ignored: Callable[[str, list[str]], None] | None = None,
         followers: dict[str, TableFollower] | None = None,
+        route: Callable[[str], tuple[Target, TableFollower | None]] | None = None,
     ) -> None:
         """`on_ignored(topic, fields)`: told once of each field a topic's records carry that
         is not a column of its table. `followers`: the topics whose tables follow their
-        writer schemas; their targets come from them."""
+        writer schemas; their targets come from them. `route(topic)`: a topic not among
+        `targets` (a pattern matched it) routed, or RouteUnresolved."""
+        self._route = route
         self._on_ignored = on_ignored
         self._followers = followers or {}
         self._store = store
@@ -143,6 +151,23 @@ class Committer:
         self._targets = targets
         self._timeout_s = timeout_s
         self._sent: _Sent | None = None
+
+    def __contains__(self, topic: str) -> bool:
+        return topic in self._targets
+
+    def routed(self, topic: str, target: Target, follower: TableFollower | None) -> None:
+        self._targets[topic] = target
+        if follower is not None:
+            self._followers[topic] = follower
+
+    def route_topics(self, records: dict[PartitionKey, list[Record]]) -> None:
+        """Route the topics of `records` that no route names (RouteUnresolved while one cannot
+        be): each once, the first time its records come."""
+        for topic, _ in records:
+            if topic not in self._targets:
+                if self._route is None:
+                    raise RouteUnresolved(f"no route reads topic {topic}")
+                self.routed(topic, *self._route(topic))
 
     def follow_tables(self, records: dict[PartitionKey, list[Record]]) -> None:
         """Bring the followed tables' targets in step with the writer schemas of `records`

@@ -36,7 +36,7 @@ from typing import cast
 from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 
 from bridge.errors import BridgeError
-from consumers.committer import Batch, CommitResult, Committer
+from consumers.committer import Batch, CommitResult, Committer, RouteUnresolved
 from consumers.db_session import DatabaseSession, RefusalBackoff
 from consumers.metrics import ConsumerMetrics
 from consumers.offsets import OffsetStore, PartitionKey, StoredRow
@@ -97,6 +97,7 @@ class BatchLifecycle:
         mirror_offsets: bool,
         mismatches: HoldBackoff | None = None,
         stops: HoldBackoff | None = None,
+        unrouted: HoldBackoff | None = None,
     ) -> None:
         self._committer = committer
         self._table = table
@@ -110,6 +111,8 @@ class BatchLifecycle:
         self._mismatches = mismatches or mismatch_backoff()
         # A record of an `on_record_error: stop` route that cannot be written, and where.
         self._stops = stops or stop_backoff()
+        # A topic a pattern matched whose table cannot take its records yet.
+        self._unrouted = unrouted or unrouted_backoff()
         self._stopped_at: tuple[PartitionKey, int] | None = None
         self._mirror_offsets = mirror_offsets
         self.stage = Stage.IDLE
@@ -134,6 +137,7 @@ class BatchLifecycle:
         # Step 1: the batch before is still in flight.
         ours = self._ours(records)
         try:
+            self._committer.route_topics(ours)
             self._committer.follow_tables(ours)
             plans = self._committer.plan(ours, self._db.open_connection())
         except RegistryUnavailable as exc:
@@ -151,8 +155,14 @@ class BatchLifecycle:
             self._mismatches.failed(str(exc))
             self._seek_to_leases()
             return
+        except RouteUnresolved as exc:  # nor theirs: they wait for a table that takes them
+            self.settle()
+            self._unrouted.failed(str(exc))
+            self._seek_to_leases()
+            return
         self._registry.cleared()
         self._mismatches.cleared()
+        self._unrouted.cleared()
         # Step 2
         self.settle()
         leases = {key: lease for key in ours if (lease := self._table.lease(key))}
@@ -309,6 +319,13 @@ class BatchLifecycle:
             )
         except KafkaException as exc:
             log.warning("mirroring offsets to the Kafka group failed: %s", exc)
+
+
+def unrouted_backoff() -> HoldBackoff:
+    return HoldBackoff(
+        what="a topic its route's pattern matched has no table that takes its records",
+        consequence="the batch waits until the table is there and fits",
+    )
 
 
 def stop_backoff() -> HoldBackoff:

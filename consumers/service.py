@@ -20,14 +20,22 @@ from typing import Any, cast
 
 import psycopg
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from sqlalchemy import Engine
+from sqlalchemy.exc import SQLAlchemyError
 
-from bridge.settings import BridgeSettings, ConsumerSettings, LibrdkafkaValue
+from bridge.errors import ConfigError, PermissionMissing
+from bridge.settings import BridgeSettings, ConsumerSettings, LibrdkafkaValue, RouteSettings
 from consumers.applier import Applier
-from consumers.committer import Committer
+from consumers.committer import Committer, RouteUnresolved
 from consumers.db_session import DatabaseSession, RefusalBackoff, at_start
 from consumers.kafka_health import KafkaHealth
 from consumers.leases import LeaseKeeper
-from consumers.lifecycle import BatchLifecycle, mismatch_backoff, stop_backoff
+from consumers.lifecycle import (
+    BatchLifecycle,
+    mismatch_backoff,
+    stop_backoff,
+    unrouted_backoff,
+)
 from consumers.metrics import ConsumerMetrics, HealthServer
 from consumers.offsets import OffsetStore, PartitionKey
 from consumers.partitions import PartitionTable
@@ -87,6 +95,7 @@ class ConsumerService:
         self._registry = RegistryBackoff()
         self._mismatches = mismatch_backoff()
         self._stops = stop_backoff()
+        self._unrouted = unrouted_backoff()
         # Writer schemas by id, for the routes whose values are registry-framed (from start).
         self._schemas: SchemaCache | None = None
         self._partitions = PartitionTable()
@@ -116,16 +125,12 @@ class ConsumerService:
             with engine.connect() as conn:
                 ensure_state_tables(conn, self._tables)
             targets = {}
+            # A pattern's topics are routed as they are found (`_route`).
             for index, route in enumerate(self._config.routes):
-                if route.auto_create or route.auto_evolve:
-                    assert self._schemas is not None  # noqa: S101 - settings need the registry
-                    follower = follow_table(engine, route, index, self._schemas, self._connect)
-                    followers[route.topic] = follower
-                    targets[route.topic] = follower.target or follower.placeholder()
-                else:
-                    targets[route.topic] = reflect_target(
-                        engine, route, index, schemas=self._schemas
-                    )
+                if route.topic is not None:
+                    targets[route.topic], follower = self._target_of(engine, index, route)
+                    if follower is not None:
+                        followers[route.topic] = follower
             return targets
 
         registry = self._settings.schema_registry
@@ -146,9 +151,17 @@ class ConsumerService:
             timeout_s=self._db.reply_timeout_s,
             on_ignored=self._ignored,
             followers=followers,
+            route=self._route,
         )
-        self._db.connect()
         consumer = Consumer(self._kafka_config())
+        try:
+            self._route_existing_topics(consumer, committer)
+        except BaseException:  # refused: nothing is left open
+            consumer.close()
+            if self._schemas is not None:
+                self._schemas.close()
+            raise
+        self._db.connect()
         batches = BatchLifecycle(
             committer=committer,
             table=self._partitions,
@@ -160,6 +173,7 @@ class ConsumerService:
             registry=self._registry,
             mismatches=self._mismatches,
             stops=self._stops,
+            unrouted=self._unrouted,
             mirror_offsets=self._config.mirror_offsets_to_kafka,
         )
         leases = LeaseKeeper(
@@ -173,7 +187,7 @@ class ConsumerService:
         )
         self._member = _Member(consumer, batches, leases)
         consumer.subscribe(
-            list(targets),
+            self._config.subscription(),
             on_assign=leases.on_assign,
             on_revoke=leases.on_revoke,
             on_lost=leases.on_lost,
@@ -189,8 +203,65 @@ class ConsumerService:
             self._http.start()
         log.info(
             "consumer started",
-            extra={"owner": self._owner, "topics": list(targets), "http_port": self.http_port},
+            extra={
+                "owner": self._owner,
+                "topics": self._config.subscription(),
+                "http_port": self.http_port,
+            },
         )
+
+    def _target_of(
+        self, engine: Engine, index: int, route: RouteSettings
+    ) -> tuple[Target, TableFollower | None]:
+        """A named topic's target (its route as it applies to it), checked against its table;
+        with the follower that keeps the table in step, for auto routes."""
+        if route.auto_create or route.auto_evolve:
+            assert self._schemas is not None  # noqa: S101 - settings need the registry
+            follower = follow_table(engine, route, index, self._schemas, self._connect)
+            return follower.target or follower.placeholder(), follower
+        return reflect_target(engine, route, index, schemas=self._schemas), None
+
+    def _route(self, topic: str) -> tuple[Target, TableFollower | None]:
+        """A topic a pattern matched, routed once its records come: RouteUnresolved while its
+        table cannot take them (missing, without a column, not granted), or no route reads it."""
+        found = self._config.route_for(topic)
+        if found is None:
+            raise RouteUnresolved(f"no route reads topic {topic}")
+        index, route = found
+        engine = sqlalchemy_engine(self._dsn)
+        try:
+            resolved = self._target_of(engine, index, route)
+        except ConfigError as exc:
+            problems = "; ".join(f"{path}: {message}" for path, message in exc.problems)
+            raise RouteUnresolved(f"topic {topic} into {route.table}: {problems}") from None
+        except (PermissionMissing, SQLAlchemyError, psycopg.Error) as exc:
+            raise RouteUnresolved(f"topic {topic} into {route.table}: {exc}") from None
+        finally:
+            engine.dispose()
+        log.info("topic routed", extra={"topic": topic, "route": index, "table": route.table})
+        return resolved
+
+    def _route_existing_topics(self, consumer: Consumer, committer: Committer) -> None:
+        """At start-up, the topics patterns match now, routed as the named ones are: a table
+        that cannot take them refuses the start (ConfigError). Topics created later, or all of
+        them when Kafka cannot be asked now, are routed as their records come."""
+        if all(route.topic is not None for route in self._config.routes):
+            return
+        try:
+            topics = consumer.list_topics(timeout=_CONNECT_TIMEOUT_S).topics
+        except KafkaException as exc:
+            log.warning("topics not listed at start-up, routed as they come: %s", exc)
+            return
+        engine = sqlalchemy_engine(self._dsn)
+        try:
+            for topic in sorted(topics):
+                found = self._config.route_for(topic)
+                if found is None or topic in committer:
+                    continue  # read by no route, or named by one (routed already)
+                index, route = found
+                committer.routed(topic, *self._target_of(engine, index, route))
+        finally:
+            engine.dispose()
 
     def _connect(self) -> psycopg.Connection[Any]:
         """A connection of its own, for reading a followed table again (the session's may have
@@ -259,6 +330,7 @@ class ConsumerService:
                     self._registry.retry_at,
                     self._mismatches.retry_at,
                     self._stops.retry_at,
+                    self._unrouted.retry_at,
                 )
                 if self._last_turn < retry_at:
                     self._stop.wait(min(1.0, retry_at - self._last_turn))
@@ -327,6 +399,7 @@ class ConsumerService:
             + self._registry.reasons()
             + self._mismatches.reasons()
             + self._stops.reasons()
+            + self._unrouted.reasons()
             + self._partitions.not_progressing(stalled_after_s=stalled_after)
         )
 

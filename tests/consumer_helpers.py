@@ -46,7 +46,14 @@ def settings_for(
             "group_id": names["group"],
             "state_schema": names["schema"],
             "batch_max_wait_ms": 50,
-            "routes": [{"topic": names["topic"], "table": f"public.{names['table']}", **route}],
+            # A route with a topic_pattern names no topic.
+            "routes": [
+                {
+                    **({} if "topic_pattern" in route else {"topic": names["topic"]}),
+                    "table": f"public.{names['table']}",
+                    **route,
+                }
+            ],
             **(consumer or {}),
         },
     )

@@ -17,7 +17,7 @@ from bridge.names import PROVENANCE_EPOCH, PROVENANCE_PARTITION, PROVENANCE_QUER
 from bridge.settings import load_settings
 from bridge_shell.spark.producer_job import ProducerJob, Source, run
 from consumers.service import ConsumerService
-from tests.consumer_helpers import drained, produce, running, sample, settings_for, sql
+from tests.consumer_helpers import drained, eventually, produce, running, sample, settings_for, sql
 from tests.harness import Endpoints
 from tests.kafka_helpers import read_messages
 
@@ -224,4 +224,64 @@ def test_kafka_coordinates_as_the_key_match_what_a_reader_sees(
     sql(stack, f"ALTER TABLE {table} DROP CONSTRAINT {names['table']}_pkey")
     sql(stack, f"ALTER TABLE {table} ADD PRIMARY KEY (id, o)")
     with pytest.raises(ConfigError, match="no primary key or unique constraint on"):
+        ConsumerService(settings).start()
+
+
+def test_a_pattern_route_reads_topics_created_mid_run_into_their_own_tables(
+    stack: Endpoints, names: dict[str, str]
+) -> None:
+    prefix = names["topic"]  # c-<suffix>: its topics c-<suffix>-a, ... go to c_<suffix>_a, ...
+    first, later, unmatched = f"{prefix}-a", f"{prefix}-b", f"x{prefix}-a"
+    for topic in (first, unmatched):
+        create_topic(stack.bootstrap_servers, topic, partitions=PARTITIONS)
+        produce(stack, topic, [(None, {"id": i}) for i in range(10)])
+    sql(stack, f"CREATE TABLE public.{first.replace('-', '_')} (id bigint)")
+    properties = {**stack.properties("consumer", resolved=False),
+                  # New topics are seen at the next metadata refresh (5 min by default).
+                  "topic.metadata.refresh.interval.ms": 1000}  # fmt: skip
+    settings = settings_for(stack, names, kafka_properties=properties,
+                            topic_pattern=f"{prefix}-[a-z]+", table="public.${topic}")  # fmt: skip
+    with running(settings) as service:
+        drained(stack, {**names, "topic": first}, PARTITIONS)
+        # Created while it runs, before its table: the records wait, and /readyz says why.
+        create_topic(stack.bootstrap_servers, later, partitions=PARTITIONS)
+        produce(stack, later, [(None, {"id": i}) for i in range(20)])
+        table = f"public.{later.replace('-', '_')}"
+        eventually(lambda: any(later in r and "does not exist" in r for r in service.not_ready()))
+        sql(stack, f"CREATE TABLE {table} (id bigint)")
+        drained(stack, {**names, "topic": later}, PARTITIONS, timeout=90)
+        eventually(lambda: not any(later in r for r in service.not_ready()))
+    assert sql(stack, f"SELECT count(*), count(DISTINCT id) FROM {table}") == [(20, 20)]
+    assert sql(stack, f"SELECT count(*) FROM public.{first.replace('-', '_')}") == [(10,)]
+    # The topic the pattern does not match whole was never read.
+    read = sql(stack, f"SELECT DISTINCT topic FROM {names['schema']}.offsets ORDER BY 1")
+    assert read == [(first,), (later,)]
+
+
+def test_librdkafka_takes_the_subscription_of_every_pattern_a_route_may_have(
+    stack: Endpoints,
+) -> None:
+    from confluent_kafka import Consumer
+
+    patterns = ["orders-.*", r"pay-\d{2,4}", r"a\w+\.x", "(eu|us)-[a-z]+", r"raw\.[^.]+", "x|y"]
+    routes = [{"topic_pattern": p, "table": f"public.t{i}"} for i, p in enumerate(patterns)]
+    consumer_settings = load_settings(
+        kafka={"bootstrap_servers": stack.bootstrap_servers},
+        postgres={"dsn": stack.dsn},
+        consumer={"group_id": "g", "routes": routes},
+    ).require_consumer()
+    consumer = Consumer({"bootstrap.servers": stack.bootstrap_servers, "group.id": "g"})
+    try:
+        consumer.subscribe(consumer_settings.subscription())  # raises on one it cannot read
+    finally:
+        consumer.close()
+
+
+def test_a_pattern_route_whose_topic_has_no_table_is_refused_at_start(
+    stack: Endpoints, names: dict[str, str]
+) -> None:
+    create_topic(stack.bootstrap_servers, f"{names['topic']}-a", partitions=1)
+    settings = settings_for(stack, names, topic_pattern=f"{names['topic']}-.*",
+                            table="public.${topic}")  # fmt: skip
+    with pytest.raises(ConfigError, match=r"consumer\.routes\.0\.table.*does not exist"):
         ConsumerService(settings).start()

@@ -1,0 +1,95 @@
+"""Routes by topic pattern: what a pattern must be to be checked at start-up, whether two routes
+could read one topic, the table a topic's records go to, and what librdkafka subscribes to.
+
+The overlap of two patterns is decided on their languages (interegular builds each pattern's
+automaton), restricted to the names Kafka allows for a topic, so that a refusal names a topic
+both routes would read, and no pair is refused for a name no topic can have."""
+
+from __future__ import annotations
+
+import re
+from functools import cache
+from typing import Final
+
+import interegular
+from interegular.fsm import FSM, Alphabet
+
+# The names Kafka accepts for a topic (Topic.LEGAL_CHARS; at most 249 of them).
+LEGAL_TOPIC: Final = "[a-zA-Z0-9._-]+"
+# In a route's `table`: the name of the topic whose records go there, made a name (`table_of`).
+TOPIC_PLACEHOLDER: Final = "${topic}"
+# PostgreSQL keeps this many bytes of a name (NAMEDATALEN - 1).
+_NAME_BYTES: Final = 63
+# librdkafka (2.16) refuses a subscription with any (?...) construct: plain groups only.
+_GROUPS = re.compile(r"\(\?")
+# Escapes both read alike: classes, word boundaries, control characters, and punctuation.
+_ESCAPES = re.compile(r"\\(?![dDsSwWbBfnrtv0xu]|[^A-Za-z0-9])")
+
+
+def check_pattern(pattern: str) -> str:
+    """`pattern` if Python, librdkafka and the overlap check all read it the same; else a
+    ValueError that says what they would not."""
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        raise ValueError(f"{pattern!r} is not a regular expression: {exc}") from None
+    if _GROUPS.search(pattern) or _ESCAPES.search(pattern):
+        raise ValueError(
+            f"{pattern!r} uses a construct librdkafka's regex engine does not read as Python "
+            r"does: use plain groups, classes, \d \w \s and quantifiers, no (?...)"
+        )
+    try:
+        _automaton(pattern)
+    except Exception as exc:  # noqa: BLE001 - interegular raises its own kinds for what it cannot read
+        raise ValueError(
+            f"{pattern!r} cannot be checked against the other routes ({exc}): "
+            "use plain groups, classes and quantifiers"
+        ) from None
+    return pattern
+
+
+def matches(pattern: str, topic: str) -> bool:
+    """Whether `pattern` routes `topic`: it matches the whole name."""
+    return re.fullmatch(pattern, topic) is not None
+
+
+def common_topic(first: str, second: str) -> str | None:
+    """A topic name both patterns match, or None when no topic name can match both."""
+    both = _automaton(first) & _automaton(second)
+    legal = both & _automaton(LEGAL_TOPIC)
+    if legal.empty():
+        return None
+    for example in legal.strings():
+        return "".join(str(symbol) for symbol in example)
+    return None  # pragma: no cover - a non-empty automaton has a string
+
+
+def subscription(pattern: str) -> str:
+    """What librdkafka subscribes to for `pattern`: a leading ^ makes it a regex there, and
+    the anchors make it match whole names, as `matches` does (a plain group: librdkafka takes
+    no (?:...))."""
+    return f"^({pattern})$"
+
+
+def table_of(template: str, topic: str) -> str:
+    """The table a topic's records go to: `template` with `${topic}` replaced by the topic's
+    name lowercased, each character that is not a letter, digit or underscore made `_`, and
+    cut to the 63 bytes PostgreSQL keeps of a name."""
+    name = re.sub(r"[^a-z0-9_]", "_", topic.lower())
+    schema, _, table = template.rpartition(".")
+    rendered = table.replace(TOPIC_PLACEHOLDER, name)[:_NAME_BYTES]
+    if schema:
+        return f"{schema.replace(TOPIC_PLACEHOLDER, name)[:_NAME_BYTES]}.{rendered}"
+    return rendered
+
+
+# One alphabet for every automaton (any character is a symbol of its own or "anything else"),
+# so that two patterns' automata can be intersected.
+_ALPHABET: Final[Alphabet] = Alphabet.from_groups(  # type: ignore[no-untyped-call]  # untyped there
+    *({chr(c)} for c in range(32, 127)), {interegular.fsm.anything_else}
+)
+
+
+@cache
+def _automaton(pattern: str) -> FSM:
+    return interegular.parse_pattern(pattern).to_fsm(_ALPHABET)
