@@ -626,9 +626,15 @@ def load_settings(
 
 
 def _problems(exc: ValidationError) -> list[tuple[str, str]]:
+    errors = exc.errors(include_url=False)
+    paths = [".".join(str(part) for part in error["loc"]) for error in errors]
     problems = []
-    for error in exc.errors(include_url=False):
-        path = ".".join(str(part) for part in error["loc"]) or "<root>"
+    for error, path in zip(errors, paths, strict=True):
+        # A list whose only item was refused is also reported "too short" once the item is
+        # dropped: the item's own error says what is wrong.
+        if error["type"] == "too_short" and any(p.startswith(f"{path}.") for p in paths):
+            continue
+        path = path or "<root>"
         message = error["msg"]
         if error["type"] == "extra_forbidden":
             message = "unknown key"
