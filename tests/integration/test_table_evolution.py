@@ -1,7 +1,8 @@
 """Tables that follow their records' writer schemas, on the real stack and registry: created from
 the first record, evolved mid-stream in the batch's own transaction (also with the consumer
-SIGKILLed inside that transaction and right after it), by two members at once, and stopped,
-never dead-lettered, by a change a column cannot mend, until the table is fixed by hand."""
+SIGKILLed in that transaction before its ALTER, inside it, and right after its commit), by two
+members at once, and stopped, never dead-lettered, by a change a column cannot mend, until the
+table is fixed by hand."""
 
 from __future__ import annotations
 
@@ -265,7 +266,13 @@ def _alter_waiting(stack: Endpoints) -> bool:
                            "AND query LIKE '%ADD COLUMN IF NOT EXISTS%'"))  # fmt: skip
 
 
-def test_sigkill_inside_the_altering_transaction_and_after_its_commit_loses_nothing(
+def _blocked_by(stack: Endpoints, holder: int) -> list[str]:
+    """What the sessions that wait on a lock the test's `holder` session holds wait on."""
+    query = f"SELECT wait_event FROM pg_stat_activity WHERE {holder} = ANY(pg_blocking_pids(pid))"
+    return [str(row[0]) for row in sql(stack, query)]
+
+
+def test_sigkill_before_inside_and_after_the_altering_transaction_loses_nothing(
     stack: Endpoints, names: dict[str, str], registry_url: str, table: str, tmp_path: Path
 ) -> None:
     v1, v2 = _ids(stack, registry_url, names["topic"], V1, V2)
@@ -275,11 +282,27 @@ def test_sigkill_inside_the_altering_transaction_and_after_its_commit_loses_noth
     consumer = start_consumer(config, log)
     try:
         drained(stack, names, PARTITIONS)
+        # Before: the offsets rows locked by the test, so the batch that carries the change
+        # waits on its offset advance, the first step of its transaction, before its ALTER,
+        # and is killed there.
+        _produce(stack, names["topic"], range(100, 200), v2, V2, region="eu")
+        with psycopg.connect(stack.dsn) as holder:
+            offsets = f"{names['schema']}.offsets"
+            holder.execute(f"SELECT 1 FROM {offsets} WHERE group_id = %s FOR UPDATE",
+                           [names["group"]])  # fmt: skip
+            # A row's lock (its holder's transaction id), not the table's: the advance waits.
+            eventually(lambda: bool(_blocked_by(stack, holder.info.backend_pid)), timeout=60)
+            assert _blocked_by(stack, holder.info.backend_pid) == ["transactionid"]
+            consumer.send_signal(signal.SIGKILL)
+            consumer.wait(30)
+            holder.rollback()
+        assert "region" not in _columns(stack, table)
+        assert sql(stack, f"SELECT count(*) FROM {table}") == [(100,)]
+        consumer = start_consumer(config, log)
         # Inside: the table locked by the test, so the consumer's ALTER waits in its batch's
         # transaction, and is killed there.
         with psycopg.connect(stack.dsn) as holder:
             holder.execute(f"LOCK TABLE {table} IN ACCESS SHARE MODE")
-            _produce(stack, names["topic"], range(100, 200), v2, V2, region="eu")
             eventually(lambda: _alter_waiting(stack), timeout=60)
             consumer.send_signal(signal.SIGKILL)
             consumer.wait(30)
