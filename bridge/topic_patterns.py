@@ -16,6 +16,8 @@ from interegular.fsm import FSM, Alphabet
 
 # The names Kafka accepts for a topic (Topic.LEGAL_CHARS; at most 249 of them).
 LEGAL_TOPIC: Final = "[a-zA-Z0-9._-]+"
+# Kafka's own topics (__consumer_offsets, __transaction_state, ...): no pattern may match them.
+INTERNAL_TOPICS: Final = "__.*"
 # In a route's `table`: the name of the topic whose records go there, made a name (`table_of`).
 TOPIC_PLACEHOLDER: Final = "${topic}"
 # PostgreSQL keeps this many bytes of a name (NAMEDATALEN - 1).
@@ -45,6 +47,14 @@ def check_pattern(pattern: str) -> str:
             f"{pattern!r} cannot be checked against the other routes ({exc}): "
             "use plain groups, classes and quantifiers"
         ) from None
+    # librdkafka's regex subscription has no Java client's exclude.internal.topics: a pattern
+    # must itself keep clear of Kafka's own topics, whose names begin with __.
+    internal = common_topic(pattern, INTERNAL_TOPICS)
+    if internal is not None:
+        raise ValueError(
+            f"{pattern!r} matches {internal!r}, a name of Kafka's internal topics (they begin "
+            "with __): begin it so that it cannot, as [a-z].* does"
+        )
     return pattern
 
 
