@@ -1,8 +1,8 @@
 """Jars from Maven Central, resolved once per pom into a cache outside the work tree.
 
 The cache directory is keyed by the pom's content, so fresh clones reuse it and a changed pom
-resolves anew. Used for the Kafka broker (pom.xml) and Spark's Kafka connector
-(spark_jobs/jars/pom.xml).
+resolves anew. Used for the Kafka broker (bridge_shell/stack/kafka-pom.xml) and Spark's Kafka
+connector (spark_jobs/jars/pom.xml). Both poms are package data: an installed wheel has them.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from importlib.resources import files
 from pathlib import Path
 
 from bridge.errors import MissingToolError, StackError
@@ -19,8 +20,10 @@ from bridge.errors import MissingToolError, StackError
 _COMPLETE = ".complete"
 
 
-def repo_root() -> Path:
-    return Path(__file__).resolve().parents[1]
+def packaged_pom(package: str, *parts: str) -> Path:
+    """A pom shipped inside a package, as a file Maven can read (`-f`), in a checkout and in an
+    installed wheel alike."""
+    return Path(str(files(package).joinpath(*parts)))
 
 
 def java_binary() -> str:
@@ -80,7 +83,7 @@ ENV_SPARK_KAFKA_JARS = "BRIDGE_SPARK_KAFKA_JARS"
 
 def spark_kafka_jars() -> list[str]:
     """Spark's Kafka connector (source and built-in sink), resolved from Maven Central once."""
-    pom = repo_root() / "spark_jobs" / "jars" / "pom.xml"
+    pom = packaged_pom("spark_jobs", "jars", "pom.xml")
     jars_dir = resolve_jars(
         pom,
         cached_jars_dir(pom, "spark-kafka-jars", ENV_SPARK_KAFKA_JARS),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from importlib.metadata import version as package_version
 
 import typer
 from rich.console import Console
@@ -25,6 +26,25 @@ app.command()(consume.consume)
 app.command()(demo.demo)
 app.command(name="sample-orders")(demo.sample_orders)
 app.command()(status.status)
+
+
+def _version(shown: bool) -> None:
+    if shown:
+        typer.echo(f"bridge {package_version('bridge')}")
+        raise typer.Exit
+
+
+@app.callback()
+def _options(
+    version: bool = typer.Option(
+        False,
+        "--version",
+        callback=_version,
+        is_eager=True,
+        help="Print the installed version and exit.",
+    ),
+) -> None:
+    """Exactly-once pipeline from Apache Spark, through Apache Kafka, into PostgreSQL."""
 
 
 def main() -> None:

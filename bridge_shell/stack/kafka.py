@@ -14,7 +14,7 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
 from bridge.errors import ServerStartError
-from bridge_shell.maven import cached_jars_dir, java_binary, repo_root, resolve_jars
+from bridge_shell.maven import cached_jars_dir, java_binary, packaged_pom, resolve_jars
 from bridge_shell.stack import process
 from bridge_shell.stack.secure import StackSecurity
 
@@ -84,8 +84,8 @@ Configuration:
 
 
 def resolve_kafka_libs() -> Path:
-    """The broker's jars (pom.xml at the repository root), resolved once from Maven Central."""
-    pom = repo_root() / "pom.xml"
+    """The broker's jars (kafka-pom.xml beside this module), resolved once from Maven Central."""
+    pom = packaged_pom("bridge_shell", "stack", "kafka-pom.xml")
     return resolve_jars(
         pom, cached_jars_dir(pom, "kafka-libs", ENV_KAFKA_LIBS), override_env=ENV_KAFKA_LIBS
     )

@@ -1,0 +1,67 @@
+"""The package as a user gets it: the wheel built from this tree, installed (not editable) into a
+clean virtualenv, and `bridge demo` run from it outside the checkout, where nothing of the
+checkout can be imported or read."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from bridge_shell.stack import LocalStack
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run(argv: list[str], *, cwd: Path, env: dict[str, str], timeout: float) -> str:
+    done = subprocess.run(
+        argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False
+    )
+    assert done.returncode == 0, f"{argv}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return done.stdout
+
+
+def test_the_wheel_installs_into_a_clean_virtualenv_and_its_demo_passes(tmp_path: Path) -> None:
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    # No BRIDGE_* setting, no virtualenv of ours: only what the user's shell would have.
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("BRIDGE_", "VIRTUAL_ENV"))}
+    env["PYTHONPATH"] = ""
+    wheels = tmp_path / "wheels"
+    _run([sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps", "-q", "-w", str(wheels)],
+         cwd=tmp_path, env=env, timeout=600)  # fmt: skip
+    (wheel,) = wheels.glob(f"bridge-{version}-*.whl")
+    venv = tmp_path / "venv"
+    _run(["python3", "-m", "venv", str(venv)], cwd=tmp_path, env=env, timeout=120)
+    _run([str(venv / "bin" / "pip"), "install", "-q", str(wheel)], cwd=tmp_path, env=env,
+         timeout=900)  # fmt: skip
+    env["PATH"] = f"{venv / 'bin'}:{env['PATH']}"
+    user = tmp_path / "elsewhere"
+    user.mkdir()
+
+    assert _run(["bridge", "--version"], cwd=user, env=env, timeout=60).strip() == (
+        f"bridge {version}"
+    )
+    where = _run([str(venv / "bin" / "python"), "-c",
+                  "import bridge_shell, consumers, spark_jobs; "
+                  "print(bridge_shell.__file__, consumers.__file__, spark_jobs.__file__)"],
+                 cwd=user, env=env, timeout=60)  # fmt: skip
+    assert all(path.startswith(str(venv)) for path in where.split()), where
+    # PostgreSQL runs as its own user when the tests run as root: a stack directory it can enter.
+    stack = Path(tempfile.mkdtemp(prefix="bridge-test-wheel-"))
+    stack.chmod(0o755)
+    try:
+        demo = _run(["bridge", "demo", "--records", "2000", "--stack-dir", str(stack)],
+                    cwd=user, env=env, timeout=900)  # fmt: skip
+    finally:
+        LocalStack(stack).down()  # the demo stops its stack; this is for a demo that failed
+        shutil.rmtree(stack, ignore_errors=True)
+    assert "exactly once: 2,000 orders sent, 2,000 rows" in demo, demo[-3000:]
+    assert "0 missing, 0 duplicated, 0 dead letters" in demo, demo[-3000:]
