@@ -4,11 +4,14 @@ equal to what a read_committed reader sees of the same record."""
 
 from __future__ import annotations
 
+import io
 import json
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import fastavro
 import pytest
 
 from bridge.errors import ConfigError
@@ -285,3 +288,43 @@ def test_a_pattern_route_whose_topic_has_no_table_is_refused_at_start(
                             table="public.${topic}")  # fmt: skip
     with pytest.raises(ConfigError, match=r"consumer\.routes\.0\.table.*does not exist"):
         ConsumerService(settings).start()
+
+
+def test_an_avro_route_renames_and_excludes_fields_and_keys_by_the_record_key(
+    stack: Endpoints, names: dict[str, str], registry_url: str
+) -> None:
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+
+    from spark_jobs.registry_frames import register
+
+    schema = {"type": "record", "name": "Payment", "namespace": "test", "fields": [
+        {"name": "id", "type": "long"}, {"name": "name", "type": "string"},
+        {"name": "secret", "type": "string"},
+        {"name": "amount", "type": {"type": "bytes", "logicalType": "decimal", "precision": 10,
+                                    "scale": 2}}]}  # fmt: skip
+    with SchemaRegistryClient({"url": registry_url, **stack.registry_properties}) as client:
+        schema_id = register(client, f"{names['topic']}-value", schema)
+
+    def framed(i: int, name: str) -> bytes:
+        body = io.BytesIO()
+        value = {"id": 100 + i, "name": name, "secret": "s", "amount": Decimal(i).scaleb(-2)}
+        fastavro.schemaless_writer(body, fastavro.parse_schema(schema), value)
+        return b"\x00" + schema_id.to_bytes(4, "big") + body.getvalue()
+
+    create_topic(stack.bootstrap_servers, names["topic"], partitions=1)
+    table = f"public.{names['table']}"
+    sql(stack, f"CREATE TABLE {table} (k bigint PRIMARY KEY, label text, amount numeric(10,2), "
+               f"secret text, id bigint)")  # fmt: skip
+    produce(stack, names["topic"], [({"k": 1}, framed(1, "a")), ({"k": 2}, framed(2, "b")),
+                                    ({"k": 1}, framed(3, "c"))])  # fmt: skip
+    settings = settings_for(
+        stack, names, registry_url=registry_url, value_format="avro", mode="upsert",
+        key_columns=["k"], key_source="record_key",
+        fields={"rename": {"name": "label"}, "exclude": ["secret", "id"]},
+    )  # fmt: skip
+    with running(settings) as service:
+        drained(stack, names, 1)
+        assert sample(service, "bridge_consumer_ignored_fields_total", topic=names["topic"]) == 0
+    assert sql(stack, f"SELECT k, label, amount, secret, id FROM {table} ORDER BY k") == [
+        (1, "c", Decimal("0.03"), None, None), (2, "b", Decimal("0.02"), None, None)
+    ]  # fmt: skip
