@@ -293,6 +293,9 @@ class RouteSettings(_Section):
     # the key columns, or for one key column its text or JSON scalar); or the record's Kafka
     # coordinates, key_columns then naming the topic, partition and offset columns in order.
     key_source: Literal["value", "record_key", "kafka"] = "value"
+    # How record keys are written, where they are read (record_key, a tombstone's delete): JSON
+    # or text, or framed by the schema registry as values are (value_format).
+    key_format: Literal["json", "avro", "json-schema"] = "json"
     fields: FieldSettings = Field(default_factory=FieldSettings)
 
     @field_validator("table")
@@ -574,9 +577,10 @@ class BridgeSettings(BaseSettings):
     def _registry_for_typed_routes(self) -> BridgeSettings:
         if self.consumer is not None and self.schema_registry is None:
             typed = [
-                f"consumer.routes.{i}.value_format"
+                f"consumer.routes.{i}.{key}"
                 for i, route in enumerate(self.consumer.routes)
-                if route.value_format != "json"
+                for key in ("value_format", "key_format")
+                if getattr(route, key) != "json"
             ]
             if typed:
                 raise ValueError(

@@ -24,7 +24,7 @@ from psycopg import sql
 from bridge.names import UPSERT_STAGE_PREFIX
 from consumers.pg_errors import RECORD_FAULTS
 from consumers.records import Record, RecordError, RecordStopped, headers_json
-from consumers.rows import Row, decode_key, projector, row_cursor, runs
+from consumers.rows import Row, projector, row_cursor, runs
 from consumers.state import StateTables
 from consumers.targets import Target
 
@@ -165,7 +165,7 @@ class Applier:
                             "tombstone, but the route's key is each record's own Kafka "
                             "coordinates (key_source kafka): it names no row to delete"
                         )
-                    ops.append(Delete(record, decode_key(record.key(), keys)))
+                    ops.append(Delete(record, target.keys.read(record.key())))
                     deletes = True
                     continue
                 ops.append((record, to_row(raw, record)))

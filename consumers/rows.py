@@ -198,6 +198,12 @@ def decode_key(raw: bytes | None, key_columns: tuple[str, ...]) -> tuple[Any, ..
         parsed: Any = _any_json.decode(raw)
     except msgspec.DecodeError:
         parsed = raw.decode("utf-8", "replace")
+    return key_columns_of(parsed, key_columns)
+
+
+def key_columns_of(parsed: Any, key_columns: tuple[str, ...]) -> tuple[Any, ...]:
+    """The key columns of a decoded key: an object (a mapping) with them, or for one key column
+    any other value but an array."""
     if isinstance(parsed, dict):
         missing = [c for c in key_columns if c not in parsed]
         if missing:

@@ -134,7 +134,9 @@ class ConsumerService:
             return targets
 
         registry = self._settings.schema_registry
-        if registry is not None and any(r.value_format != "json" for r in self._config.routes):
+        if registry is not None and any(
+            r.value_format != "json" or r.key_format != "json" for r in self._config.routes
+        ):
             self._schemas = SchemaCache(registry)
         try:
             targets = at_start(prepare, stop=self._stop)

@@ -20,6 +20,7 @@ from bridge.errors import ConfigError, PermissionMissing
 from bridge.names import PROVENANCE_EPOCH, PROVENANCE_PARTITION, PROVENANCE_QUERY
 from bridge.settings import KEYED_MODES, UNIQUE_KEY_MODES, RouteSettings
 from consumers.avro_rows import AvroRowDecoder
+from consumers.record_keys import KeyReader
 from consumers.records import Record, RecordError
 from consumers.registry_json_rows import RegistryJsonRowDecoder
 from consumers.registry_schemas import SchemaCache
@@ -71,6 +72,8 @@ class Target:
     _key_positions: tuple[int, ...] = field(init=False, repr=False, compare=False)
     _generated: tuple[int, ...] = field(init=False, repr=False, compare=False)
     _must_carry_of_carried: tuple[int, ...] | None = field(init=False, repr=False, compare=False)
+    # Reads records' keys as key columns (key_source record_key, tombstones), by key_format.
+    keys: KeyReader = field(init=False, repr=False, compare=False)
     # The key of a row that `carried_rows` gives.
     carried_key: Callable[[Row], Any] | None = field(
         init=False, default=None, repr=False, compare=False
@@ -82,6 +85,7 @@ class Target:
         # key (key_source record_key). A row is the value's decoded row with those after it.
         sources = record_sources(self.route)
         meta = tuple(c for c in sources if c in self.columns)
+        object.__setattr__(self, "keys", KeyReader(self.route, schemas=self.schemas))
         field_of = value_fields(self.route, self.columns)
         values = tuple(c for c in self.columns if c in field_of and c not in sources)
         object.__setattr__(self, "columns", values + meta)
@@ -89,7 +93,11 @@ class Target:
             self,
             "_meta",
             metadata_reader(
-                sources, meta, binary=self.binaries, key_columns=self.route.key_columns
+                sources,
+                meta,
+                binary=self.binaries,
+                key_columns=self.route.key_columns,
+                read_key=self.keys.read,
             ),
         )
         position = {name: i for i, name in enumerate(self.columns)}
@@ -175,6 +183,8 @@ class Target:
             fields = set()
             for record in {id(r): r for r in (records[0], records[-1])}.values() if records else ():
                 fields.update(json_keys(record.value()))
+        if self.keys.framed:  # a framed key's schema, fetched before the batch is written
+            self.keys.prepare(filter(None, map(Message.key, records)))
         if self.route.fields.include is not None:
             return []  # every field not included is left out on purpose
         new = sorted(fields - self._seen_fields - self._known_fields)
@@ -316,15 +326,21 @@ def metadata_reader(
     *,
     binary: frozenset[str],
     key_columns: tuple[str, ...] = (),
+    read_key: Callable[[bytes | None], tuple[Any, ...]] | None = None,
 ) -> Callable[[Record], Row] | None:
     """The values of the metadata `columns` of a record, each from its source (see
     `RouteSettings.metadata`): a key or a header as bytes for a bytea column, else as text
     (RecordError when it is not UTF-8); a timestamp as an aware datetime. Columns whose source
     is KEY_FIELD come last, all of them from one decoding of the record's key
-    (`rows.decode_key`, by `key_columns`). None when there are no such columns."""
+    (`read_key`, by default `rows.decode_key` by `key_columns`). None when there are no such
+    columns."""
     if not columns:
         return None
     from_key = tuple(c for c in key_columns if c in columns and sources[c] == KEY_FIELD)
+
+    def by_key(key: bytes) -> tuple[Any, ...]:
+        return read_key(key) if read_key is not None else decode_key(key, from_key)
+
     if columns[len(columns) - len(from_key) :] != from_key:
         raise ValueError("the columns of the record's key must come last")
     getters: list[Callable[[Record], Any]] = []
@@ -346,7 +362,7 @@ def metadata_reader(
             key = record.key()
             if key is None:
                 raise RecordError("the record has no key, which key_source record_key reads")
-            return tuple(get(record) for get in getters) + decode_key(key, from_key)
+            return tuple(get(record) for get in getters) + by_key(key)
 
         return read_with_key
 

@@ -22,7 +22,7 @@ from bridge_shell.spark.producer_job import ProducerJob, Source, run
 from consumers.service import ConsumerService
 from tests.consumer_helpers import drained, eventually, produce, running, sample, settings_for, sql
 from tests.harness import Endpoints
-from tests.kafka_helpers import read_messages
+from tests.kafka_helpers import read_messages, transactional_producer
 
 PARTITIONS = 2
 METADATA = {
@@ -290,7 +290,7 @@ def test_a_pattern_route_whose_topic_has_no_table_is_refused_at_start(
         ConsumerService(settings).start()
 
 
-def test_an_avro_route_renames_and_excludes_fields_and_keys_by_the_record_key(
+def test_an_avro_route_renames_and_excludes_fields_and_keys_by_its_avro_record_key(
     stack: Endpoints, names: dict[str, str], registry_url: str
 ) -> None:
     from confluent_kafka.schema_registry import SchemaRegistryClient
@@ -302,29 +302,50 @@ def test_an_avro_route_renames_and_excludes_fields_and_keys_by_the_record_key(
         {"name": "secret", "type": "string"},
         {"name": "amount", "type": {"type": "bytes", "logicalType": "decimal", "precision": 10,
                                     "scale": 2}}]}  # fmt: skip
+    key_schema = {"type": "record", "name": "PaymentKey", "namespace": "test",
+                  "fields": [{"name": "k", "type": "long"}]}  # fmt: skip
     with SchemaRegistryClient({"url": registry_url, **stack.registry_properties}) as client:
-        schema_id = register(client, f"{names['topic']}-value", schema)
+        value_id = register(client, f"{names['topic']}-value", schema)
+        key_id = register(client, f"{names['topic']}-key", key_schema)
 
-    def framed(i: int, name: str) -> bytes:
+    def framed(writer: int, of: dict[str, Any], record: dict[str, Any]) -> bytes:
         body = io.BytesIO()
-        value = {"id": 100 + i, "name": name, "secret": "s", "amount": Decimal(i).scaleb(-2)}
-        fastavro.schemaless_writer(body, fastavro.parse_schema(schema), value)
-        return b"\x00" + schema_id.to_bytes(4, "big") + body.getvalue()
+        fastavro.schemaless_writer(body, fastavro.parse_schema(of), record)
+        return b"\x00" + writer.to_bytes(4, "big") + body.getvalue()
+
+    def key(k: int) -> bytes:
+        return framed(key_id, key_schema, {"k": k})
+
+    def value(i: int, name: str) -> bytes:
+        record = {"id": 100 + i, "name": name, "secret": "s", "amount": Decimal(i).scaleb(-2)}
+        return framed(value_id, schema, record)
 
     create_topic(stack.bootstrap_servers, names["topic"], partitions=1)
     table = f"public.{names['table']}"
     sql(stack, f"CREATE TABLE {table} (k bigint PRIMARY KEY, label text, amount numeric(10,2), "
                f"secret text, id bigint)")  # fmt: skip
-    produce(stack, names["topic"], [({"k": 1}, framed(1, "a")), ({"k": 2}, framed(2, "b")),
-                                    ({"k": 1}, framed(3, "c"))])  # fmt: skip
+    producer = transactional_producer(stack.bootstrap_servers, config=stack.properties())
+    producer.begin_transaction()
+    for k, v in [
+        (key(1), value(1, "a")),
+        (key(2), value(2, "b")),
+        (key(3), value(3, "x")),
+        (key(1), value(4, "c")),
+        (key(3), None),  # a tombstone deletes by its key
+        (b'{"k": 5}', value(5, "e")),
+    ]:  # a key not framed: a dead letter
+        producer.produce(names["topic"], key=k, value=v)  # fmt: skip
+    producer.commit_transaction(30)
     settings = settings_for(
         stack, names, registry_url=registry_url, value_format="avro", mode="upsert",
-        key_columns=["k"], key_source="record_key",
+        key_columns=["k"], key_source="record_key", key_format="avro",
         fields={"rename": {"name": "label"}, "exclude": ["secret", "id"]},
     )  # fmt: skip
     with running(settings) as service:
         drained(stack, names, 1)
         assert sample(service, "bridge_consumer_ignored_fields_total", topic=names["topic"]) == 0
     assert sql(stack, f"SELECT k, label, amount, secret, id FROM {table} ORDER BY k") == [
-        (1, "c", Decimal("0.03"), None, None), (2, "b", Decimal("0.02"), None, None)
+        (1, "c", Decimal("0.04"), None, None), (2, "b", Decimal("0.02"), None, None)
     ]  # fmt: skip
+    dead = sql(stack, f'SELECT "offset", error FROM {names["schema"]}.dead_letters')
+    assert dead == [(5, "key is not in the schema registry's wire format (starts with 0x7b)")]

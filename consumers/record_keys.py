@@ -1,0 +1,72 @@
+"""A record's key read as key columns: JSON or text as it is, or framed by the schema registry
+(Avro, JSON Schema) and decoded by its writer schema.
+
+Keys are read one record at a time (a route's tombstones, and `key_source: record_key`): a key
+is a handful of bytes, and fastavro's reader serves; the C reader is for values."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterable
+from typing import Any
+
+import fastavro
+
+from bridge.settings import RouteSettings
+from consumers.records import RecordError
+from consumers.registry_schemas import AVRO, HEADER, SchemaCache, schema_id
+from consumers.rows import decode_key, key_columns_of
+
+
+class KeyReader:
+    """The key columns of records' keys, by the route's `key_format`."""
+
+    def __init__(self, route: RouteSettings, *, schemas: SchemaCache | None) -> None:
+        self._columns = route.key_columns
+        self._format = route.key_format
+        if self._format != "json" and schemas is None:
+            raise ValueError(f"a {self._format} key needs the schema registry")
+        self._schemas = schemas
+
+    @property
+    def framed(self) -> bool:
+        return self._format != "json"
+
+    def prepare(self, keys: Iterable[bytes]) -> None:
+        """Fetch the writer schemas framed keys name (RegistryUnavailable when the registry
+        cannot answer), so that reading them inside a transaction waits on nothing."""
+        if self._schemas is not None and self.framed:
+            self._schemas.prepare(keys)
+
+    def read(self, raw: bytes | None) -> tuple[Any, ...]:
+        """The key columns of `raw`, or a RecordError naming why it has none."""
+        if not self.framed:
+            return decode_key(raw, self._columns)
+        assert self._schemas is not None  # noqa: S101 - checked in the constructor
+        if raw is None:
+            raise RecordError("the record has no key")
+        writer = schema_id(raw)
+        if writer is None:
+            first = f"0x{raw[0]:02x}" if raw else "nothing"
+            raise RecordError(
+                f"key is not in the schema registry's wire format (starts with {first})"
+            )
+        if writer in self._schemas.missing:
+            raise RecordError(f"key: {self._schemas.missing[writer]}")
+        schema = self._schemas.schemas.get(writer)
+        if schema is None:  # `prepare` fetches every key's schema before a batch is written
+            raise RecordError(f"key: schema id {writer} was not fetched")
+        kind = self._schemas.types[writer]
+        if (kind == AVRO) != (self._format == "avro"):
+            raise RecordError(f"key: schema id {writer} is {kind}, the route reads {self._format}")
+        body = raw[HEADER:]
+        if kind != AVRO:
+            return decode_key(body, self._columns)
+        try:
+            reader = io.BytesIO(body)
+            parsed = fastavro.schemaless_reader(reader, schema, None)
+            if reader.tell() != len(body):
+                raise ValueError(f"{len(body) - reader.tell()} bytes left over")
+        except (ValueError, EOFError, IndexError) as exc:
+            raise RecordError(f"key does not decode by schema id {writer}: {exc}") from None
+        return key_columns_of(parsed, self._columns)
