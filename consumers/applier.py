@@ -243,16 +243,17 @@ class Applier:
     ) -> None:
         """Write `puts` through the staging table by the route's mode; what the mode's statement
         leaves unwritten (a key present for insert_if_absent, absent for update) is skipped."""
+        # Only these modes' statements leave records unwritten; their row counts tell how many.
+        counted = target.route.mode in ("insert_if_absent", "update")
         skipped: list[int] = []  # of the writes that went through, not of those split again
 
         def write(run: list[Put]) -> None:
-            steps = _merge_steps(target, _column_runs(target, run), staged)
-            skipped.append(len(run) - run_steps(conn, steps))
+            wrote = run_steps(conn, _merge_steps(target, _column_runs(target, run), staged))
+            if counted:
+                skipped.append(len(run) - wrote)
 
-        written = self._isolate(conn, target, puts, write)
-        if target.route.mode in ("insert_if_absent", "update"):
-            counts.skipped += sum(skipped)
-            written -= sum(skipped)
+        written = self._isolate(conn, target, puts, write) - sum(skipped)
+        counts.skipped += sum(skipped)
         counts.applied += written
 
     def _isolate(

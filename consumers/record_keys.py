@@ -54,8 +54,8 @@ class KeyReader:
         if writer in self._schemas.missing:
             raise RecordError(f"key: {self._schemas.missing[writer]}")
         schema = self._schemas.schemas.get(writer)
-        if schema is None:  # `prepare` fetches every key's schema before a batch is written
-            raise RecordError(f"key: schema id {writer} was not fetched")
+        if schema is None:  # `prepare` was not called for it: a bug, not the record's
+            raise KeyError(f"key schema id {writer} was not fetched before decoding")
         kind = self._schemas.types[writer]
         if (kind == AVRO) != (self._format == "avro"):
             raise RecordError(f"key: schema id {writer} is {kind}, the route reads {self._format}")
