@@ -58,10 +58,11 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from psycopg import sql as sql_ident
 
 from bench.common import Endpoints, new_table, new_topic, running_stack, scratch_dir, write_results
-from bench.cpu import CpuMeter
+from bench.cpu import CpuMeter, thread_seconds
 from bridge.kafka_admin import KafkaAdmin
 from bridge.names import DEFAULT_STATE_SCHEMA, OFFSETS_TABLE
 from consumers.offsets import applied_position
+from consumers.pipelined import formatted
 from consumers.positions import caught_up_position
 from consumers.rows import RowDecoder
 from consumers.service import CONSUMER_FETCH_DEFAULTS
@@ -211,8 +212,33 @@ def raw_upsert(stack: Endpoints, rows: list[tuple[Any, ...]]) -> float:
     return time.perf_counter() - started
 
 
+def part_costs(stack: Endpoints, values: list[bytes]) -> dict[str, float]:
+    """Microseconds a row of the service's two Python-thread steps, each alone over the topic's
+    values in 5,000-record batches, in this process: decoding (the service's RowDecoder) and
+    formatting the COPY text (the service's `formatted`, psycopg's C formatter). Together with
+    the service's main-thread CPU per row, they say where its time goes."""
+    decoder = RowDecoder(NAMES)
+    batches = [values[i : i + RAW_BATCH] for i in range(0, len(values), RAW_BATCH)]
+    started = time.perf_counter()
+    decoded = [decoder.decode_all(batch) for batch in batches]
+    decode_s = time.perf_counter() - started
+    with psycopg.connect(stack.dsn) as conn:
+        started = time.perf_counter()
+        for rows in decoded:
+            assert rows is not None
+            formatted(conn, rows)
+        format_s = time.perf_counter() - started
+    return {
+        "decode_us_per_row": round(decode_s * 1e6 / len(values), 3),
+        "format_us_per_row": round(format_s * 1e6 / len(values), 3),
+    }
+
+
 def raw_consume(
-    stack: Endpoints, topic: str, keep: list[tuple[Any, ...]] | None = None
+    stack: Endpoints,
+    topic: str,
+    keep: list[tuple[Any, ...]] | None = None,
+    raw: list[bytes] | None = None,
 ) -> tuple[float, int]:
     """Seconds to read and decode the whole topic as a read_committed consumer does, and the
     records read; `keep` collects the rows in the order they arrived."""
@@ -232,6 +258,8 @@ def raw_consume(
                 row = decoder.decode(message.value() or b"{}")  # the service decodes every value
                 if keep is not None:
                     keep.append(row)
+                if raw is not None:
+                    raw.append(message.value() or b"{}")
                 seen += 1
     seconds = time.perf_counter() - started
     consumer.close()
@@ -361,9 +389,17 @@ def service_run(
         service.wait_until(lambda: service.held_partitions() >= PARTITIONS)
         joined = time.perf_counter()
         before = meter.read(service=service.process.pid)
+        threads_before = thread_seconds(service.process.pid)
         service.wait_for(target)
         seconds = time.perf_counter() - joined
-        cpu = CpuMeter.spent(before, meter.read(service=service.process.pid), seconds)
+        cpu: dict[str, Any] = CpuMeter.spent(
+            before, meter.read(service=service.process.pid), seconds
+        )
+        threads = thread_seconds(service.process.pid)
+        # Where the service's own CPU went: its main (Python) thread, librdkafka's threads.
+        cpu["service_threads_cpu"] = {
+            name: round(threads[name] - threads_before[name], 2) for name in threads
+        }
         rss = service.peak_rss_mb()
     finally:
         service.stop()
@@ -472,7 +508,8 @@ def main() -> None:
         # The baselines write the very rows the service writes, in the order a consumer of the
         # topic receives them: a run of consecutive ids from each partition in turn.
         arrived: list[tuple[Any, ...]] = []
-        raw_consume(stack, topic, keep=arrived)
+        values: list[bytes] = []
+        raw_consume(stack, topic, keep=arrived, raw=values)
         assert len(arrived) == args.records, len(arrived)
         upsert_rows = sorted_per_batch(arrived)
         # For reference only: the same rows in key order over the whole topic, as no consumer
@@ -490,6 +527,7 @@ def main() -> None:
             copy_rate = args.records / copy_s
             consume_s, consumed = raw_consume(stack, topic)
             assert consumed == args.records, consumed
+            parts = part_costs(stack, values)
             # With a baseline tree, each goes first in every other round.
             before = None
             if base is not None and len(rounds) % 2:
@@ -506,6 +544,7 @@ def main() -> None:
             id_order_s, id_order_cpu = metered(stack, lambda: raw_upsert(stack, id_order))
             id_order_rate = args.records / id_order_s
             done = {
+                "parts": parts,
                 "text_copy_rows_per_second": round(text_rate),
                 "text_copy_cpu": text_cpu,
                 "insert_ratio_to_text_copy": text_ratio,
@@ -547,6 +586,11 @@ def main() -> None:
             }
             for name, cpu in measured.items():
                 print(f"         {name:<20} {cpu_line(cpu)}", flush=True)
+            threads = insert["cpu"]["service_threads_cpu"]
+            print("         service insert's threads, µs a row: "
+                  + ", ".join(f"{k} {v * 1e6 / args.records:.2f}" for k, v in threads.items())
+                  + f"; alone here: decode {parts['decode_us_per_row']}, format COPY text "
+                  f"{parts['format_us_per_row']}", flush=True)  # fmt: skip
             if before is not None:
                 done["baseline_insert"] = before
                 print(f"         baseline tree's insert {before['rows_per_second']:,} rows/s")

@@ -42,6 +42,33 @@ def process_seconds(pid: int, *, reaped: bool = False) -> float:
     return ticks / _TICKS
 
 
+def thread_seconds(pid: int) -> dict[str, float]:
+    """CPU seconds of a process's threads, grouped: its main thread (`main`), librdkafka's
+    threads (named `rdk:...`), and the rest (`other`); threads that ended are not counted."""
+    groups = {"main": 0.0, "librdkafka": 0.0, "other": 0.0}
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:  # gone
+        return groups
+    for task in tasks:
+        try:
+            name = (task / "comm").read_text().strip()
+            text = (task / "stat").read_text()
+        except OSError:  # the thread ended meanwhile
+            continue
+        fields = text[text.rindex(")") + 2 :].split()
+        seconds = (int(fields[11]) + int(fields[12])) / _TICKS
+        group = (
+            "main"
+            if task.name == str(pid)
+            else "librdkafka"
+            if name.startswith("rdk:")
+            else "other"
+        )
+        groups[group] += seconds
+    return groups
+
+
 def tree_seconds(root: int) -> float:
     """CPU seconds of `root`, the children it reaped, and its live children."""
     total = process_seconds(root, reaped=True)

@@ -28,6 +28,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -41,10 +42,12 @@ from psycopg.conninfo import make_conninfo
 
 from bench.common import RESULTS, write_results
 from bench.soak_checks import (
+    KafkaTimeline,
     Progress,
     committed_in_kafka,
     longest_stall,
     rate_rows_committed,
+    rates,
     verdict,
 )
 from bench.soak_faults import CATALOGUE, Fault, Pipeline, heal_everything, inject
@@ -79,16 +82,20 @@ class Options:
     keep: bool
 
 
-def parse(argv: list[str] | None) -> Options:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.soak", description=__doc__.split("\n")[0]
-    )
+def parse(
+    argv: list[str] | None,
+    *,
+    prog: str = "python -m bench.soak",
+    description: str = __doc__.split("\n")[0],
+    gap: tuple[float, float] = (2.0, 6.0),
+) -> Options:
+    parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("--minutes", type=float, default=30.0, help="how long faults are injected")
     parser.add_argument("--seed", type=int, default=None, help="for the fault schedule")
     parser.add_argument("--rows-per-second", type=int, default=300)
     parser.add_argument("--trigger", default="2 seconds", help="the producer's epoch interval")
     parser.add_argument(
-        "--gap", type=float, nargs=2, default=(2.0, 6.0), metavar=("MIN", "MAX"),
+        "--gap", type=float, nargs=2, default=gap, metavar=("MIN", "MAX"),
         help="seconds between one fault's end and the next one's start",
     )  # fmt: skip
     parser.add_argument(
@@ -120,6 +127,7 @@ class Soak:
         self.rng = random.Random(options.seed)  # noqa: S311 - a fault schedule, not a secret
         self.work = Path(tempfile.mkdtemp(prefix="bridge-soak-"))
         self.work.chmod(0o755)  # the postgres user must reach its data directory
+        keep_temporary_files_in(self.work / "tmp")
         self.notes: list[str] = []
 
     def note(self, message: str) -> None:
@@ -149,10 +157,12 @@ class Soak:
             kafka.wait_ready(120)
             bootstrap = kafka_proxy.listen
             create_topic(bootstrap, TOPIC, partitions=PARTITIONS)
-            self._prepare_database(postgres.dsn)
+            prepare_database(postgres.dsn)
             consumer_dsn = make_conninfo(postgres.dsn, user=ROLE, port=postgres_proxy.port)
             driver = self._driver(bootstrap)
-            consumers = [self._consumer(name, bootstrap, consumer_dsn) for name in ("a", "b")]
+            consumers = [
+                consumer_process(self.work, name, bootstrap, consumer_dsn) for name in ("a", "b")
+            ]
             supervisor = Supervisor([driver, *consumers], self.note)
             pipeline = Pipeline(
                 kafka=kafka, postgres=postgres, kafka_proxy=kafka_proxy,
@@ -164,7 +174,7 @@ class Soak:
             progress = Progress(postgres.dsn, STATE_SCHEMA, GROUP)
             progress.start()
             say(f"pipeline starting in {self.work}; seed {self.options.seed}")
-            if not wait_for(lambda: _rows(postgres.dsn) > 0, timeout=300):
+            if not wait_for(lambda: rows_written(postgres.dsn) > 0, timeout=300):
                 raise RuntimeError(f"no row reached PostgreSQL in 300 s; logs in {self.work}")
             figures = self._soak_and_check(pipeline, progress)
             passed = bool(figures["ok"])
@@ -198,6 +208,8 @@ class Soak:
         deadline = started + self.options.minutes * 60
         faults: list[Fault] = []
         classes = sorted(CATALOGUE)
+        kafka = KafkaTimeline(p.bootstrap, TOPIC, PARTITIONS)
+        kafka.start()
         say(f"flowing; injecting faults for {self.options.minutes:g} min")
         while time.monotonic() < deadline:
             time.sleep(self.rng.uniform(*self.options.gap_s))
@@ -211,81 +223,17 @@ class Soak:
             faults.append(fault)
             say(f"#{len(faults)} {fault.cls}/{fault.kind}: {fault.detail}")
         heal_everything(p)
-        time.sleep(15)  # the flow after the last fault counts for stalls too
-        flow_end = time.monotonic()
-        stall = longest_stall(progress.moves, faults, started, flow_end)
-
-        code = p.driver.stop(timeout=120)
-        say(f"producer stopped (exit {code})")
-        settled = wait_for(lambda: _transactions_settled(p.bootstrap), timeout=120, interval=1)
-        if not settled:
-            self.note("a transaction was still open 120 s after the producer stopped")
-        kafka_ids, kafka_others = committed_in_kafka(p.bootstrap, TOPIC, PARTITIONS)
-        committed = sum(kafka_ids.values()) + len(kafka_others)
-        drained = wait_for(lambda: _rows(p.admin_dsn) >= committed, timeout=300, interval=1)
-        if not drained:
-            self.note(f"consumers did not drain in 300 s: {_rows(p.admin_dsn)} of {committed}")
-        time.sleep(5)  # a late duplicate would show now
-        for consumer in p.consumers:
-            consumer.stop(timeout=60)
-        complete_below = rate_rows_committed(self.work / "checkpoint", self.options.rows_per_second)
-        result = verdict(
-            dsn=p.admin_dsn, table=TABLE, schema=STATE_SCHEMA, group=GROUP, topic=TOPIC,
-            kafka_ids=kafka_ids, kafka_others=kafka_others, poison=p.poison,
-            aborted=p.aborted_values,
-            complete_below=complete_below,
+        return account(
+            Ending(
+                options=self.options, driver=p.driver, consumers=p.consumers,
+                supervisor=p.supervisor, bootstrap=p.bootstrap, admin_dsn=p.admin_dsn,
+                checkpoint=self.work / "checkpoint", poison=p.poison, aborted=p.aborted_values,
+                progress=progress, kafka=kafka, faults=faults, started=started, note=self.note,
+                notes=self.notes,
+            )
         )  # fmt: skip
-        by_class = Counter(f.cls for f in faults)
-        by_kind = Counter(f"{f.cls}/{f.kind}" for f in faults)
-        figures: dict[str, Any] = {
-            "minutes": self.options.minutes,
-            "seed": self.options.seed,
-            "rows_per_second": self.options.rows_per_second,
-            "trigger": self.options.trigger,
-            "faults": len(faults),
-            "faults_by_class": dict(sorted(by_class.items())),
-            "faults_by_kind": dict(sorted(by_kind.items())),
-            "produced": result.produced,
-            "epochs_complete_below": result.epochs_complete_below,
-            "lost": result.lost,
-            "doubled": result.doubled,
-            "kafka_doubled": result.kafka_doubled,
-            "kafka_gaps": result.kafka_gaps,
-            "aborted_in_table": result.aborted_in_table,
-            "aborted_records": len(p.aborted_values),
-            "dead_letters_expected": result.dead_letters_expected,
-            "dead_letters_found": result.dead_letters_found,
-            "dead_letters_wrong": result.dead_letters_wrong,
-            "offsets_backwards": progress.backwards,
-            "longest_stall_s": round(stall, 1),
-            "drained": drained,
-            "restarts_by_supervisor": {
-                proc.name: proc.exits for proc in p.supervisor.processes if proc.exits
-            },
-            "consumer_kafka_properties": CONSUMER_KAFKA,
-            "transaction_timeout_ms": TRANSACTION_TIMEOUT_MS,
-            "notes": self.notes,
-            "fault_log": [f.as_json(started) for f in faults],
-            "ok": result.ok and drained and not progress.backwards
-            and stall <= self.options.max_stall_s,
-        }  # fmt: skip
-        return figures
 
     # -- set-up ---------------------------------------------------------------------------------
-
-    def _prepare_database(self, dsn: str) -> None:
-        role = sql.Identifier(ROLE)
-        database = sql.Identifier(str(psycopg.conninfo.conninfo_to_dict(dsn)["dbname"]))
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(role))
-            conn.execute(sql.SQL("GRANT CREATE ON DATABASE {} TO {}").format(database, role))
-            conn.execute(
-                f'CREATE TABLE {TABLE} (value bigint NOT NULL, "timestamp" timestamptz)'.encode()
-            )
-            conn.execute(sql.SQL("ALTER TABLE {} OWNER TO {}").format(sql.SQL(TABLE), role))
-
-    def _env(self) -> dict[str, str]:
-        return {k: v for k, v in os.environ.items() if not k.startswith("BRIDGE_")}
 
     def _driver(self, bootstrap: str) -> Supervised:
         argv = [
@@ -296,24 +244,147 @@ class Soak:
             "--stack-dir", str(self.work / "no-stack"), "--bootstrap-servers", bootstrap,
             "--transaction-timeout-ms", str(TRANSACTION_TIMEOUT_MS),
         ]  # fmt: skip
-        return Supervised("driver", argv, self.work / "driver.log", self._env())
-
-    def _consumer(self, name: str, bootstrap: str, dsn: str) -> Supervised:
-        config = self.work / f"consumer-{name}.yaml"
-        config.write_text(yaml.safe_dump({
-            "kafka": {"bootstrap_servers": bootstrap, "properties": CONSUMER_KAFKA},
-            "postgres": {"dsn": dsn},
-            "consumer": {
-                "group_id": GROUP, "state_schema": STATE_SCHEMA,
-                "routes": [{"topic": TOPIC, "table": TABLE}],
-                "db_session_timeout_ms": 10_000, "http_port": 0,
-            },
-        }))  # fmt: skip
-        argv = [sys.executable, "-m", "consumers", "--config", str(config)]
-        return Supervised(f"consumer-{name}", argv, self.work / f"consumer-{name}.log", self._env())
+        return Supervised("driver", argv, self.work / "driver.log", pipeline_env())
 
 
-def _rows(dsn: str) -> int:
+def keep_temporary_files_in(directory: Path) -> None:
+    """What the run's processes put in the temporary directory (Spark's blocks and unpacked
+    executor environments, JVM helper libraries) lands in `directory`, removed with the run:
+    killed JVMs never clean up after themselves. Children inherit TMPDIR, and java.io.tmpdir,
+    Spark's default spark.local.dir, through JAVA_TOOL_OPTIONS."""
+    directory.mkdir(parents=True, exist_ok=True)
+    directory.chmod(0o1777)  # like /tmp: PostgreSQL runs as its own user
+    os.environ["TMPDIR"] = str(directory)
+    os.environ["JAVA_TOOL_OPTIONS"] = " ".join(
+        filter(None, [os.environ.get("JAVA_TOOL_OPTIONS"), f"-Djava.io.tmpdir={directory}"])
+    )
+
+
+def pipeline_env() -> dict[str, str]:
+    """The pipeline's processes take no settings from this shell's BRIDGE_* variables."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("BRIDGE_")}
+
+
+def prepare_database(dsn: str) -> None:
+    role = sql.Identifier(ROLE)
+    database = sql.Identifier(str(psycopg.conninfo.conninfo_to_dict(dsn)["dbname"]))
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(role))
+        conn.execute(sql.SQL("GRANT CREATE ON DATABASE {} TO {}").format(database, role))
+        conn.execute(
+            f'CREATE TABLE {TABLE} (value bigint NOT NULL, "timestamp" timestamptz)'.encode()
+        )
+        conn.execute(sql.SQL("ALTER TABLE {} OWNER TO {}").format(sql.SQL(TABLE), role))
+
+
+def consumer_process(work: Path, name: str, bootstrap: str, dsn: str) -> Supervised:
+    """One consumer instance of the soak's group, as its supervisor runs it."""
+    config = work / f"consumer-{name}.yaml"
+    config.write_text(yaml.safe_dump({
+        "kafka": {"bootstrap_servers": bootstrap, "properties": CONSUMER_KAFKA},
+        "postgres": {"dsn": dsn},
+        "consumer": {
+            "group_id": GROUP, "state_schema": STATE_SCHEMA,
+            "routes": [{"topic": TOPIC, "table": TABLE}],
+            "db_session_timeout_ms": 10_000, "http_port": 0,
+        },
+    }))  # fmt: skip
+    argv = [sys.executable, "-m", "consumers", "--config", str(config)]
+    return Supervised(f"consumer-{name}", argv, work / f"consumer-{name}.log", pipeline_env())
+
+
+@dataclass
+class Ending:
+    """What the account at the end of a soak needs, the single-node one's or the cluster's."""
+
+    options: Options
+    driver: Supervised
+    consumers: list[Supervised]
+    supervisor: Supervisor
+    bootstrap: str
+    admin_dsn: str
+    checkpoint: Path
+    poison: set[tuple[int, int]]
+    aborted: set[int]
+    progress: Progress
+    kafka: KafkaTimeline
+    faults: list[Fault]
+    started: float  # monotonic, when the faults began
+    note: Callable[[str], None]
+    notes: list[str]  # what `note` wrote
+
+
+def account(end: Ending) -> dict[str, Any]:
+    """After the last fault is healed: the flow's last stretch, the producer stopped, the
+    consumers drained, and every id counted in Kafka and in PostgreSQL."""
+    options, faults, started = end.options, end.faults, end.started
+    time.sleep(15)  # the flow after the last fault counts for stalls too
+    flow_end = time.monotonic()
+    stall = longest_stall(end.progress.moves, faults, started, flow_end)
+
+    code = end.driver.stop(timeout=120)
+    say(f"producer stopped (exit {code})")
+    settled = wait_for(lambda: _transactions_settled(end.bootstrap), timeout=120, interval=1)
+    if not settled:
+        end.note("a transaction was still open 120 s after the producer stopped")
+    kafka_ids, kafka_others = committed_in_kafka(end.bootstrap, TOPIC, PARTITIONS)
+    committed = sum(kafka_ids.values()) + len(kafka_others)
+    drained = wait_for(lambda: rows_written(end.admin_dsn) >= committed, timeout=300, interval=1)
+    if not drained:
+        end.note(f"consumers did not drain in 300 s: {rows_written(end.admin_dsn)} of {committed}")
+    time.sleep(5)  # a late duplicate would show now
+    for consumer in end.consumers:
+        consumer.stop(timeout=60)
+    end.kafka.close()
+    complete_below = rate_rows_committed(end.checkpoint, options.rows_per_second)
+    result = verdict(
+        dsn=end.admin_dsn, table=TABLE, schema=STATE_SCHEMA, group=GROUP, topic=TOPIC,
+        kafka_ids=kafka_ids, kafka_others=kafka_others, poison=end.poison, aborted=end.aborted,
+        complete_below=complete_below,
+    )  # fmt: skip
+    by_class = Counter(f.cls for f in faults)
+    by_kind = Counter(f"{f.cls}/{f.kind}" for f in faults)
+    return {
+        "minutes": options.minutes,
+        "seed": options.seed,
+        "rows_per_second": options.rows_per_second,
+        "trigger": options.trigger,
+        "faults": len(faults),
+        "faults_by_class": dict(sorted(by_class.items())),
+        "faults_by_kind": dict(sorted(by_kind.items())),
+        "produced": result.produced,
+        "epochs_complete_below": result.epochs_complete_below,
+        "lost": result.lost,
+        "doubled": result.doubled,
+        "kafka_doubled": result.kafka_doubled,
+        "kafka_gaps": result.kafka_gaps,
+        "aborted_in_table": result.aborted_in_table,
+        "aborted_records": len(end.aborted),
+        "dead_letters_expected": result.dead_letters_expected,
+        "dead_letters_found": result.dead_letters_found,
+        "dead_letters_wrong": result.dead_letters_wrong,
+        "offsets_backwards": end.progress.backwards,
+        "longest_stall_s": round(stall, 1),
+        "drained": drained,
+        "restarts_by_supervisor": {
+            proc.name: proc.exits for proc in end.supervisor.processes if proc.exits
+        },
+        "consumer_kafka_properties": CONSUMER_KAFKA,
+        "transaction_timeout_ms": TRANSACTION_TIMEOUT_MS,
+        "notes": end.notes,
+        "fault_log": [f.as_json(started) for f in faults],
+        # Records per second into Kafka (last stable offsets) and into PostgreSQL (stored
+        # offsets), [seconds since the faults began, rate], for the timeline plot.
+        "timeline": {
+            "kafka": rates(end.kafka.timeline, started),
+            "postgres": rates(end.progress.timeline, started),
+        },
+        "ok": result.ok and drained and not end.progress.backwards
+        and stall <= options.max_stall_s,
+    }  # fmt: skip
+
+
+def rows_written(dsn: str) -> int:
     """Rows in the target table plus dead letters: what the consumers have written."""
     try:
         with psycopg.connect(dsn, autocommit=True, connect_timeout=3) as conn:
@@ -355,7 +426,7 @@ def report(figures: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _stop_on_signals() -> None:
+def stop_on_signals() -> None:
     """SIGTERM and SIGINT end the run through its clean-up, which stops every process it
     started (a background job's SIGINT may be ignored: SIGTERM always works)."""
 
@@ -368,7 +439,7 @@ def _stop_on_signals() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     options = parse(argv)
-    _stop_on_signals()
+    stop_on_signals()
     figures = Soak(options).run()
     print(report(figures))
     path = write_results("soak", figures, directory=options.results_dir)

@@ -17,6 +17,7 @@ from typing import Any
 import psycopg
 
 from bench.soak_faults import Fault
+from bridge.kafka_admin import KafkaAdmin
 from tests.kafka_helpers import read_messages
 
 
@@ -31,6 +32,8 @@ class Progress:
     moves: list[float] = field(default_factory=list)  # monotonic times at which offsets advanced
     backwards: list[dict[str, Any]] = field(default_factory=list)
     last: dict[tuple[str, int], int] = field(default_factory=dict)
+    # (monotonic time, the sum of the stored offsets): records into PostgreSQL over time
+    timeline: list[tuple[float, int]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self._stop = threading.Event()
@@ -72,6 +75,48 @@ class Progress:
                 self.last[key] = offset
             if moved:
                 self.moves.append(time.monotonic())
+            self.timeline.append((time.monotonic(), sum(now.values())))
+
+
+@dataclass
+class KafkaTimeline:
+    """Samples, every two seconds, the sum of the topic's last stable offsets: records committed
+    into Kafka over time (transaction markers included, one per partition and transaction). A
+    sample the cluster cannot answer in 3 s is skipped, as during a fault it may not."""
+
+    bootstrap: str
+    topic: str
+    partitions: int
+    timeline: list[tuple[float, int]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="kafka-timeline", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(15)
+
+    def _loop(self) -> None:
+        admin = KafkaAdmin({"bootstrap.servers": self.bootstrap}, timeout=3)
+        while not self._stop.wait(2.0):
+            try:
+                ranges = admin.log_ranges((self.topic, p) for p in range(self.partitions))
+            except Exception:  # noqa: BLE001, S112 - a broker down or cut off: no observation
+                continue
+            self.timeline.append((time.monotonic(), sum(r.last_stable for r in ranges.values())))
+
+
+def rates(timeline: list[tuple[float, int]], origin: float) -> list[list[float]]:
+    """[seconds since `origin`, records per second since the sample before] for each sample."""
+    return [
+        [round(b[0] - origin, 1), round((b[1] - a[1]) / (b[0] - a[0]), 1)]
+        for a, b in itertools.pairwise(timeline)
+        if b[0] > a[0]
+    ]
 
 
 def longest_stall(moves: list[float], faults: Iterable[Fault], start: float, end: float) -> float:

@@ -142,25 +142,35 @@ def _pause_process(p: Pipeline, rng: random.Random) -> tuple[str, str]:
 # -- links ----------------------------------------------------------------------------------------
 
 
+def cut(proxies: list[Proxy], rng: random.Random, longest_silence: float) -> tuple[str, str]:
+    """The links through `proxies` silent without a reset, reset, or slowed, for a while, then
+    healed; (kind, detail)."""
+    kind = rng.choice(["silent", "reset", "latency"])
+    if kind == "silent":
+        lasted = rng.uniform(5, longest_silence)
+        for proxy in proxies:
+            proxy.silence()
+        detail = f"{lasted:.1f}s without a byte, no reset"
+    elif kind == "reset":
+        lasted = rng.uniform(0.5, 3)
+        for proxy in proxies:
+            proxy.reset_peer()
+        detail = f"every connection reset for {lasted:.1f}s"
+    else:
+        lasted = rng.uniform(8, 20)
+        ms = rng.choice([100, 300, 500])
+        for proxy in proxies:
+            proxy.latency(ms)
+        detail = f"{ms} ms per packet for {lasted:.1f}s"
+    time.sleep(lasted)
+    for proxy in proxies:
+        proxy.heal()
+    return kind, detail
+
+
 def _link(proxy_of: Callable[[Pipeline], Proxy], longest_silence: float) -> Injector:
     def inject(p: Pipeline, rng: random.Random) -> tuple[str, str]:
-        proxy = proxy_of(p)
-        kind = rng.choice(["silent", "reset", "latency"])
-        if kind == "silent":
-            lasted = rng.uniform(5, longest_silence)
-            proxy.silence()
-            detail = f"{lasted:.1f}s without a byte, no reset"
-        elif kind == "reset":
-            lasted = rng.uniform(0.5, 3)
-            proxy.reset_peer()
-            detail = f"every connection reset for {lasted:.1f}s"
-        else:
-            lasted = rng.uniform(8, 20)
-            ms = rng.choice([100, 300, 500])
-            proxy.latency(ms)
-            detail = f"{ms} ms per packet for {lasted:.1f}s"
-        time.sleep(lasted)
-        proxy.heal()
+        kind, detail = cut([proxy_of(p)], rng, longest_silence)
         return f"link-{kind}", detail
 
     return inject
