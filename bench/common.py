@@ -149,7 +149,7 @@ def write_results(name: str, figures: dict[str, Any], *, directory: Path = RESUL
     document = {
         "benchmark": name,
         "at": stamp,
-        "commit": _commit(),
+        "commit": RUN_COMMIT,
         "machine": {"cpus": _cpus(), "python": platform.python_version()},
         **figures,
     }
@@ -161,7 +161,7 @@ def write_results(name: str, figures: dict[str, Any], *, directory: Path = RESUL
 
 
 def _commit() -> str:
-    """The commit the run measured, marked `-dirty` when the checkout had changes."""
+    """The commit the run measures, marked `-dirty` when the checkout had changes then."""
     import subprocess
 
     root = Path(__file__).parents[1]
@@ -176,6 +176,11 @@ def _commit() -> str:
         check=False,
     ).stdout.strip()
     return (head or "unknown") + ("-dirty" if changed else "")
+
+
+# Read once, as the run starts (every benchmark imports this module first): the code a run
+# measures is what was checked out when it began, not at its end, 40 minutes later for a soak.
+RUN_COMMIT = _commit()
 
 
 def _cpus() -> int:

@@ -2,9 +2,12 @@
 writes PNGs under `docs/plots/` for the README.
 
 - `consumer-ratio.png`: the consumer's throughput as a share of PostgreSQL's own COPY, insert and
-  upsert, run after run (each ratio measured against its baseline in the same run).
-- `producer-ratio.png`: the sink's throughput against Spark's built-in Kafka sink, run after run.
-- `soak.png`: the latest soak: faults injected per class, next to rows lost and doubled.
+  upsert, run after run (each ratio measured against its baseline in the same run; from the runs
+  that have it, insert against COPY of pre-formatted text).
+- `producer-ratio.png`: the sink's throughput against the no-op Python sink (from the runs that
+  have it) and against Spark's built-in Kafka sink, run after run.
+- `soak.png` and `soak-cluster.png`: the latest soak of each topology: records per second into
+  Kafka and into PostgreSQL over the run, the fault windows shaded by class, with the account.
 - `latency-cdf.png`: the latest end-to-end latency run: the CDF of each trigger's latencies.
 """
 
@@ -53,8 +56,9 @@ def consumer_ratios(results: Path, out: Path) -> Path | None:
         return None
     figure, axes = plt.subplots(figsize=(8, 4))
     series = (
-        ("insert", "ratio_to_copy", "insert / COPY"),
-        ("upsert", "ratio_to_copy", "upsert / COPY"),
+        ("insert", "ratio_to_text_copy", "insert / COPY of pre-formatted text"),
+        ("insert", "ratio_to_copy", "insert / COPY of tuples"),
+        ("upsert", "ratio_to_copy", "upsert / COPY of tuples"),
         ("upsert", "ratio_to_raw_upsert", "upsert / hand-written upsert"),
     )
     for mode, key, label in series:  # fmt: skip
@@ -74,43 +78,87 @@ def consumer_ratios(results: Path, out: Path) -> Path | None:
 
 
 def producer_ratios(results: Path, out: Path) -> Path | None:
-    found = [r for r in runs("producer", results) if "ratio" in r]
+    found = [r for r in runs("producer", results) if "ratio" in r or "ratio_to_builtin" in r]
     if not found:
         return None
     figure, axes = plt.subplots(figsize=(8, 4))
-    axes.plot([r["_when"] for r in found], [r["ratio"] for r in found], marker="o")
+    to_builtin = [
+        (r["_when"], float(r["ratio_to_builtin"] if "ratio_to_builtin" in r else r["ratio"]))
+        for r in found
+    ]
+    axes.plot([w for w, _ in to_builtin], [v for _, v in to_builtin], marker="o",
+              label="bridge / built-in Kafka sink")  # fmt: skip
+    to_noop = [
+        (r["_when"], r["ratio_to_python_noop"]) for r in found if "ratio_to_python_noop" in r
+    ]
+    axes.plot([w for w, _ in to_noop], [v for _, v in to_noop], marker="s",
+              label="bridge / no-op Python sink (the goal's baseline)")  # fmt: skip
     axes.axhline(1.0, color="grey", linestyle="--", linewidth=1)
-    axes.set_ylim(0, max(1.2, max(r["ratio"] for r in found) * 1.1))
+    axes.axhline(0.9, color="tab:green", linestyle=":", linewidth=1)
+    axes.legend(fontsize=8, loc="lower left")
+    axes.set_ylim(0, 1.2)
     _mark_since(axes, WHOLE_PROCESS_PRODUCER, "from here: whole processes,\nstart-up "
                 "included (stronger)", 1.15)  # fmt: skip
     _mark_since(axes, WARMED_UP_PRODUCER, "from here: a warm-up\nrun per sink", 0.3)
-    axes.set_ylabel("rows/s against the built-in sink")
-    axes.set_title("bridge-kafka against Spark's Kafka sink, per run")
+    axes.set_ylabel("rows/s as a share of the baseline's")
+    axes.set_title("bridge-kafka against the sinks Spark offers, per run")
     figure.autofmt_xdate()
     return _save(figure, out / "producer-ratio.png")
 
 
-def soak(results: Path, out: Path) -> Path | None:
-    found = runs("soak", results)
+FAULT_COLOURS = ("tab:red", "tab:orange", "tab:purple", "tab:brown", "tab:pink", "tab:olive",
+                 "tab:cyan", "tab:grey")  # fmt: skip
+
+
+def soak(results: Path, out: Path, name: str = "soak") -> Path | None:
+    """The latest soak (of `name`) with a timeline: records per second into Kafka and into
+    PostgreSQL, each fault's window shaded in its class's colour; the account in the title."""
+    found = [r for r in runs(name, results) if "timeline" in r]
     if not found:
         return None
-    latest = max(found, key=lambda r: (r["minutes"], r["_when"]))
-    by_class = latest["faults_by_class"]
-    figure, (faults, totals) = plt.subplots(
-        1, 2, figsize=(12, 4), gridspec_kw={"width_ratios": [4, 1]}
+    latest = found[-1]
+    figure, axes = plt.subplots(figsize=(12, 4.5))
+    classes = sorted(latest["faults_by_class"])
+    colour = dict(zip(classes, FAULT_COLOURS, strict=False))
+    for fault in latest["fault_log"]:
+        axes.axvspan(fault["at_s"], fault["at_s"] + fault["lasted_s"], alpha=0.18, linewidth=0,
+                     color=colour.get(fault["class"], "grey"))  # fmt: skip
+    for side, label in (("kafka", "Kafka"), ("postgres", "PostgreSQL")):
+        points = _smoothed(latest["timeline"][side], SMOOTHING_S)
+        axes.plot([p[0] for p in points], [p[1] for p in points], linewidth=0.8,
+                  label=f"records/s into {label}")  # fmt: skip
+    for cls in classes:  # the legend's entries for the shading
+        axes.fill_between([], [], color=colour[cls], alpha=0.3,
+                          label=f"{cls} ({latest['faults_by_class'][cls]})")  # fmt: skip
+    axes.set_xlabel("seconds since the first fault")
+    axes.set_ylabel(f"records per second (mean over {SMOOTHING_S} s)")
+    axes.set_title(
+        f"{'Cluster soak' if name == 'soak-cluster' else 'Soak'} at {latest['commit'][:7]}: "
+        f"{latest['minutes']:g} min, {latest['faults']} faults, {latest['produced']:,} ids, "
+        f"{latest['lost']} lost, {latest['doubled']} doubled; longest stall beyond a fault "
+        f"{latest['longest_stall_s']} s"
     )
-    faults.barh(list(by_class), list(by_class.values()))
-    faults.set_xlabel("faults injected")
-    faults.set_title(
-        f"Soak: {latest['minutes']:g} min, {latest['faults']} faults, {latest['produced']:,} "
-        f"rows; longest stall beyond a fault {latest['longest_stall_s']} s"
-    )
-    values = [latest["lost"], latest["doubled"]]
-    bars = totals.bar(["lost", "doubled"], values, color=["tab:red", "tab:orange"])
-    totals.bar_label(bars, labels=[str(v) for v in values])
-    totals.set_ylim(0, max(1, *values) * 1.2)
-    totals.set_title("rows")
-    return _save(figure, out / "soak.png")
+    axes.legend(fontsize=7, loc="upper left", ncol=3)
+    axes.grid(alpha=0.3)
+    return _save(figure, out / f"{name}.png")
+
+
+SMOOTHING_S = 10  # the consumers commit in batches: per-second rates are all spikes and gaps
+
+
+def _smoothed(points: list[list[float]], seconds: int) -> list[tuple[float, float]]:
+    """[time, rate] samples averaged over windows of `seconds`, each at its window's middle."""
+    windows: dict[int, list[float]] = {}
+    for at, rate in points:
+        windows.setdefault(int(at // seconds), []).append(rate)
+    return [
+        (window * seconds + seconds / 2, sum(rates) / len(rates))
+        for window, rates in sorted(windows.items())
+    ]
+
+
+def soak_cluster(results: Path, out: Path) -> Path | None:
+    return soak(results, out, "soak-cluster")
 
 
 def latency_cdf(results: Path, out: Path) -> Path | None:
@@ -159,7 +207,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--results", type=Path, default=RESULTS)
     parser.add_argument("--out", type=Path, default=PLOTS)
     args = parser.parse_args(argv)
-    for draw in (consumer_ratios, producer_ratios, soak, latency_cdf):
+    for draw in (consumer_ratios, producer_ratios, soak, soak_cluster, latency_cdf):
         written = draw(args.results, args.out)
         print(f"{draw.__name__}: {written or 'no results yet'}")
 

@@ -76,12 +76,12 @@ from bridge_shell.stack.kafka import KafkaPorts, KafkaServer, new_cluster_id, st
 from bridge_shell.stack.postgres import PostgresServer
 from bridge_shell.stack.process import free_port
 from bridge_shell.stack.spark import DaemonPorts, SparkCluster
+from tests.kafka_helpers import TRANSACTION_LOG_PARTITIONS, coordinator_partition
 from tests.toxiproxy import Proxy, Toxiproxy, toxiproxy_binary
 
 NODES = 3
 WORKERS = 2
 PREFIX = "soak-cluster"  # the sink's transactional id prefix: its ids are PREFIX-p<P>-e<E>
-TRANSACTION_LOG_PARTITIONS = 4  # transaction.state.log.num.partitions of the stack's nodes
 IN_SYNC_TOPICS = (TOPIC, "__transaction_state", "__consumer_offsets")
 
 
@@ -133,21 +133,9 @@ class Cluster:
         found = [int(p.name) for p in (self.checkpoint / "offsets").glob("[0-9]*")]
         return max(found, default=0)
 
-    def committed_epochs(self) -> int:
-        return len(list((self.checkpoint / "commits").glob("[0-9]*")))
-
-
-def java_hash(text: str) -> int:
-    """Java's String.hashCode, by which Kafka places a transactional id in its log."""
-    value = 0
-    for unit in text.encode("utf-16-be").hex(" ", 2).split():
-        value = (31 * value + int(unit, 16)) & 0xFFFFFFFF
-    return value - (1 << 32) if value & 0x80000000 else value
-
-
-def coordinator_partition(transactional_id: str) -> int:
-    hashed = java_hash(transactional_id)
-    return 0 if hashed == -(1 << 31) else abs(hashed) % TRANSACTION_LOG_PARTITIONS
+    def committed_since(self, when: float) -> bool:
+        """Whether the query committed an epoch after `when` (wall clock)."""
+        return any(p.stat().st_mtime > when for p in (self.checkpoint / "commits").glob("[0-9]*"))
 
 
 # -- faults ---------------------------------------------------------------------------------------
@@ -159,7 +147,8 @@ def _kill_broker(c: Cluster, rng: random.Random) -> tuple[str, str]:
     if kind == "coordinator":
         epoch = c.current_epoch() + rng.choice([0, 1])  # the epoch running, or the next one
         txn_id = f"{PREFIX}-p{rng.randrange(PARTITIONS)}-e{epoch}"
-        node_id = c.leader_of("__transaction_state", coordinator_partition(txn_id))
+        log_partition = coordinator_partition(txn_id, TRANSACTION_LOG_PARTITIONS)
+        node_id = c.leader_of("__transaction_state", log_partition)
         what = f"coordinator of {txn_id}"
     elif kind == "leader":
         partition = rng.randrange(PARTITIONS)
@@ -191,7 +180,12 @@ def _kill_executor(c: Cluster, rng: random.Random) -> tuple[str, str]:
     victim = rng.choice(executors)
     with contextlib.suppress(ProcessLookupError):
         os.kill(victim, signal.SIGKILL)
-    back = wait_for(lambda: len(c.spark.executor_pids()) >= len(executors), timeout=120)
+
+    def replaced() -> bool:
+        now = c.spark.executor_pids()
+        return victim not in now and len(now) >= len(executors)
+
+    back = wait_for(replaced, timeout=120)
     return "kill-executor", f"pid {victim} of {len(executors)}; " + (
         "replaced" if back else "not replaced in 120 s"
     )
@@ -221,8 +215,8 @@ def _kill_driver(c: Cluster, rng: random.Random) -> tuple[str, str]:
     with c.supervisor.holding(c.driver):
         c.driver.kill()
         time.sleep(down)
-    before = c.committed_epochs()
-    again = wait_for(lambda: c.committed_epochs() > before, timeout=300, interval=1)
+        restarted = time.time()
+    again = wait_for(lambda: c.committed_since(restarted), timeout=300, interval=1)
     return "kill-driver", f"down {down:.1f}s; " + (
         "committing again" if again else "no epoch committed in 300 s after its restart"
     )

@@ -116,3 +116,23 @@ def header_map(message: Message) -> dict[str, bytes]:
     headers = message.headers() or []
     pairs = list(headers.items()) if isinstance(headers, dict) else headers
     return {name: value for name, value in pairs if isinstance(value, bytes)}
+
+
+# The local stack's nodes: transaction.state.log.num.partitions and offsets.topic.num.partitions.
+TRANSACTION_LOG_PARTITIONS = 4
+OFFSETS_TOPIC_PARTITIONS = 4
+
+
+def java_hash(text: str) -> int:
+    """Java's String.hashCode, which Kafka uses to place a transactional id or a group."""
+    value = 0
+    for unit in text.encode("utf-16-be").hex(" ", 2).split():
+        value = (31 * value + int(unit, 16)) & 0xFFFFFFFF
+    return value - (1 << 32) if value & 0x80000000 else value
+
+
+def coordinator_partition(key: str, partitions: int) -> int:
+    """The internal partition that holds `key` (a transactional id in the transaction log, a
+    group in __consumer_offsets): Kafka places both by abs(hashCode) % partitions."""
+    hashed = java_hash(key)
+    return 0 if hashed == -(1 << 31) else abs(hashed) % partitions

@@ -24,11 +24,13 @@ from tests.harness import Endpoints
 from tests.integration.test_consumer_operations import stream_through_fault
 from tests.integration.test_producer_faults import SPLITS, Producer, assert_exactly, kill_group
 from tests.integration.test_sink import write_orders
+from tests.kafka_helpers import (
+    OFFSETS_TOPIC_PARTITIONS,
+    TRANSACTION_LOG_PARTITIONS,
+    coordinator_partition,
+)
 
 pytestmark = pytest.mark.slow
-
-TRANSACTION_LOG_PARTITIONS = 4  # transaction.state.log.num.partitions of the stack's nodes
-OFFSETS_TOPIC_PARTITIONS = 4  # offsets.topic.num.partitions
 
 
 @pytest.fixture(scope="module")
@@ -65,14 +67,6 @@ def cluster(nodes: list[KafkaServer], stack: Endpoints) -> Iterator[Endpoints]:
         node.wait_ready(timeout=180)
 
 
-def java_hash(text: str) -> int:
-    """Java's String.hashCode, which Kafka uses to place a transactional id."""
-    value = 0
-    for unit in text.encode("utf-16-be").hex(" ", 2).split():
-        value = (31 * value + int(unit, 16)) & 0xFFFFFFFF
-    return value - (1 << 32) if value & 0x80000000 else value
-
-
 def leader_of(cluster: Endpoints, topic: str, partition: int) -> int:
     admin = AdminClient({"bootstrap.servers": cluster.bootstrap_servers})
     leader: int = admin.list_topics(topic, timeout=30).topics[topic].partitions[partition].leader
@@ -88,9 +82,7 @@ def coordinator_of(cluster: Endpoints, key: str, *, group: bool = False) -> int:
         if group
         else ("__transaction_state", TRANSACTION_LOG_PARTITIONS)
     )
-    hashed = java_hash(key)
-    partition = 0 if hashed == -(1 << 31) else abs(hashed) % partitions
-    return leader_of(cluster, topic, partition)
+    return leader_of(cluster, topic, coordinator_partition(key, partitions))
 
 
 def kill_mid_epoch(

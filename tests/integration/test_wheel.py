@@ -1,6 +1,6 @@
-"""The package as a user gets it: the wheel built from this tree, installed (not editable) into a
-clean virtualenv, and `bridge demo` run from it outside the checkout, where nothing of the
-checkout can be imported or read."""
+"""The package as a user gets it: the wheel built from this tree by the README's install block,
+installed (not editable) into a clean virtualenv, and `bridge demo` run from it outside the
+checkout, where nothing of the checkout can be imported or read."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from bridge_shell.stack import LocalStack
+from tests.integration.test_readme import block_with, commands, substituted
 
 pytestmark = pytest.mark.slow
 
@@ -34,19 +35,23 @@ def test_the_wheel_installs_into_a_clean_virtualenv_and_its_demo_passes(tmp_path
     # No BRIDGE_* setting, no virtualenv of ours: only what the user's shell would have.
     env = {k: v for k, v in os.environ.items() if not k.startswith(("BRIDGE_", "VIRTUAL_ENV"))}
     env["PYTHONPATH"] = ""
-    wheels = tmp_path / "wheels"
-    _run([sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps", "-q", "-w", str(wheels)],
-         cwd=tmp_path, env=env, timeout=600)  # fmt: skip
-    (wheel,) = wheels.glob(f"bridge-{version}-*.whl")
+    # The README's install block, line by line: built with the project's `build`, installed
+    # with the clean virtualenv's pip, run from the clean virtualenv.
+    build, install, show_version = commands(block_with("bash", "python -m build"))
+    wheels = tmp_path / "dist"
     venv = tmp_path / "venv"
     _run(["python3", "-m", "venv", str(venv)], cwd=tmp_path, env=env, timeout=120)
-    _run([str(venv / "bin" / "pip"), "install", "-q", str(wheel)], cwd=tmp_path, env=env,
-         timeout=900)  # fmt: skip
+    built = substituted(build, {"python ": f"{sys.executable} ", "dist": str(wheels)})
+    _run(["bash", "-c", built], cwd=ROOT, env=env, timeout=600)
+    assert len(list(wheels.glob(f"bridge-{version}-*.whl"))) == 1, list(wheels.iterdir())
+    installed = substituted(install, {"pip ": f"{venv / 'bin' / 'pip'} ", "dist": str(wheels)})
+    _run(["bash", "-c", installed + " -q"], cwd=tmp_path, env=env, timeout=900)
     env["PATH"] = f"{venv / 'bin'}:{env['PATH']}"
     user = tmp_path / "elsewhere"
     user.mkdir()
 
-    assert _run(["bridge", "--version"], cwd=user, env=env, timeout=60).strip() == (
+    assert show_version == "bridge --version"
+    assert _run(["bash", "-c", show_version], cwd=user, env=env, timeout=60).strip() == (
         f"bridge {version}"
     )
     where = _run([str(venv / "bin" / "python"), "-c",

@@ -1,4 +1,5 @@
-"""The README's security section says what the code grants: its ACL table is bridge/acls.py's."""
+"""The security section of docs/deploy.md says what the code grants: its ACL table is
+bridge/acls.py's."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from pathlib import Path
 
 from bridge import acls
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+README = Path(__file__).resolve().parents[2] / "docs" / "deploy.md"
 
 
 def _acl_rows() -> set[tuple[str, ...]]:
