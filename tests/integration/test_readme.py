@@ -158,9 +158,10 @@ def test_the_readme_walk_through_from_a_pyspark_job_to_a_table_and_its_tools(
     (tmp_path / "bridge.yaml").write_text(config)
 
     (consume,) = commands(block_with("bash", "bridge consume"))
-    service = subprocess.Popen(["bash", "-c", consume], cwd=tmp_path, env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               start_new_session=True)  # fmt: skip
+    log = tmp_path / "consume.log"
+    with log.open("wb") as out:
+        service = subprocess.Popen(["bash", "-c", consume], cwd=tmp_path, env=env, stdout=out,
+                                   stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
     try:
 
         def landed() -> bool:
@@ -193,4 +194,4 @@ def test_the_readme_walk_through_from_a_pyspark_job_to_a_table_and_its_tools(
     finally:
         os.killpg(service.pid, signal.SIGTERM)
         code = service.wait(60)
-    assert code == 0, service.stdout.read() if service.stdout else b""
+    assert code == 0, log.read_text()[-3000:]
