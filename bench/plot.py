@@ -29,22 +29,19 @@ import matplotlib.pyplot as plt
 from bench.common import RESULTS
 
 PLOTS = Path(__file__).resolve().parents[1] / "docs" / "plots"
-# Runs before this decoded the JSON inside the timed COPY loop, a weaker baseline.
-STRONGER_COPY_BASELINE = datetime(2026, 11, 23, 15, 35)
-# Runs before this timed both sinks inside one warm Spark session; from here, whole processes.
-WHOLE_PROCESS_PRODUCER = datetime(2026, 11, 23, 17, 0)
-# From here the baselines write the topic's own rows in the order a consumer receives them, each
-# timed run starts after a CHECKPOINT, and a warm-up round goes uncounted.
-SAME_ROWS_CONSUMER = datetime(2026, 11, 25, 4, 0)
-# From here each sink runs once uncounted before the rounds.
-WARMED_UP_PRODUCER = datetime(2026, 11, 25, 3, 50)
+# From here the consumer's primary baseline is COPY of pre-formatted text, and the service is
+# timed from the moment it holds its partitions.
+TEXT_COPY_CONSUMER = datetime(2026, 11, 25, 23, 0)
 
 
 def runs(name: str, results: Path) -> list[dict[str, Any]]:
-    """Every run of a benchmark, oldest first (the `-latest` copy left out)."""
+    """Every run of a benchmark that names the commit it ran on, oldest first (the `-latest`
+    copy left out): a figure in the docs comes from such a run, or is not drawn."""
     found = []
     for path in sorted(results.glob(f"{name}-2*.json")):
         document = json.loads(path.read_text())
+        if not document.get("commit"):
+            continue
         document["_when"] = datetime.strptime(document["at"], "%Y%m%dT%H%M%SZ")
         found.append(document)
     return found
@@ -65,44 +62,39 @@ def consumer_ratios(results: Path, out: Path) -> Path | None:
         points = [(r["_when"], r[mode][key]) for r in found if key in r.get(mode, {})]
         axes.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=label)
     axes.axhline(1.0, color="grey", linestyle="--", linewidth=1)
-    _mark_since(axes, STRONGER_COPY_BASELINE, "baseline from here: COPY of\nready-made tuples "
-                "(stronger)", 1.02)  # fmt: skip
-    _mark_since(axes, SAME_ROWS_CONSUMER, "from here: the topic's own rows,\nCHECKPOINT before "
-                "each run", 0.3)  # fmt: skip
+    _mark_since(axes, TEXT_COPY_CONSUMER, "from here: COPY of pre-formatted\ntext, "
+                "clock from assignment", 0.3)  # fmt: skip
     axes.set_ylim(0, 1.1)
     axes.set_ylabel("rows/s as a share of COPY")
     axes.set_title("Consumer against PostgreSQL's COPY of the same rows, per run")
-    axes.legend()
+    axes.legend(fontsize=8, loc="lower left")
     figure.autofmt_xdate()
     return _save(figure, out / "consumer-ratio.png")
 
 
 def producer_ratios(results: Path, out: Path) -> Path | None:
-    found = [r for r in runs("producer", results) if "ratio" in r or "ratio_to_builtin" in r]
+    """The latest producer run: each round's whole-process seconds of the three sinks."""
+    found = [r for r in runs("producer", results) if "ratio_to_python_noop" in r]
     if not found:
         return None
+    latest = found[-1]
     figure, axes = plt.subplots(figsize=(8, 4))
-    to_builtin = [
-        (r["_when"], float(r["ratio_to_builtin"] if "ratio_to_builtin" in r else r["ratio"]))
-        for r in found
-    ]
-    axes.plot([w for w, _ in to_builtin], [v for _, v in to_builtin], marker="o",
-              label="bridge / built-in Kafka sink")  # fmt: skip
-    to_noop = [
-        (r["_when"], r["ratio_to_python_noop"]) for r in found if "ratio_to_python_noop" in r
-    ]
-    axes.plot([w for w, _ in to_noop], [v for _, v in to_noop], marker="s",
-              label="bridge / no-op Python sink (the goal's baseline)")  # fmt: skip
-    axes.axhline(1.0, color="grey", linestyle="--", linewidth=1)
-    axes.axhline(0.9, color="tab:green", linestyle=":", linewidth=1)
-    axes.legend(fontsize=8, loc="lower left")
-    axes.set_ylim(0, 1.2)
-    _mark_since(axes, WHOLE_PROCESS_PRODUCER, "from here: whole processes,\nstart-up "
-                "included (stronger)", 1.15)  # fmt: skip
-    _mark_since(axes, WARMED_UP_PRODUCER, "from here: a warm-up\nrun per sink", 0.3)
-    axes.set_ylabel("rows/s as a share of the baseline's")
-    axes.set_title("bridge-kafka against the sinks Spark offers, per run")
-    figure.autofmt_xdate()
+    sinks = (("bridge", "bridge"), ("python-noop", "no-op Python sink"),
+             ("builtin", "built-in Kafka sink"))  # fmt: skip
+    width = 0.27
+    for n, (sink, label) in enumerate(sinks):
+        seconds = [done[sink]["seconds"] for done in latest["rounds"]]
+        places = [i + (n - 1) * width for i in range(len(seconds))]
+        bars = axes.bar(places, seconds, width, label=label)
+        axes.bar_label(bars, fmt="%.1f", fontsize=7)
+    axes.set_xticks(range(len(latest["rounds"])),
+                    [f"round {i + 1}" for i in range(len(latest["rounds"]))])  # fmt: skip
+    axes.set_ylabel("whole process, seconds")
+    axes.set_title(
+        f"Producer at {latest['commit'][:7]}: {latest['rows']:,} rows; bridge / no-op Python sink "
+        f"{latest['ratio_to_python_noop']}x (goal 0.9x), / built-in {latest['ratio_to_builtin']}x"
+    )
+    axes.legend(fontsize=8, loc="lower right")
     return _save(figure, out / "producer-ratio.png")
 
 
