@@ -91,8 +91,9 @@ def producer_ratios(results: Path, out: Path) -> Path | None:
                     [f"round {i + 1}" for i in range(len(latest["rounds"]))])  # fmt: skip
     axes.set_ylabel("whole process, seconds")
     axes.set_title(
-        f"Producer at {latest['commit'][:7]}: {latest['rows']:,} rows; bridge / no-op Python sink "
-        f"{latest['ratio_to_python_noop']}x (goal 0.9x), / built-in {latest['ratio_to_builtin']}x"
+        f"Producer at {latest['commit'][:7]}: {latest['rows']:,} rows, whole processes\n"
+        f"bridge / no-op Python sink {latest['ratio_to_python_noop']}x (goal 0.9x), "
+        f"/ built-in {latest['ratio_to_builtin']}x"
     )
     axes.legend(fontsize=8, loc="lower right")
     return _save(figure, out / "producer-ratio.png")
