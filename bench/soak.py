@@ -28,7 +28,8 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -127,7 +128,6 @@ class Soak:
         self.rng = random.Random(options.seed)  # noqa: S311 - a fault schedule, not a secret
         self.work = Path(tempfile.mkdtemp(prefix="bridge-soak-"))
         self.work.chmod(0o755)  # the postgres user must reach its data directory
-        keep_temporary_files_in(self.work / "tmp")
         self.notes: list[str] = []
 
     def note(self, message: str) -> None:
@@ -135,6 +135,10 @@ class Soak:
         say(message)
 
     def run(self) -> dict[str, Any]:
+        with temporary_files_in(self.work / "tmp"):
+            return self._run()
+
+    def _run(self) -> dict[str, Any]:
         toxiproxy = Toxiproxy(toxiproxy_binary(), self.work / "toxiproxy.log")
         postgres = PostgresServer(home=self.work / "postgres", port=free_port())
         broker, controller, front = free_port(), free_port(), free_port()
@@ -247,17 +251,28 @@ class Soak:
         return Supervised("driver", argv, self.work / "driver.log", pipeline_env())
 
 
-def keep_temporary_files_in(directory: Path) -> None:
+@contextmanager
+def temporary_files_in(directory: Path) -> Iterator[None]:
     """What the run's processes put in the temporary directory (Spark's blocks and unpacked
     executor environments, JVM helper libraries) lands in `directory`, removed with the run:
     killed JVMs never clean up after themselves. Children inherit TMPDIR, and java.io.tmpdir,
-    Spark's default spark.local.dir, through JAVA_TOOL_OPTIONS."""
+    Spark's default spark.local.dir, through JAVA_TOOL_OPTIONS; both are restored at the end,
+    for a caller that goes on (the tests)."""
     directory.mkdir(parents=True, exist_ok=True)
     directory.chmod(0o1777)  # like /tmp: PostgreSQL runs as its own user
+    saved = {name: os.environ.get(name) for name in ("TMPDIR", "JAVA_TOOL_OPTIONS")}
     os.environ["TMPDIR"] = str(directory)
     os.environ["JAVA_TOOL_OPTIONS"] = " ".join(
-        filter(None, [os.environ.get("JAVA_TOOL_OPTIONS"), f"-Djava.io.tmpdir={directory}"])
+        filter(None, [saved["JAVA_TOOL_OPTIONS"], f"-Djava.io.tmpdir={directory}"])
     )
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def pipeline_env() -> dict[str, str]:

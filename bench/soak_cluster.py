@@ -59,13 +59,13 @@ from bench.soak import (
     Options,
     account,
     consumer_process,
-    keep_temporary_files_in,
     pipeline_env,
     prepare_database,
     report,
     rows_written,
     say,
     stop_on_signals,
+    temporary_files_in,
 )
 from bench.soak import parse as parse_soak
 from bench.soak_checks import KafkaTimeline, Progress
@@ -283,7 +283,6 @@ class ClusterSoak:
         self.rng = random.Random(options.seed)  # noqa: S311 - a fault schedule, not a secret
         self.work = Path(tempfile.mkdtemp(prefix="bridge-soak-cluster-"))
         self.work.chmod(0o755)  # the postgres user must reach its data directory
-        keep_temporary_files_in(self.work / "tmp")
         self.notes: list[str] = []
 
     def note(self, message: str) -> None:
@@ -291,6 +290,10 @@ class ClusterSoak:
         say(message)
 
     def run(self) -> dict[str, Any]:
+        with temporary_files_in(self.work / "tmp"):
+            return self._run()
+
+    def _run(self) -> dict[str, Any]:
         toxiproxy = Toxiproxy(toxiproxy_binary(), self.work / "toxiproxy.log")
         postgres = PostgresServer(home=self.work / "postgres", port=free_port())
         ports = [(free_port(), free_port(), free_port()) for _ in range(NODES)]

@@ -66,7 +66,7 @@ def user_env() -> dict[str, str]:
     return env
 
 
-def test_every_block_of_the_readme_is_one_these_tests_run() -> None:
+def test_every_block_of_the_readme_is_one_that_these_tests_run() -> None:
     """A block added to the README without a test to run it fails here."""
     shapes = [(lang, text.splitlines()[0]) for lang, text in readme_blocks()]
     assert shapes == [
@@ -82,7 +82,7 @@ def test_every_block_of_the_readme_is_one_these_tests_run() -> None:
     ], shapes  # fmt: skip
 
 
-def test_the_two_commands_the_readme_opens_with(tmp_path: Path) -> None:
+def test_the_two_commands_the_readme_opens_with() -> None:
     """`make demo` runs for real, on a stack of its own that it starts and stops. `make test` is
     what is running now, so it is only expanded (`make -n`): it must still run the tests on the
     plain and on the secured stack."""

@@ -27,7 +27,11 @@ def test_three_minutes_of_random_faults_lose_and_double_nothing(tmp_path: Path) 
         results_dir=tmp_path,
         keep=False,
     )
+    before = {name: os.environ.get(name) for name in ("TMPDIR", "JAVA_TOOL_OPTIONS")}
     figures = Soak(options).run()
+    # The soak's processes kept their temporary files in its work directory, gone now: the
+    # session's own processes after it must not be sent there.
+    assert {name: os.environ.get(name) for name in before} == before
     table = report(figures)
     print(table)
     # About 15 faults in 3 minutes; a schedule of long ones makes fewer.
