@@ -140,14 +140,18 @@ SMOOTHING_S = 10  # the consumers commit in batches: per-second rates are all sp
 
 
 def _smoothed(points: list[list[float]], seconds: int) -> list[tuple[float, float]]:
-    """[time, rate] samples averaged over windows of `seconds`, each at its window's middle."""
+    """[time, rate] samples averaged over windows of `seconds`, each at its window's middle; a
+    window without a sample (nothing could be observed: a broker down, a link cut) is a gap in
+    the line, not a straight line drawn across it."""
     windows: dict[int, list[float]] = {}
     for at, rate in points:
         windows.setdefault(int(at // seconds), []).append(rate)
-    return [
-        (window * seconds + seconds / 2, sum(rates) / len(rates))
-        for window, rates in sorted(windows.items())
-    ]
+    smoothed: list[tuple[float, float]] = []
+    for window, rates in sorted(windows.items()):
+        if smoothed and window * seconds - smoothed[-1][0] > 1.5 * seconds:
+            smoothed.append((window * seconds, float("nan")))
+        smoothed.append((window * seconds + seconds / 2, sum(rates) / len(rates)))
+    return smoothed
 
 
 def soak_cluster(results: Path, out: Path) -> Path | None:
