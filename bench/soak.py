@@ -27,14 +27,15 @@ import signal
 import sys
 import tempfile
 import time
+from abc import ABC, abstractmethod
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 import yaml
@@ -51,7 +52,7 @@ from bench.soak_checks import (
     rates,
     verdict,
 )
-from bench.soak_faults import CATALOGUE, Fault, Pipeline, heal_everything, inject
+from bench.soak_faults import CATALOGUE, Fault, Pipeline, heal_everything
 from bench.soak_processes import Supervised, Supervisor, wait_for
 from bridge.kafka_admin import KafkaAdmin, create_topic
 from bridge_shell.stack.kafka import KafkaPorts, KafkaServer, new_cluster_id
@@ -122,11 +123,20 @@ def say(message: str) -> None:
     print(f"{datetime.now(UTC):%H:%M:%S} {message}", flush=True)
 
 
-class Soak:
+Target = TypeVar("Target")
+Injector = Callable[[Target, random.Random], tuple[str, str]]  # -> (kind, detail), once healed
+
+
+class SoakRun(ABC):
+    """What every soak shares: its options, fault schedule, work directory and notes, and the
+    loop that injects one random fault after another."""
+
+    work_prefix = "bridge-soak-"
+
     def __init__(self, options: Options) -> None:
         self.options = options
         self.rng = random.Random(options.seed)  # noqa: S311 - a fault schedule, not a secret
-        self.work = Path(tempfile.mkdtemp(prefix="bridge-soak-"))
+        self.work = Path(tempfile.mkdtemp(prefix=self.work_prefix))
         self.work.chmod(0o755)  # the postgres user must reach its data directory
         self.notes: list[str] = []
 
@@ -138,6 +148,39 @@ class Soak:
         with temporary_files_in(self.work / "tmp"):
             return self._run()
 
+    @abstractmethod
+    def _run(self) -> dict[str, Any]: ...
+
+    def inject_faults(
+        self,
+        catalogue: Mapping[str, Injector[Target]],
+        target: Target,
+        heal: Callable[[Target], None],
+    ) -> list[Fault]:
+        """Faults of random classes for `--minutes`, `--gap` apart, each healed before the next;
+        one that fails to inject is noted, everything healed, and the loop goes on."""
+        deadline = time.monotonic() + self.options.minutes * 60
+        faults: list[Fault] = []
+        classes = sorted(catalogue)
+        say(f"flowing; injecting faults for {self.options.minutes:g} min")
+        while time.monotonic() < deadline:
+            time.sleep(self.rng.uniform(*self.options.gap_s))
+            cls = self.rng.choice(classes)
+            fault = Fault(cls=cls, kind="", started=time.monotonic())
+            try:
+                fault.kind, fault.detail = catalogue[cls](target, self.rng)
+            except Exception as exc:  # noqa: BLE001 - the harness's own trouble, healed and noted
+                self.note(f"injecting {cls} failed: {exc!r}; healing and going on")
+                heal(target)
+                continue
+            fault.healed = time.monotonic()
+            faults.append(fault)
+            say(f"#{len(faults)} {fault.cls}/{fault.kind}: {fault.detail}")
+        heal(target)
+        return faults
+
+
+class Soak(SoakRun):
     def _run(self) -> dict[str, Any]:
         toxiproxy = Toxiproxy(toxiproxy_binary(), self.work / "toxiproxy.log")
         postgres = PostgresServer(home=self.work / "postgres", port=free_port())
@@ -209,24 +252,9 @@ class Soak:
 
     def _soak_and_check(self, p: Pipeline, progress: Progress) -> dict[str, Any]:
         started = time.monotonic()
-        deadline = started + self.options.minutes * 60
-        faults: list[Fault] = []
-        classes = sorted(CATALOGUE)
         kafka = KafkaTimeline(p.bootstrap, TOPIC, PARTITIONS)
         kafka.start()
-        say(f"flowing; injecting faults for {self.options.minutes:g} min")
-        while time.monotonic() < deadline:
-            time.sleep(self.rng.uniform(*self.options.gap_s))
-            cls = self.rng.choice(classes)
-            try:
-                fault = inject(p, cls, self.rng)
-            except Exception as exc:  # noqa: BLE001 - the harness's own trouble, healed and noted
-                self.note(f"injecting {cls} failed: {exc!r}; healing and going on")
-                heal_everything(p)
-                continue
-            faults.append(fault)
-            say(f"#{len(faults)} {fault.cls}/{fault.kind}: {fault.detail}")
-        heal_everything(p)
+        faults = self.inject_faults(CATALOGUE, p, heal_everything)
         return account(
             Ending(
                 options=self.options, driver=p.driver, consumers=p.consumers,

@@ -37,7 +37,6 @@ import random
 import shutil
 import signal
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -57,6 +56,7 @@ from bench.soak import (
     TRANSACTION_TIMEOUT_MS,
     Ending,
     Options,
+    SoakRun,
     account,
     consumer_process,
     pipeline_env,
@@ -65,11 +65,10 @@ from bench.soak import (
     rows_written,
     say,
     stop_on_signals,
-    temporary_files_in,
 )
 from bench.soak import parse as parse_soak
 from bench.soak_checks import KafkaTimeline, Progress
-from bench.soak_faults import Fault, cut, restart_postgres
+from bench.soak_faults import cut, restart_postgres
 from bench.soak_processes import Supervised, Supervisor, wait_for
 from bridge.kafka_admin import create_topic
 from bridge_shell.stack.kafka import KafkaPorts, KafkaServer, new_cluster_id, stop_kafka_nodes
@@ -277,21 +276,8 @@ def heal_everything(c: Cluster) -> None:
 # -- the run --------------------------------------------------------------------------------------
 
 
-class ClusterSoak:
-    def __init__(self, options: Options) -> None:
-        self.options = options
-        self.rng = random.Random(options.seed)  # noqa: S311 - a fault schedule, not a secret
-        self.work = Path(tempfile.mkdtemp(prefix="bridge-soak-cluster-"))
-        self.work.chmod(0o755)  # the postgres user must reach its data directory
-        self.notes: list[str] = []
-
-    def note(self, message: str) -> None:
-        self.notes.append(message)
-        say(message)
-
-    def run(self) -> dict[str, Any]:
-        with temporary_files_in(self.work / "tmp"):
-            return self._run()
+class ClusterSoak(SoakRun):
+    work_prefix = "bridge-soak-cluster-"
 
     def _run(self) -> dict[str, Any]:
         toxiproxy = Toxiproxy(toxiproxy_binary(), self.work / "toxiproxy.log")
@@ -382,26 +368,9 @@ class ClusterSoak:
 
     def _soak_and_check(self, c: Cluster, progress: Progress, admin_dsn: str) -> dict[str, Any]:
         started = time.monotonic()
-        deadline = started + self.options.minutes * 60
-        faults: list[Fault] = []
-        classes = sorted(CATALOGUE)
         kafka = KafkaTimeline(c.bootstrap, TOPIC, PARTITIONS)
         kafka.start()
-        say(f"flowing; injecting faults for {self.options.minutes:g} min")
-        while time.monotonic() < deadline:
-            time.sleep(self.rng.uniform(*self.options.gap_s))
-            cls = self.rng.choice(classes)
-            fault = Fault(cls=cls, kind="", started=time.monotonic())
-            try:
-                fault.kind, fault.detail = CATALOGUE[cls](c, self.rng)
-            except Exception as exc:  # noqa: BLE001 - the harness's own trouble, healed and noted
-                self.note(f"injecting {cls} failed: {exc!r}; healing and going on")
-                heal_everything(c)
-                continue
-            fault.healed = time.monotonic()
-            faults.append(fault)
-            say(f"#{len(faults)} {fault.cls}/{fault.kind}: {fault.detail}")
-        heal_everything(c)
+        faults = self.inject_faults(CATALOGUE, c, heal_everything)
         figures = account(
             Ending(
                 options=self.options, driver=c.driver, consumers=c.consumers,

@@ -268,13 +268,6 @@ CATALOGUE: dict[str, Injector] = {
 }
 
 
-def inject(p: Pipeline, cls: str, rng: random.Random) -> Fault:
-    fault = Fault(cls=cls, kind="", started=time.monotonic())
-    fault.kind, fault.detail = CATALOGUE[cls](p, rng)
-    fault.healed = time.monotonic()
-    return fault
-
-
 def heal_everything(p: Pipeline) -> None:
     """Whatever a fault may have left behind when the run ends or fails mid-fault."""
     for proxy in (p.kafka_proxy, p.postgres_proxy):
