@@ -300,11 +300,50 @@ class Applier:
             raise RecordStopped(record, error)
         self._dead_letter(conn, record, error)
 
+    def dead_letters_ends(
+        self, conn: psycopg.Connection, keys: Sequence[tuple[str, int]]
+    ) -> dict[tuple[str, int], int]:
+        """For each of `keys` holding dead letters of this group, the offset after its last."""
+        if not keys:
+            return {}
+        rows = conn.execute(
+            sql.SQL(
+                'SELECT topic, partition, max("offset") + 1 FROM {} WHERE group_id = %s '
+                "AND (topic, partition) IN (SELECT * FROM unnest(%s::text[], %s::int[])) "
+                "GROUP BY topic, partition"
+            ).format(self._dead_letters),
+            (self._group, [k[0] for k in keys], [k[1] for k in keys]),
+        ).fetchall()
+        return {(topic, partition): end for topic, partition, end in rows}
+
+    def replayed(self, key: tuple[str, int], first: int, last: int) -> Step:
+        """The statement that clears the dead letters of offsets `first`..`last` of `key`, which
+        a batch applies again: each record lands once, in its table or as a dead letter again
+        (with the error it has now)."""
+        return Step(
+            sql.SQL(
+                'DELETE FROM {} WHERE group_id = {} AND topic = {} AND partition = {} AND "offset" '
+                "BETWEEN {} AND {}"
+            ).format(
+                self._dead_letters,
+                sql.Literal(self._group),
+                sql.Literal(key[0]),
+                sql.Literal(key[1]),
+                sql.Literal(first),
+                sql.Literal(last),
+            )
+        )
+
     def _dead_letter(self, conn: psycopg.Connection, record: Record, error: str) -> None:
+        # The conflict clause is a second guard: a range applied again clears its dead letters
+        # first (`replayed`), so a record's earlier one is only ever replaced, never a failure.
         conn.execute(
             sql.SQL(
                 'INSERT INTO {} (group_id, topic, partition, "offset", key, value, headers, error) '
-                "VALUES (%s, %s, %s, %s, %s, %s, %s::jsonb, %s)"
+                "VALUES (%s, %s, %s, %s, %s, %s, %s::jsonb, %s) "
+                'ON CONFLICT (group_id, topic, partition, "offset") DO UPDATE SET key = '
+                "EXCLUDED.key, value = EXCLUDED.value, headers = EXCLUDED.headers, "
+                "error = EXCLUDED.error, failed_at = EXCLUDED.failed_at"
             ).format(self._dead_letters),
             (
                 self._group,

@@ -3,7 +3,8 @@
 1. The fenced offset advance, first in the transaction: each partition moves from the offset
    its lease expects to the offset after its last record, only while the lease's owner epoch
    is the current one.
-2. The rows of every route (COPY, or COPY into a staging table and `INSERT ... ON CONFLICT`),
+2. The dead letters of a range applied again cleared (an offset reset, a restart after one),
+   then the rows of every route (COPY, or COPY into a staging table and `INSERT ... ON CONFLICT`),
    and the dead letters of the records that cannot be rows.
 3. COMMIT. Nothing else moves before its outcome is known: the service moves the partitions'
    states, the metrics and the Kafka mirror from the `CommitResult`.
@@ -236,7 +237,7 @@ class Committer:
         started = time.perf_counter()
         # Step 1, 2 and 3 go in one message, in this order.
         advance = self._store.advance_statement(self._advances(batch), strict=True)
-        steps = batch.changes + list(chain.from_iterable(batch.plans.values()))
+        steps = [*batch.changes, *self._replays(batch), *chain.from_iterable(batch.plans.values())]
         try:
             transaction = PipelinedTransaction(
                 conn, steps, advance=advance, timeout_s=self._timeout_s
@@ -347,13 +348,23 @@ class Committer:
             refused = self._store.advance(conn, self._advances(batch))
             if refused:
                 raise _LeaseRefused(refused)  # rolls the transaction back
-            run_steps(conn, batch.changes)
+            run_steps(conn, [*batch.changes, *self._replays(batch)])
             # Step 2
             staged: set[str] = set()
             for topic, records in by_topic(batch.records).items():
                 counts = self._applier.apply(conn, self._targets[topic], records, staged)
                 applied[topic] = (counts.applied + counts.deleted, counts.dead, counts.skipped)
         # Step 3: the block above committed on leaving it.
+
+    def _replays(self, batch: Batch) -> list[Step]:
+        """For each partition whose records start below its last dead letter: clearing the
+        dead letters of the range it applies again."""
+        steps = []
+        for key, records in batch.records.items():
+            first = offset_of(records[0])
+            if first < batch.leases[key].dead_letters_end:
+                steps.append(self._applier.replayed(key, first, offset_of(records[-1])))
+        return steps
 
     @staticmethod
     def _advances(batch: Batch) -> list[tuple[Lease, int]]:

@@ -12,7 +12,9 @@ consumer's positions: assigned, paused, resumed.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import psycopg
@@ -26,6 +28,14 @@ from consumers.partitions import PartitionState, PartitionTable, out_of_range_re
 
 log = logging.getLogger("bridge.consumer")
 
+# How long a partition's log range (the watermarks) is asked for: on assignment, inside the
+# rebalance callback; then again from each reconcile, inside the poll loop.
+_RANGE_BUDGET_S = 10.0
+_RANGE_BUDGET_AGAIN_S = 2.0
+_RANGE_FIRST_PAUSE_S = 0.1
+_RANGE_LONGEST_PAUSE_S = 1.0
+_RANGE_SHORTEST_WAIT_S = 0.5
+
 
 class LeaseKeeper:
     def __init__(
@@ -38,6 +48,9 @@ class LeaseKeeper:
         consumer: Consumer,
         batches: BatchLifecycle,
         forget: Callable[[list[PartitionKey]], None],
+        dead_letters_ends: Callable[
+            [psycopg.Connection[Any], list[PartitionKey]], dict[PartitionKey, int]
+        ],
     ) -> None:
         self._table = table
         self._store = store
@@ -46,21 +59,21 @@ class LeaseKeeper:
         self._consumer = consumer
         self._batches = batches  # the batch in flight settles before a lease moves
         self._forget_metrics = forget
+        self._dead_letters_ends = dead_letters_ends
+        # Assigned by Kafka, not claimed yet: since when, and why.
+        self._unclaimed: dict[PartitionKey, tuple[float, str]] = {}
+        self._range_failures: dict[PartitionKey, str] = {}  # the last error of each range query
 
     # -- rebalance callbacks (run inside consume) -----------------------------------------------
 
     def on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self._batches.settle()
         keys = [(tp.topic, tp.partition) for tp in partitions]
-        leases, ranges = self._claim_at_watermarks(consumer, keys)
-        consumer.incremental_assign(
-            [TopicPartition(lease.topic, lease.partition, lease.next_offset) for lease in leases]
-        )
-        self._take(consumer, leases, ranges)
-        log.info("assigned %s", [(x.topic, x.partition, x.next_offset) for x in leases])
+        self._claim_assigned(consumer, keys, budget_s=_RANGE_BUDGET_S, done="assigned")
 
     def on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self._batches.settle()  # the batch in flight holds records of these partitions
+        partitions = self._drop_unclaimed(partitions)
         keys = [(tp.topic, tp.partition) for tp in partitions]
         held = {lease.key: lease for lease in self._table.leases()}
         leases = [held[key] for key in keys if key in held]
@@ -80,6 +93,7 @@ class LeaseKeeper:
 
     def on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self._batches.settle()
+        partitions = self._drop_unclaimed(partitions)
         self._forget([(tp.topic, tp.partition) for tp in partitions])
         consumer.incremental_unassign(partitions)
 
@@ -95,6 +109,10 @@ class LeaseKeeper:
         `fenced` or `out_of_range` partition comes back without a rebalance."""
         self._batches.settle()
         consumer = self._consumer
+        if self._unclaimed:
+            self._claim_assigned(
+                consumer, list(self._unclaimed), budget_s=_RANGE_BUDGET_AGAIN_S, done="claimed late"
+            )
         keys = self._table.keys()
         if not keys:
             return
@@ -109,7 +127,11 @@ class LeaseKeeper:
             consumer.pause([TopicPartition(*key) for key, _ in taken])
         if not released:
             return
-        leases, ranges = self._claim_at_watermarks(consumer, released)
+        ranges = self._log_ranges(consumer, released, _RANGE_BUDGET_AGAIN_S)
+        if not ranges:
+            return  # tried again at the next reconcile; the partitions say why meanwhile
+        leases = self._db.run(lambda conn: self._claim(conn, ranges))
+        released = list(ranges)
         # Assigned afresh rather than sought: a partition whose fetch failed (offset out of range
         # with auto.offset.reset=error) refuses a seek, and a new assignment also drops anything
         # fetched from the old position.
@@ -142,15 +164,85 @@ class LeaseKeeper:
 
     # -- claiming -----------------------------------------------------------------------------
 
-    def _claim_at_watermarks(
-        self, consumer: Consumer, keys: list[PartitionKey]
-    ) -> tuple[list[Lease], dict[PartitionKey, tuple[int, int]]]:
-        watermarks = {
-            key: consumer.get_watermark_offsets(TopicPartition(*key), timeout=10, cached=False)
-            for key in keys
-        }
-        leases = self._db.run(lambda conn: self._claim(conn, watermarks))
-        return leases, watermarks
+    def reasons(self) -> list[str]:
+        """For /readyz: the partitions Kafka assigned that cannot be claimed yet, and why."""
+        now = time.monotonic()
+        return [
+            f"{topic}[{partition}] assigned but not claimed for {now - since:.0f}s: {why}"
+            for (topic, partition), (since, why) in sorted(self._unclaimed.items())
+        ]
+
+    def _claim_assigned(
+        self, consumer: Consumer, keys: list[PartitionKey], *, budget_s: float, done: str
+    ) -> None:
+        """Claim and start consuming partitions Kafka assigned. Those whose log range cannot be
+        read (a leader unreachable, metadata not yet known) stay unassigned in the client and
+        are tried again at each reconcile, reported meanwhile: never an exit for a fault the
+        cluster heals on its own."""
+        ranges = self._log_ranges(consumer, keys, budget_s)
+        for key in keys:
+            if key not in ranges:
+                since = self._unclaimed.get(key, (time.monotonic(), ""))[0]
+                self._unclaimed[key] = (since, self._range_failures.pop(key, "no log range"))
+        if not ranges:
+            return
+        leases = self._db.run(lambda conn: self._claim(conn, ranges))
+        for key in ranges:
+            self._unclaimed.pop(key, None)
+        consumer.incremental_assign(
+            [TopicPartition(lease.topic, lease.partition, lease.next_offset) for lease in leases]
+        )
+        self._take(consumer, leases, ranges)
+        log.info("%s %s", done, [(x.topic, x.partition, x.next_offset) for x in leases])
+
+    def _log_ranges(
+        self, consumer: Consumer, keys: list[PartitionKey], budget_s: float
+    ) -> dict[PartitionKey, tuple[int, int]]:
+        """Each partition's log start and end, asked of its leader for at most `budget_s` in
+        all, with growing pauses between tries; a partition not read by then is left out, its
+        last error in `_range_failures`. Bounded because it runs inside Kafka's rebalance
+        callback and the poll loop."""
+        deadline = time.monotonic() + budget_s
+        ranges: dict[PartitionKey, tuple[int, int]] = {}
+        for key in keys:
+            pause = _RANGE_FIRST_PAUSE_S
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    self._range_failures.setdefault(key, "its log range was not asked for in time")
+                    break
+                try:
+                    wait = max(_RANGE_SHORTEST_WAIT_S, left)
+                    ranges[key] = consumer.get_watermark_offsets(
+                        TopicPartition(*key), timeout=wait, cached=False
+                    )
+                    self._range_failures.pop(key, None)
+                    break
+                except KafkaException as exc:
+                    self._range_failures[key] = f"its log range cannot be read ({exc.args[0]})"
+                    log.warning(
+                        "%s[%d]: the log range query failed: %s", key[0], key[1], exc.args[0]
+                    )
+                    time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+                    pause = min(2 * pause, _RANGE_LONGEST_PAUSE_S)
+        for key in keys:
+            if key not in ranges:
+                log.error(
+                    "%s[%d] cannot be claimed yet: %s; trying again every second",
+                    key[0],
+                    key[1],
+                    self._range_failures.get(key, ""),
+                )
+        return ranges
+
+    def _drop_unclaimed(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
+        """`partitions` less those assigned but never claimed, which the client does not hold
+        (unassigning them would be refused)."""
+        dropped = {(tp.topic, tp.partition) for tp in partitions} & set(self._unclaimed)
+        for key in dropped:
+            del self._unclaimed[key]
+            self._range_failures.pop(key, None)
+        return [tp for tp in partitions if (tp.topic, tp.partition) not in dropped]
 
     def _claim(
         self, conn: psycopg.Connection[Any], watermarks: dict[PartitionKey, tuple[int, int]]
@@ -158,7 +250,12 @@ class LeaseKeeper:
         # Where a partition never seen starts; a stored offset wins inside the claim itself.
         earliest = self._config.start_policy == "earliest"
         starts = {key: low if earliest else high for key, (low, high) in watermarks.items()}
-        return self._store.claim(conn, starts, lock_wait_ms=self._config.db_session_timeout_ms // 2)
+        leases = self._store.claim(
+            conn, starts, lock_wait_ms=self._config.db_session_timeout_ms // 2
+        )
+        # Read after the claim: from here on only this member writes the partitions' dead letters.
+        ends = self._dead_letters_ends(conn, [lease.key for lease in leases])
+        return [replace(lease, dead_letters_end=ends.get(lease.key, 0)) for lease in leases]
 
     def _take(
         self, consumer: Consumer, leases: list[Lease], ranges: dict[PartitionKey, tuple[int, int]]

@@ -7,6 +7,7 @@ in hand and leave the group.
 from __future__ import annotations
 
 import gc
+import logging
 import signal
 import sys
 from pathlib import Path
@@ -21,6 +22,8 @@ from bridge.names import DEFAULT_STACK_DIR, ENV_CONFIG_FILE, ENV_STACK_DIR, STAC
 from bridge.settings import load_settings, stack_env_files
 
 _YOUNG_COLLECTION_THRESHOLD = 50_000
+EXIT_UNEXPECTED = 1  # an error nothing handles; 2 is a refusal (configuration, permissions)
+log = logging.getLogger("bridge.consumer")
 
 
 def run_consumer(config: Path | None, stack_dir: Path) -> None:
@@ -36,9 +39,23 @@ def run_consumer(config: Path | None, stack_dir: Path) -> None:
 
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
-    service.start()
-    _tune_garbage_collector()
-    service.run()
+    try:
+        service.start()
+        _tune_garbage_collector()
+        service.run()
+    except BridgeError:  # a refusal with its own message: the caller prints it, exit 2
+        raise
+    except Exception as exc:
+        # A bug or a fault nothing here handles: one JSON line with what the member held, and
+        # a non-zero exit for the supervisor, which starts it again from the stored offsets.
+        log.critical(
+            "the consumer stopped on an unexpected error: %s: %s",
+            type(exc).__name__,
+            exc,
+            exc_info=True,
+            extra=service.context(),
+        )
+        raise SystemExit(EXIT_UNEXPECTED) from None
 
 
 def _tune_garbage_collector() -> None:

@@ -146,9 +146,10 @@ class ConsumerService:
             raise
         finally:
             engine.dispose()
+        applier = Applier(tables=self._tables, group_id=self._config.group_id)
         committer = Committer(
             store=self._store,
-            applier=Applier(tables=self._tables, group_id=self._config.group_id),
+            applier=applier,
             targets=targets,
             timeout_s=self._db.reply_timeout_s,
             on_ignored=self._ignored,
@@ -186,6 +187,7 @@ class ConsumerService:
             consumer=consumer,
             batches=batches,
             forget=self.metrics.forget,
+            dead_letters_ends=applier.dead_letters_ends,
         )
         self._member = _Member(consumer, batches, leases)
         consumer.subscribe(
@@ -312,48 +314,70 @@ class ConsumerService:
         self._stop.set()
 
     def run(self) -> None:
-        """Consume until `stop`; then leave the group and close."""
+        """Consume until `stop`; then leave the group and close. An error that ends the loop
+        is raised as it is: closing after it never replaces it."""
+        try:
+            self._loop()
+        except BaseException:
+            try:
+                self.close()
+            except Exception:  # the batch in flight was cut short by the error itself
+                log.warning("closing after an error failed too", exc_info=True)
+            raise
+        self.close()
+
+    def context(self) -> dict[str, Any]:
+        """What an error report says about this member: its group, owner and partitions."""
+        member = self._member
+        return {
+            "group": self._config.group_id,
+            "owner": self._owner,
+            "stage": str(member.batches.stage) if member is not None else None,
+            "partitions": {
+                f"{lease.topic}[{lease.partition}]": lease.next_offset
+                for lease in self._partitions.leases()
+            },
+        }
+
+    def _loop(self) -> None:
         member = self._member
         assert member is not None, "start() first"  # noqa: S101
         batches = member.batches
-        try:
-            while not self._stop.is_set():
-                self._last_turn = time.monotonic()
-                if self._last_turn >= self._next_reconcile:
-                    self._next_reconcile = self._last_turn + _RECONCILE_INTERVAL_S
-                    member.leases.reconcile()
-                    self.metrics.states(self._partitions.counts())
-                if not self._behind:
-                    batches.settle()  # caught up: nothing to overlap the commit with
-                # The database refused a batch, the registry could not answer for one, a table
-                # does not fit its schema, or a record stopped its partition.
-                retry_at = max(
-                    self._refusals.retry_at,
-                    self._registry.retry_at,
-                    self._mismatches.retry_at,
-                    self._stops.retry_at,
-                    self._unrouted.retry_at,
-                )
-                if self._last_turn < retry_at:
-                    self._stop.wait(min(1.0, retry_at - self._last_turn))
-                    continue
-                batches.polling()
-                messages = member.consumer.consume(
-                    self._config.batch_max_records, self._config.batch_max_wait_ms / 1000
-                )
-                self._behind = len(messages) >= self._config.batch_max_records
-                if any(map(Message.error, messages)):  # one C loop; errors are rare
-                    for message in messages:
-                        if message.error() is not None:
-                            self._kafka_error(message)
-                    messages = [m for m in messages if m.error() is None]
-                self._kafka.check()
-                if messages:
-                    batches.submit(messages)
-                else:
-                    batches.settle()
-        finally:
-            self.close()
+        while not self._stop.is_set():
+            self._last_turn = time.monotonic()
+            if self._last_turn >= self._next_reconcile:
+                self._next_reconcile = self._last_turn + _RECONCILE_INTERVAL_S
+                member.leases.reconcile()
+                self.metrics.states(self._partitions.counts())
+            if not self._behind:
+                batches.settle()  # caught up: nothing to overlap the commit with
+            # The database refused a batch, the registry could not answer for one, a table
+            # does not fit its schema, or a record stopped its partition.
+            retry_at = max(
+                self._refusals.retry_at,
+                self._registry.retry_at,
+                self._mismatches.retry_at,
+                self._stops.retry_at,
+                self._unrouted.retry_at,
+            )
+            if self._last_turn < retry_at:
+                self._stop.wait(min(1.0, retry_at - self._last_turn))
+                continue
+            batches.polling()
+            messages = member.consumer.consume(
+                self._config.batch_max_records, self._config.batch_max_wait_ms / 1000
+            )
+            self._behind = len(messages) >= self._config.batch_max_records
+            if any(map(Message.error, messages)):  # one C loop; errors are rare
+                for message in messages:
+                    if message.error() is not None:
+                        self._kafka_error(message)
+                messages = [m for m in messages if m.error() is None]
+            self._kafka.check()
+            if messages:
+                batches.submit(messages)
+            else:
+                batches.settle()
 
     def _kafka_error(self, message: Message) -> None:
         error = cast(KafkaError, message.error())  # the caller saw one
@@ -396,6 +420,7 @@ class ConsumerService:
         stalled_after = max(_STALLED_AFTER_S, 3 * self._config.batch_max_wait_ms / 1000)
         return (
             self._kafka.reasons()
+            + self._member.leases.reasons()
             + self._db.reasons()
             + self._refusals.reasons()
             + self._registry.reasons()

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, cast
 
 import psycopg
@@ -162,3 +166,34 @@ def eventually(check: Callable[[], bool], timeout: float = 60) -> None:
     while not check():
         assert time.monotonic() < deadline, "condition not reached in time"
         time.sleep(0.2)
+
+
+@contextmanager
+def consumer_process(config: Path, log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """`python -m consumers --config config` as a process of its own, whatever BRIDGE_* the
+    caller's shell holds, writing to `log`; killed on the way out if it still runs."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BRIDGE_")}
+    with (
+        log.open("wb") as out,
+        subprocess.Popen(
+            [sys.executable, "-m", "consumers", "--config", str(config)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+        ) as service,
+    ):
+        try:
+            yield service
+        finally:
+            if service.poll() is None:
+                service.kill()
+                service.wait()
+
+
+def json_lines(output: str) -> list[dict[str, Any]]:
+    """Each line a process wrote, as the JSON object it must be."""
+    records = []
+    for line in filter(str.strip, output.splitlines()):
+        assert line.startswith("{"), f"not a JSON line: {line!r}"
+        records.append(json.loads(line))
+    return records

@@ -40,6 +40,9 @@ class Lease:
     partition: int
     epoch: int
     next_offset: int
+    # The offset after the group's last dead letter of this partition, read at the claim: a
+    # batch that starts below it applies a range again (an offset reset, a restart after one).
+    dead_letters_end: int = 0
 
     @property
     def key(self) -> PartitionKey:

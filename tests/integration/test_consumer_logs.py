@@ -3,17 +3,13 @@ log shipper parsing its stderr loses none of them."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import yaml
 
 from bridge_shell.stack.process import free_port
-from tests.consumer_helpers import sql
+from tests.consumer_helpers import consumer_process, json_lines, sql
 from tests.harness import Endpoints
 
 
@@ -35,17 +31,8 @@ def test_librdkafka_lines_arrive_as_json_records(
             }
         )
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BRIDGE_")}
     log = tmp_path / "consumer.log"
-    with (
-        log.open("wb") as out,
-        subprocess.Popen(
-            [sys.executable, "-m", "consumers", "--config", str(config)],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-        ) as service,
-    ):
+    with consumer_process(config, log) as service:
         try:
             # Until librdkafka has said something, through the service's own log.
             deadline = time.monotonic() + 60
@@ -58,12 +45,8 @@ def test_librdkafka_lines_arrive_as_json_records(
             service.wait(timeout=60)
     output = log.read_text()
 
-    lines = [line for line in output.splitlines() if line.strip()]
-    assert lines, "the consumer wrote nothing"
-    records = []
-    for line in lines:
-        assert line.startswith("{"), f"not a JSON line: {line!r}"
-        records.append(json.loads(line))
+    records = json_lines(output)
+    assert records, "the consumer wrote nothing"
     refused = [r for r in records if r["logger"] == "bridge.rdkafka"]
     assert refused, output[-3000:]
     assert any(unreachable in r["message"] for r in refused), refused
