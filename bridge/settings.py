@@ -408,6 +408,9 @@ class ConsumerSettings(_Section):
     start_policy: Literal["earliest", "latest"] = "earliest"
     batch_max_records: int = Field(default=5000, ge=1, le=1_000_000)
     batch_max_wait_ms: int = Field(default=100, ge=1, le=60_000)
+    # What one Avro record may decode to in memory: a few body bytes can describe millions of
+    # values (an array of nulls), so past this the record is a dead letter naming the limit.
+    max_decoded_record_bytes: int = Field(default=64 * 1024**2, ge=64 * 1024, le=2**40)
     # Longest a database statement, or a pause inside a transaction, may last before PostgreSQL
     # ends the session: bounds how long a paused member's locks block the member that takes over.
     db_session_timeout_ms: int = Field(default=30_000, ge=1_000, le=3_600_000)

@@ -12,6 +12,13 @@
  * dates, times, Decimals with every digit, str, bytes, lists for arrays, dicts for maps and
  * records. Anything that does not read (a value cut short, a length or an index out of range,
  * bytes left over, text that is not UTF-8) raises ValueError naming what and where.
+ *
+ * A body is outside input, and so is the schema it is read by (anyone who reaches the registry
+ * can register one): the schema's numbers are checked when it is compiled, and here every value
+ * read is charged to the record's budget of decoded bytes before it is made, so that a few bytes
+ * cannot grow into millions of objects (an array of nulls, of empty records, a decimal with a
+ * huge scale); nesting is bounded by MAX_DEPTH, without recursing in C beyond it. ValueError is
+ * the only error a body or a compiled schema can raise.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -46,10 +53,20 @@ enum {
     OP_LOCAL_TIMESTAMP_MICROS = 22,
 };
 
+/* How deep values may nest (unions, arrays, maps, records inside the top record). */
+#define MAX_DEPTH 64
+/* What a value is charged, roughly what CPython spends on it (64-bit): a reference in its
+ * container, and the object itself unless it is shared (None, booleans, enum symbols). */
+#define COST_SLOT 8
+#define COST_OBJECT 64
+
 typedef struct {
     const unsigned char *start;
     const unsigned char *p;
     const unsigned char *end;
+    int depth;
+    long long budget; /* decoded bytes this record may still take */
+    long long limit;
 } Cursor;
 
 static PyObject *decimal_type; /* decimal.Decimal */
@@ -60,6 +77,19 @@ static PyObject *signed_kwargs;
 static void *fail(const Cursor *c, const char *what) {
     PyErr_Format(PyExc_ValueError, "%s at byte %zd of the body", what, (Py_ssize_t)(c->p - c->start));
     return NULL;
+}
+
+/* Charge `cost` decoded bytes to the record, or fail naming the limit. */
+static int charge(Cursor *c, long long cost) {
+    if (cost < 0 || cost > c->budget) {
+        PyErr_Format(PyExc_ValueError,
+                     "the record decodes to more than %lld bytes at byte %zd of the body (the "
+                     "limit is consumer.max_decoded_record_bytes)",
+                     c->limit, (Py_ssize_t)(c->p - c->start));
+        return -1;
+    }
+    c->budget -= cost;
+    return 0;
 }
 
 static int read_long(Cursor *c, int64_t *out) {
@@ -93,6 +123,7 @@ static const unsigned char *read_sized(Cursor *c, Py_ssize_t *size) {
 }
 
 static const unsigned char *read_fixed(Cursor *c, Py_ssize_t size) {
+    if (size < 0) return fail(c, "a fixed of negative size");
     if (size > c->end - c->p) return fail(c, "the value ends inside a fixed");
     const unsigned char *at = c->p;
     c->p += size;
@@ -191,7 +222,10 @@ static PyObject *placed_decimal(const char *digits, Py_ssize_t n, int64_t scale)
 
 /* The two's-complement big-endian unscaled value of a decimal, with `scale` digits after the
  * point, as a Decimal holding every digit. */
-static PyObject *decimal_of(const unsigned char *at, Py_ssize_t size, int64_t scale) {
+static PyObject *decimal_of(Cursor *c, const unsigned char *at, Py_ssize_t size, int64_t scale) {
+    /* Every byte of the unscaled value makes at most 3 digits; the scale adds leading zeros. */
+    if (scale < 0 || scale > PY_SSIZE_T_MAX / 4) return fail(c, "a decimal scale out of range");
+    if (charge(c, COST_OBJECT + 3 * (long long)size + (long long)scale + 24) < 0) return NULL;
     if (size <= 8) { /* fits an int64: its digits written here */
         uint64_t raw = 0;
         for (Py_ssize_t i = 0; i < size; i++) raw = (raw << 8) | at[i];
@@ -227,9 +261,19 @@ static PyObject *decimal_of(const unsigned char *at, Py_ssize_t size, int64_t sc
 
 static PyObject *decode(Cursor *c, PyObject *node);
 
+/* Whether a value of `node` may take no bytes of the body: a null, a fixed of size 0, or (not
+ * looked into, as it may be recursive) a record. Those are bounded by the budget alone. */
+static int may_be_empty(PyObject *node) {
+    long op = PyLong_AsLong(PyTuple_GET_ITEM(node, 0));
+    if (op == OP_NULL || op == OP_RECORD) return 1;
+    if (op == OP_FIXED || op == OP_DECIMAL_FIXED) return PyLong_AsSsize_t(PyTuple_GET_ITEM(node, 1)) == 0;
+    return 0;
+}
+
 /* The items of an array or a map come in blocks: a count (negative: its absolute value, then
- * the block's size in bytes), the items, and a count of 0 at the end. */
-static int read_block_count(Cursor *c, PyObject *item_node, int64_t *count) {
+ * the block's size in bytes), the items, and a count of 0 at the end. Each item's reference is
+ * charged for the whole block before any is read. */
+static int read_block_count(Cursor *c, PyObject *item_node, long long slot, int64_t *count) {
     if (read_long(c, count) < 0) return -1;
     if (*count < 0) {
         int64_t size;
@@ -240,22 +284,23 @@ static int read_block_count(Cursor *c, PyObject *item_node, int64_t *count) {
         *count = -*count;
         if (read_long(c, &size) < 0) return -1;
     }
-    /* Each item takes a byte at least, but for nulls: no more items than bytes left. */
+    /* Most items take a byte at least: no more of them than bytes left. */
     int64_t left = c->end - c->p;
-    long op = PyLong_AsLong(PyTuple_GET_ITEM(item_node, 0));
-    if (*count > left && !(op == OP_NULL && *count <= (1 << 20))) {
+    if (*count > left && !may_be_empty(item_node)) {
         fail(c, "a block of more items than the value has bytes");
         return -1;
     }
-    return 0;
+    if (*count > c->budget / slot) return charge(c, c->budget + 1);
+    return charge(c, *count * slot);
 }
 
 static PyObject *decode_array(Cursor *c, PyObject *items) {
+    if (charge(c, COST_OBJECT) < 0) return NULL;
     PyObject *list = PyList_New(0);
     if (list == NULL) return NULL;
     for (;;) {
         int64_t count;
-        if (read_block_count(c, items, &count) < 0) goto error;
+        if (read_block_count(c, items, COST_SLOT, &count) < 0) goto error;
         if (count == 0) return list;
         for (int64_t i = 0; i < count; i++) {
             PyObject *item = decode(c, items);
@@ -271,11 +316,12 @@ error:
 }
 
 static PyObject *decode_map(Cursor *c, PyObject *values) {
+    if (charge(c, COST_OBJECT) < 0) return NULL;
     PyObject *dict = PyDict_New();
     if (dict == NULL) return NULL;
     for (;;) {
         int64_t count;
-        if (read_block_count(c, values, &count) < 0) goto error;
+        if (read_block_count(c, values, COST_OBJECT, &count) < 0) goto error;
         if (count == 0) return dict;
         for (int64_t i = 0; i < count; i++) {
             Py_ssize_t size;
@@ -300,9 +346,10 @@ error:
 }
 
 static PyObject *decode_record(Cursor *c, PyObject *names, PyObject *fields) {
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fields);
+    if (charge(c, COST_OBJECT + (long long)n * COST_OBJECT) < 0) return NULL;
     PyObject *dict = PyDict_New();
     if (dict == NULL) return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(fields);
     PyObject **items = PySequence_Fast_ITEMS(fields);
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *value = decode(c, items[i]);
@@ -318,7 +365,8 @@ error:
 }
 
 static PyObject *decode_nested(Cursor *c, PyObject *node, long op) {
-    if (Py_EnterRecursiveCall(" while reading an Avro value")) return NULL;
+    if (c->depth >= MAX_DEPTH) return fail(c, "a value nested deeper than " Py_STRINGIFY(MAX_DEPTH) " levels");
+    c->depth++;
     PyObject *value = NULL;
     if (op == OP_ARRAY) {
         value = decode_array(c, PyTuple_GET_ITEM(node, 1));
@@ -336,7 +384,7 @@ static PyObject *decode_nested(Cursor *c, PyObject *node, long op) {
                 value = decode(c, PyTuple_GET_ITEM(branches, (Py_ssize_t)branch));
         }
     }
-    Py_LeaveRecursiveCall();
+    c->depth--;
     return value;
 }
 
@@ -345,6 +393,11 @@ static PyObject *decode(Cursor *c, PyObject *node) {
     int64_t n;
     Py_ssize_t size;
     const unsigned char *at;
+    /* Shared values and containers charge their own; every other value is an object. */
+    if (op > OP_BOOLEAN && op != OP_ENUM && op != OP_UNION && op != OP_ARRAY && op != OP_MAP &&
+        op != OP_RECORD && op != OP_DECIMAL_BYTES && op != OP_DECIMAL_FIXED &&
+        charge(c, COST_OBJECT) < 0)
+        return NULL;
     switch (op) {
     case OP_NULL:
         Py_RETURN_NONE;
@@ -365,15 +418,15 @@ static PyObject *decode(Cursor *c, PyObject *node) {
     case OP_DOUBLE:
         if ((at = read_fixed(c, 8)) == NULL) return NULL;
         return PyFloat_FromDouble(PyFloat_Unpack8((const char *)at, 1));
-    case OP_STRING:
-        if ((at = read_sized(c, &size)) == NULL) return NULL;
+    case OP_STRING: /* up to 4 bytes a character once decoded */
+        if ((at = read_sized(c, &size)) == NULL || charge(c, 4 * (long long)size) < 0) return NULL;
         return PyUnicode_DecodeUTF8((const char *)at, size, NULL);
     case OP_BYTES:
-        if ((at = read_sized(c, &size)) == NULL) return NULL;
+        if ((at = read_sized(c, &size)) == NULL || charge(c, size) < 0) return NULL;
         return PyBytes_FromStringAndSize((const char *)at, size);
     case OP_FIXED:
         size = PyLong_AsSsize_t(PyTuple_GET_ITEM(node, 1));
-        if ((at = read_fixed(c, size)) == NULL) return NULL;
+        if ((at = read_fixed(c, size)) == NULL || charge(c, size) < 0) return NULL;
         return PyBytes_FromStringAndSize((const char *)at, size);
     case OP_ENUM: {
         PyObject *symbols = PyTuple_GET_ITEM(node, 1);
@@ -388,11 +441,11 @@ static PyObject *decode(Cursor *c, PyObject *node) {
         return decode_nested(c, node, op);
     case OP_DECIMAL_BYTES:
         if ((at = read_sized(c, &size)) == NULL) return NULL;
-        return decimal_of(at, size, PyLong_AsLongLong(PyTuple_GET_ITEM(node, 1)));
+        return decimal_of(c, at, size, PyLong_AsLongLong(PyTuple_GET_ITEM(node, 1)));
     case OP_DECIMAL_FIXED:
         size = PyLong_AsSsize_t(PyTuple_GET_ITEM(node, 1));
         if ((at = read_fixed(c, size)) == NULL) return NULL;
-        return decimal_of(at, size, PyLong_AsLongLong(PyTuple_GET_ITEM(node, 2)));
+        return decimal_of(c, at, size, PyLong_AsLongLong(PyTuple_GET_ITEM(node, 2)));
     case OP_DATE:
         if (read_long(c, &n) < 0) return NULL;
         return date_of(c, n);
@@ -413,22 +466,27 @@ static PyObject *decode(Cursor *c, PyObject *node) {
     case OP_LOCAL_TIMESTAMP_MICROS:
         if (read_long(c, &n) < 0) return NULL;
         return timestamp_of(c, n, op == OP_TIMESTAMP_MICROS);
-    default:
-        PyErr_Format(PyExc_SystemError, "unknown Avro opcode %ld", op);
+    default: /* only a compiler bug makes one; still the reader's one error */
+        PyErr_Format(PyExc_ValueError, "unknown Avro opcode %ld", op);
         return NULL;
     }
 }
 
 PyDoc_STRVAR(decode_rows_doc,
-"decode_rows(values, skip, fields, template)\n--\n\n"
+"decode_rows(values, skip, fields, template, limit)\n--\n\n"
 "One tuple per value of the list `values` (bytes): the body after `skip` header bytes read by\n"
 "`fields`, a tuple of (node, column) in the writer schema's order, each value put at its\n"
 "column of a copy of `template` (column -1: read and dropped). ValueError when a value does\n"
-"not read to its last byte.");
+"not read to its last byte, nests deeper than MAX_DEPTH, or decodes to more than `limit` bytes.");
 
 static PyObject *decode_rows(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 4 || !PyList_Check(args[0]) || !PyTuple_Check(args[2]) || !PyTuple_Check(args[3])) {
-        PyErr_SetString(PyExc_TypeError, "decode_rows(list, int, tuple, tuple)");
+    if (nargs != 5 || !PyList_Check(args[0]) || !PyTuple_Check(args[2]) || !PyTuple_Check(args[3])) {
+        PyErr_SetString(PyExc_TypeError, "decode_rows(list, int, tuple, tuple, int)");
+        return NULL;
+    }
+    long long limit = PyLong_AsLongLong(args[4]);
+    if (limit < 0) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "a negative limit");
         return NULL;
     }
     PyObject *values = args[0], *fields = args[2], *template = args[3];
@@ -451,7 +509,7 @@ static PyObject *decode_rows(PyObject *Py_UNUSED(module), PyObject *const *args,
             PyErr_SetString(PyExc_ValueError, "a value shorter than its header");
             goto error;
         }
-        Cursor c = {bytes + skip, bytes + skip, bytes + length};
+        Cursor c = {bytes + skip, bytes + skip, bytes + length, 0, limit, limit};
         PyObject *row = PyTuple_New(width);
         if (row == NULL) goto error;
         for (Py_ssize_t k = 0; k < width; k++) PyTuple_SET_ITEM(row, k, Py_NewRef(PyTuple_GET_ITEM(template, k)));
@@ -503,5 +561,10 @@ PyMODINIT_FUNC PyInit__avro_body(void) {
     big_signed = Py_BuildValue("(s)", "big");
     signed_kwargs = Py_BuildValue("{s:O}", "signed", Py_True);
     if (big_signed == NULL || signed_kwargs == NULL) return NULL;
-    return PyModule_Create(&module_def);
+    PyObject *module = PyModule_Create(&module_def);
+    if (module != NULL && PyModule_AddIntConstant(module, "MAX_DEPTH", MAX_DEPTH) < 0) {
+        Py_DECREF(module);
+        return NULL;
+    }
+    return module;
 }

@@ -18,7 +18,7 @@ from collections.abc import Callable, Collection, Iterable, Sequence
 from itertools import repeat
 from typing import Any, NamedTuple
 
-from consumers.avro_program import Program, compile_record
+from consumers.avro_program import Program, SchemaRefused, compile_record
 from consumers.records import RecordError
 from consumers.registry_schemas import AVRO, HEADER, SchemaCache, schema_id, unframed
 from consumers.rows import UNSET, ArrayValue, Row, as_cell, json_text
@@ -118,7 +118,13 @@ class AvroRowDecoder:
         carried = [self._columns[i] for i in self.carried]
         if fields & self._filled or not self._tracked.intersection(carried) <= fields:
             return None
-        return reading_of(carried, schema, tracked=self._tracked, arrays=self._arrays)
+        return reading_of(
+            carried,
+            schema,
+            tracked=self._tracked,
+            arrays=self._arrays,
+            limit=self._schemas.max_decoded_bytes,
+        )
 
     def _reading(self, writer: int) -> Reading:
         if writer in self._schemas.missing:
@@ -132,7 +138,17 @@ class AvroRowDecoder:
         if not isinstance(schema, dict) or schema.get("type") != "record":
             self._schemas.missing[writer] = f"schema id {writer} is not an Avro record"
             raise RecordError(self._schemas.missing[writer])
-        reading = reading_of(self._columns, schema, tracked=self._tracked, arrays=self._arrays)
+        try:
+            reading = reading_of(
+                self._columns,
+                schema,
+                tracked=self._tracked,
+                arrays=self._arrays,
+                limit=self._schemas.max_decoded_bytes,
+            )
+        except SchemaRefused as exc:  # the cache checks what it fetches; this is a second guard
+            self._schemas.missing[writer] = f"schema id {writer} cannot be read: {exc}"
+            raise RecordError(self._schemas.missing[writer]) from None
         self._readings[writer] = reading
         return reading
 
@@ -154,6 +170,7 @@ def reading_of(
     *,
     tracked: Collection[str],
     arrays: Collection[str],
+    limit: int,
 ) -> Reading:
     """How values of the record `schema` (as fastavro parses it) become rows of `columns`."""
     kinds = {f["name"]: _kind(f["type"]) for f in schema["fields"]}
@@ -163,7 +180,8 @@ def reading_of(
         fix = _converter(kinds[column], to_array=column in arrays) if column in kinds else None
         if fix is not None:
             fixes.append((i, fix))
-    return Reading(compile_record(schema, columns, absent), _row_fix(fixes) if fixes else None)
+    program = compile_record(schema, columns, absent, limit=limit)
+    return Reading(program, _row_fix(fixes) if fixes else None)
 
 
 def _row_fix(fixes: list[tuple[int, Callable[[Any], Any]]]) -> RowFix:

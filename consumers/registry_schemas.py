@@ -23,10 +23,12 @@ from typing import Any
 import fastavro
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.error import SchemaRegistryError
+from fastavro.schema import SchemaParseException
 from tenacity import RetryCallState, Retrying, wait_exponential
 
 from bridge.errors import BridgeError
 from bridge.settings import SchemaRegistrySettings
+from consumers.avro_program import check as check_avro
 from consumers.records import RecordError
 
 log = logging.getLogger("bridge.consumer")
@@ -38,6 +40,7 @@ _SCHEMA_NOT_FOUND = 40403  # the Confluent-compatible API's error code (HTTP 404
 AVRO, JSON = "AVRO", "JSON"  # the registry's schema types bridge reads
 # One request at a time, each bounded; the batch's own backoff retries, not the client.
 _CLIENT_TIMEOUT_S = 10
+MAX_SCHEMA_CHARS = 1024**2  # a writer schema's text; a real one is a few kilobytes
 # Between tries while the registry cannot answer: from 1 s, doubling, to at most 30 s.
 _wait = wait_exponential(multiplier=1, max=30)
 
@@ -67,7 +70,11 @@ class SchemaCache:
     decoded by (the registry does not know them, they are of a kind bridge does not read, or
     they cannot be parsed)."""
 
-    def __init__(self, settings: SchemaRegistrySettings) -> None:
+    def __init__(
+        self, settings: SchemaRegistrySettings, *, max_decoded_bytes: int = 64 * 1024**2
+    ) -> None:
+        """`max_decoded_bytes`: what one record read by these schemas may decode to."""
+        self.max_decoded_bytes = max_decoded_bytes
         config: dict[str, Any] = {
             "timeout": _CLIENT_TIMEOUT_S,
             "max.retries": 0,
@@ -129,13 +136,22 @@ class SchemaCache:
         if kind not in (AVRO, JSON):
             self._missing(wanted, f"schema id {wanted} is {kind}, which bridge does not read")
             return
+        text = schema.schema_str or "null"
+        if len(text) > MAX_SCHEMA_CHARS:
+            self._missing(wanted, f"schema id {wanted} is {len(text)} characters long, more "
+                          f"than the {MAX_SCHEMA_CHARS} bridge reads")  # fmt: skip
+            return
         try:
-            document = json.loads(schema.schema_str or "null")
+            document = json.loads(text)
             parsed = fastavro.parse_schema(document) if kind == AVRO else document
-        except (ValueError, fastavro.schema.SchemaParseException) as exc:
+            if kind == AVRO:
+                check_avro(parsed)  # the numbers fastavro lets through
+        except (ValueError, TypeError, KeyError, RecursionError, SchemaParseException) as exc:
             # Such as an Avro schema that names types of another subject (schema references,
-            # which are not followed here): no record of it can be read.
-            self._missing(wanted, f"schema id {wanted} cannot be read: {exc}")
+            # which are not followed here), or one nested past what JSON is read to: no record
+            # of it can be read.
+            why = str(exc) if not isinstance(exc, RecursionError) else "nested too deeply"
+            self._missing(wanted, f"schema id {wanted} cannot be read: {why}")
             return
         self.types[wanted] = kind
         self.schemas[wanted] = parsed

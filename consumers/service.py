@@ -137,7 +137,9 @@ class ConsumerService:
         if registry is not None and any(
             r.value_format != "json" or r.key_format != "json" for r in self._config.routes
         ):
-            self._schemas = SchemaCache(registry)
+            self._schemas = SchemaCache(
+                registry, max_decoded_bytes=self._config.max_decoded_record_bytes
+            )
         try:
             targets = at_start(prepare, stop=self._stop)
         except BaseException:

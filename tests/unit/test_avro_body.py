@@ -75,7 +75,8 @@ EVERY_TYPE: dict[str, Any] = fastavro.parse_schema(  # type: ignore[assignment]
     }
 )
 NAMES = [f["name"] for f in EVERY_TYPE["fields"]]
-PROGRAM = compile_record(EVERY_TYPE, NAMES, [None] * len(NAMES))
+LIMIT = 64 * 1024**2  # the default of consumer.max_decoded_record_bytes
+PROGRAM = compile_record(EVERY_TYPE, NAMES, [None] * len(NAMES), limit=LIMIT)
 
 
 def _record(rng: random.Random) -> dict[str, Any]:
@@ -160,7 +161,7 @@ def test_a_decimal_keeps_every_digit_and_its_scale() -> None:
     schema = fastavro.parse_schema({"type": "record", "name": "D", "fields": [
         {"name": "d", "type": {"type": "bytes", "logicalType": "decimal",
                                "precision": 60, "scale": 20}}]})  # fmt: skip
-    program = compile_record(schema, ["d"], [None])  # type: ignore[arg-type]
+    program = compile_record(schema, ["d"], [None], limit=LIMIT)  # type: ignore[arg-type]
     for text in ("0E-20", "-0.00000000000000000001", "12345678901234567890.12345678901234567890",
                  "-99999999999999999999999999999999999999.99999999999999999999",
                  "1.00000000000000000000"):  # fmt: skip
@@ -175,7 +176,9 @@ def test_a_decimal_keeps_every_digit_and_its_scale() -> None:
 
 
 def test_columns_take_their_fields_and_keep_the_template_elsewhere() -> None:
-    program = compile_record(EVERY_TYPE, ["big", "absent", "text"], ["big?", "ABSENT", "text?"])
+    program = compile_record(
+        EVERY_TYPE, ["big", "absent", "text"], ["big?", "ABSENT", "text?"], limit=LIMIT
+    )
     body = _bodies(1)[0]
     expected = _reference(body)
     assert program.rows([b"\x00\x00\x00\x00\x01" + body], 5) == [
@@ -186,7 +189,7 @@ def test_columns_take_their_fields_and_keep_the_template_elsewhere() -> None:
 def test_an_array_written_in_sized_blocks_reads_like_one_block() -> None:
     schema = fastavro.parse_schema({"type": "record", "name": "A", "fields": [
         {"name": "a", "type": {"type": "array", "items": "long"}}]})  # fmt: skip
-    program = compile_record(schema, ["a"], [None])  # type: ignore[arg-type]
+    program = compile_record(schema, ["a"], [None], limit=LIMIT)  # type: ignore[arg-type]
     # Two blocks: count -2 (zigzag 3) with its size in bytes (2, zigzag 4), then count 1, then 0.
     body = bytes([3, 4, 2, 4, 2, 6, 0])
     assert program.rows([body], 0) == [([1, 2, 3],)]
@@ -207,7 +210,7 @@ def test_a_malformed_body_is_refused_naming_what_is_wrong(body: bytes, names: st
     schema = fastavro.parse_schema({"type": "record", "name": "M", "fields": [
         {"name": "one", "type": "long"}, {"name": "flag", "type": "boolean"},
         {"name": "n", "type": "int"}]})  # fmt: skip
-    program = compile_record(schema, ["one", "flag", "n"], [None] * 3)  # type: ignore[arg-type]
+    program = compile_record(schema, ["one", "flag", "n"], [None] * 3, limit=LIMIT)  # type: ignore[arg-type]
     if names == "after the record":
         body += b"\x00\x07"  # a whole record, and two bytes more
     with pytest.raises(ValueError, match=names):
@@ -235,7 +238,7 @@ def test_a_malformed_body_is_refused_naming_what_is_wrong(body: bytes, names: st
 def test_each_kind_of_unreadable_value_is_named(field_type: Any, body: bytes, names: str) -> None:
     schema = fastavro.parse_schema({"type": "record", "name": "U", "fields": [
         {"name": "f", "type": field_type}]})  # fmt: skip
-    program = compile_record(schema, ["f"], [None])  # type: ignore[arg-type]
+    program = compile_record(schema, ["f"], [None], limit=LIMIT)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=f"(?i){names}"):
         program.rows([body], 0)
 

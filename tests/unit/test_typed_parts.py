@@ -135,6 +135,7 @@ def test_an_avro_record_becomes_a_row_of_the_tables_columns() -> None:
         SCHEMA,
         tracked={"filled"},
         arrays={"tags"},
+        limit=2**20,
     )
     at = datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
     record = {"id": 1, "tags": ["a"], "attrs": {"k": 2}, "at": at, "amount": Decimal("1.2345")}
@@ -144,7 +145,7 @@ def test_an_avro_record_becomes_a_row_of_the_tables_columns() -> None:
     assert row == (1, ["a"], '{"k":2}', at, Decimal("1.2345"), UNSET, None)
     assert type(row[1]) is ArrayValue
     # A list bound for a column that is not an array (jsonb) is JSON text.
-    as_json = reading_of(("tags",), SCHEMA, tracked=(), arrays=())
+    as_json = reading_of(("tags",), SCHEMA, tracked=(), arrays=(), limit=2**20)
     assert as_json.fix is not None
     (row,) = as_json.program.rows([_body({**record, "tags": ["a", "b"]})], 0)
     assert as_json.fix(row) == ('["a","b"]',)
