@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml setup.py consumers/_avro_body.c | cksum | cut -d' ' -f1)
 PACKAGES := bridge bridge_shell spark_jobs consumers tests bench
 
-.PHONY: setup demo test lint unit integration stack-up stack-down clean
+.PHONY: setup demo test lint unit integration fuzz stack-up stack-down clean
 
 setup: $(STAMP)
 	@bash scripts/ensure-system-tools.sh
@@ -44,6 +44,12 @@ demo: setup
 test: setup lint
 	$(BIN)/pytest tests
 	$(BIN)/pytest --secure tests/integration
+
+# The Avro reader built under ASan and UBSan, fuzzed against fastavro for longer than `make test`
+# does (FUZZ_EXAMPLES per property); its figures go to bench/results/fuzz-*.json.
+FUZZ_EXAMPLES ?= 20000
+fuzz: $(STAMP)
+	$(BIN)/python -m bench.fuzz --examples $(FUZZ_EXAMPLES)
 
 stack-up: setup
 	$(BIN)/bridge stack up
