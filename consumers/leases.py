@@ -184,16 +184,17 @@ class LeaseKeeper:
             if key not in ranges:
                 since = self._unclaimed.get(key, (time.monotonic(), ""))[0]
                 self._unclaimed[key] = (since, self._range_failures.pop(key, "no log range"))
-        if not ranges:
-            return
-        leases = self._db.run(lambda conn: self._claim(conn, ranges))
+        leases = self._db.run(lambda conn: self._claim(conn, ranges)) if ranges else []
         for key in ranges:
             self._unclaimed.pop(key, None)
+        # Called even with nothing to assign: a rebalance callback that assigns nothing has the
+        # client assign every partition itself, from Kafka's committed offsets.
         consumer.incremental_assign(
             [TopicPartition(lease.topic, lease.partition, lease.next_offset) for lease in leases]
         )
-        self._take(consumer, leases, ranges)
-        log.info("%s %s", done, [(x.topic, x.partition, x.next_offset) for x in leases])
+        if leases:
+            self._take(consumer, leases, ranges)
+            log.info("%s %s", done, [(x.topic, x.partition, x.next_offset) for x in leases])
 
     def _log_ranges(
         self, consumer: Consumer, keys: list[PartitionKey], budget_s: float

@@ -7,19 +7,23 @@ counted in PostgreSQL."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from confluent_kafka.admin import AdminClient
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
 
 from bridge.kafka_admin import create_topic
 from bridge.names import MARKER_GROUP_INFIX
 from bridge_shell.stack.kafka import KafkaServer, new_cluster_id, stop_kafka_nodes
 from bridge_shell.stack.local import LocalStack, StackState
 from bridge_shell.stack.process import free_port
+from tests.consumer_helpers import drained, eventually, produce, running, settings_for, sql
 from tests.harness import Endpoints
 from tests.integration.test_consumer_operations import stream_through_fault
 from tests.integration.test_producer_faults import SPLITS, Producer, assert_exactly, kill_group
@@ -143,3 +147,55 @@ def test_a_leader_killed_under_the_consumer_mid_stream(
 
     rows, distinct, applied = stream_through_fault(cluster, names, kill_a_leader, total=20_000)
     assert (rows, distinct, applied) == (20_000, 20_000, 20_000)
+
+
+def test_a_log_range_that_cannot_be_read_at_assignment_is_retried_and_reported_not_fatal(
+    cluster: Endpoints, nodes: list[KafkaServer], names: dict[str, str]
+) -> None:
+    """The only replica of the topic's partition sits on a paused node (SIGSTOP): the group
+    still assigns the partition (its coordinator is elsewhere), but the log range query the
+    claim needs cannot be answered. The member stays up, `/readyz` says which partition waits
+    and why, and once the node wakes up the partition is claimed and every record lands once."""
+    coordinator = _group_coordinator(cluster, names["group"])
+    victim = next(n for n in (1, 2, 3) if n != coordinator)
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap_servers})
+    created = admin.create_topics(
+        [NewTopic(names["topic"], num_partitions=1, replica_assignment=[[victim]])]
+    )
+    created[names["topic"]].result(30)
+    sql(cluster, f"CREATE TABLE public.{names['table']} (id int NOT NULL)")
+    produce(cluster, names["topic"], [(None, {"id": i}) for i in range(500)])
+    paused = nodes[victim - 1].pid
+    assert paused is not None
+    os.kill(paused, signal.SIGSTOP)
+    try:
+        with running(settings_for(cluster, names)) as service:
+            waiting = f"{names['topic']}[0] assigned but not claimed"
+            eventually(lambda: any(waiting in r for r in service.not_ready()), timeout=90)
+            assert any("log range" in r for r in service.not_ready()), service.not_ready()
+            os.kill(paused, signal.SIGCONT)
+            drained(cluster, names, partitions=1, timeout=180)
+            eventually(lambda: not any(waiting in r for r in service.not_ready()))
+    finally:
+        os.kill(paused, signal.SIGCONT)
+    rows, distinct = sql(cluster, f"SELECT count(*), count(DISTINCT id) FROM {names['table']}")[0]
+    assert (rows, distinct) == (500, 500)
+
+
+def _group_coordinator(cluster: Endpoints, group: str) -> int:
+    """The node coordinating `group`, once a lookup of its offsets made Kafka create the
+    offsets topic (a fresh cluster has none)."""
+    probe = Consumer({"bootstrap.servers": cluster.bootstrap_servers, "group.id": group})
+
+    def looked_up() -> bool:
+        try:
+            probe.committed([TopicPartition("any", 0)], timeout=10)
+        except KafkaException:
+            return False  # the offsets topic is still being made
+        return True
+
+    try:
+        eventually(looked_up, timeout=120)
+    finally:
+        probe.close()
+    return coordinator_of(cluster, group, group=True)
