@@ -288,8 +288,9 @@ def compare_with_rows(
     table: PartitionTable, rows: dict[PartitionKey, StoredRow]
 ) -> tuple[list[PartitionKey], list[tuple[PartitionKey, StoredRow]]]:
     """What the offsets table says of the partitions held: those to claim again (their row has
-    no owner, or none at all, and the lease is no longer this member's or was fenced), and
-    those another owner epoch took (not yet fenced here)."""
+    no owner, or none at all, or an owner epoch older than the lease's, and the lease is no
+    longer this member's or was fenced), and those another owner epoch took (not yet fenced
+    here)."""
     released, taken = [], []
     held = table.keys()
     for key in held:
@@ -298,7 +299,10 @@ def compare_with_rows(
         row = rows.get(key)
         ours = row is not None and row.owner_epoch == partition.lease.epoch
         if partition.state is PartitionState.FENCED or not ours:
-            if row is None or row.owner is None:
+            # An owner epoch below our own lease's: the database lost our claim (a failover
+            # to a standby that lacked it). Nobody else holds it; claiming again fences all.
+            behind = row is not None and row.owner_epoch < partition.lease.epoch
+            if row is None or row.owner is None or behind:
                 released.append(key)
             elif partition.state is not PartitionState.FENCED:
                 taken.append((key, row))

@@ -57,6 +57,15 @@ def up(
     brokers: Brokers = None,
     spark_workers: SparkWorkers = None,
     secure: Secure = None,
+    postgres_standby: Annotated[
+        str | None,
+        typer.Option(
+            help="A new plain stack with a streaming standby of PostgreSQL, replicated `sync` "
+            "or `async`; stack.env then names both servers with "
+            "target_session_attrs=read-write, so clients follow a promotion. An existing "
+            "stack keeps what it was made with.",
+        ),
+    ] = None,
 ) -> None:
     """Start Kafka and PostgreSQL, and a Spark cluster if asked (or leave them running), and
     write stack.env (and, on a secured stack, one env file per role beside it)."""
@@ -69,6 +78,7 @@ def up(
         brokers=brokers,
         spark_workers=spark_workers,
         secure=secure,
+        postgres_standby=postgres_standby,
     )
     status = stack.up(timeout=timeout)
     _show(status)
@@ -108,6 +118,9 @@ def _show(status: StackStatus) -> None:
         (f"kafka node {n.node_id}", n.running, n.pid, n.address) for n in status.kafka_nodes
     ] or [("kafka", status.kafka_running, status.kafka_pid, status.bootstrap_servers)]
     servers.append(("postgres", status.postgres_running, status.postgres_pid, status.dsn))
+    standby = status.postgres_standby
+    if standby is not None:
+        servers.append(("postgres standby", standby.running, standby.pid, standby.address))
     servers.append(
         ("schema registry", status.registry_running, status.registry_pid, status.registry_url)
     )

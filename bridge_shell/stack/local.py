@@ -19,6 +19,8 @@ from bridge.names import (
     ENV_SCHEMA_REGISTRY_PROPERTIES,
     ENV_SCHEMA_REGISTRY_URL,
     ENV_SPARK_MASTER,
+    POSTGRES_DATABASE,
+    POSTGRES_USER,
     STACK_ENV_FILE,
     STACK_STATE_FILE,
 )
@@ -58,6 +60,10 @@ class StackState:
     # The schema registry's port; 0 in the state of a stack made before it had one, which gets
     # one at its next `up`.
     registry_port: int = 0
+    # A streaming standby of PostgreSQL ("" for none, "sync" or "async" replication) and its
+    # port; clients get a DSN naming both, with target_session_attrs=read-write.
+    postgres_standby: str = ""
+    postgres_standby_port: int = 0
 
     @property
     def brokers(self) -> int:
@@ -110,6 +116,7 @@ class StackStatus:
     registry_running: bool = False
     registry_pid: int | None = None
     registry_url: str | None = None
+    postgres_standby: NodeStatus | None = None  # a streaming standby, when the stack has one
 
     @property
     def running(self) -> bool:
@@ -128,8 +135,11 @@ class LocalStack:
         brokers: int | None = None,
         spark_workers: int | None = None,
         secure: bool | None = None,
+        postgres_standby: str | None = None,
     ) -> None:
-        """`brokers`: Kafka nodes for a new stack (1 unless given); an existing stack keeps
+        """`postgres_standby`: for a new plain stack, a streaming standby of PostgreSQL with
+        "sync" or "async" replication; an existing stack keeps what it was made with.
+        `brokers`: Kafka nodes for a new stack (1 unless given); an existing stack keeps
         its own count, and asking for another is refused. `spark_workers`: Spark standalone
         workers (none unless given); an existing stack keeps its count unless given, and may
         change it, since a Spark cluster keeps no data. `secure`: a new stack with TLS,
@@ -140,6 +150,11 @@ class LocalStack:
         self._requested_brokers = brokers
         self._requested_spark_workers = spark_workers
         self._requested_secure = secure
+        if postgres_standby not in (None, "sync", "async"):
+            raise StackError(f"--postgres-standby takes sync or async, not {postgres_standby!r}")
+        if postgres_standby and secure:
+            raise StackError("a PostgreSQL standby is only offered on a plain stack")
+        self._requested_standby = postgres_standby
         self.state_path = self.data_dir / STACK_STATE_FILE
         self.env_path = self.data_dir / STACK_ENV_FILE
 
@@ -159,6 +174,8 @@ class LocalStack:
                 ],
                 secure=bool(self._requested_secure),
                 registry_port=process.free_port(),
+                postgres_standby=self._requested_standby or "",
+                postgres_standby_port=process.free_port() if self._requested_standby else 0,
             )
             self.data_dir.mkdir(parents=True, exist_ok=True)
             state.save(self.state_path)
@@ -184,6 +201,13 @@ class LocalStack:
             raise StackError(
                 f"the stack in {self.data_dir} has {state.brokers} Kafka node(s), not "
                 f"{wanted_brokers}: run `bridge stack down` and remove the directory to change it"
+            )
+        wanted_standby = self._requested_standby
+        if wanted_standby is not None and wanted_standby != state.postgres_standby:
+            kind = f"a {state.postgres_standby} standby" if state.postgres_standby else "no standby"
+            raise StackError(
+                f"the stack in {self.data_dir} has {kind} for PostgreSQL: run `bridge stack "
+                "down` and remove the directory to change it"
             )
         wanted_secure = self._requested_secure
         if wanted_secure is not None and wanted_secure != state.secure:
@@ -234,6 +258,25 @@ class LocalStack:
             home=self.data_dir / "postgres", port=state.postgres_port, security=self.security(state)
         )
 
+    def postgres_standby(self, state: StackState) -> PostgresServer | None:
+        if not state.postgres_standby:
+            return None
+        return PostgresServer(
+            home=self.data_dir / "postgres-standby", port=state.postgres_standby_port
+        )
+
+    def dsn(self, state: StackState) -> str:
+        """The superuser's DSN; with a standby, naming both servers, so that a client follows
+        a promotion to whichever takes writes."""
+        postgres, standby = self.postgres(state), self.postgres_standby(state)
+        if standby is None:
+            return postgres.dsn
+        hosts = f"127.0.0.1:{postgres.port},127.0.0.1:{standby.port}"
+        return (
+            f"postgresql://{POSTGRES_USER}@{hosts}/{POSTGRES_DATABASE}"
+            "?target_session_attrs=read-write"
+        )
+
     def registry(self, state: StackState) -> RegistryServer | None:
         """None only for a stack made before it had a registry, until its next `up`."""
         if not state.registry_port:
@@ -280,6 +323,7 @@ class LocalStack:
         assert state is not None  # noqa: S101 - create=True always yields a state
         state = self._resize_spark(state)
         nodes, postgres, spark = self.kafka_nodes(state), self.postgres(state), self.spark(state)
+        standby = self.postgres_standby(state)
         registry = self.registry(state)
         assert registry is not None  # noqa: S101 - create=True gives a stack its registry
         security = self.security(state)
@@ -298,6 +342,11 @@ class LocalStack:
             if spark is not None:
                 spark.start()
             postgres.start(timeout=timeout)
+            if standby is not None:
+                # After the base backup: the setting stays the primary's own (a promoted
+                # standby that kept it would wait for a standby of its own at every COMMIT).
+                standby.follow(postgres, timeout=timeout)
+                postgres.replicate_synchronously(state.postgres_standby == "sync")
             for node in nodes:
                 node.wait_ready(timeout=remaining())
             registry.wait_ready(timeout=remaining())
@@ -310,9 +359,11 @@ class LocalStack:
             registry.stop()
             if spark is not None:
                 spark.stop()
+            if standby is not None:
+                standby.stop()
             postgres.stop()
             raise
-        self._write_env(nodes, postgres, registry, spark)
+        self._write_env(nodes, postgres, registry, spark, dsn=self.dsn(state))
         return self.status()
 
     def down(self) -> StackStatus:
@@ -327,6 +378,9 @@ class LocalStack:
                     registry.stop()
                 stop_kafka_nodes(self.kafka_nodes(state))
             finally:
+                standby = self.postgres_standby(state)
+                if standby is not None:
+                    standby.stop()
                 self.postgres(state).stop()
         self.env_path.unlink(missing_ok=True)
         for role in _ROLE_FILES:
@@ -354,7 +408,8 @@ class LocalStack:
             bootstrap_servers=self.bootstrap_servers(nodes),
             postgres_running=postgres.running(),
             postgres_pid=postgres.pid,
-            dsn=postgres.dsn,
+            dsn=self.dsn(state),
+            postgres_standby=_standby_status(self.postgres_standby(state)),
             kafka_nodes=tuple(
                 NodeStatus(
                     node_id=node.node_id,
@@ -386,6 +441,8 @@ class LocalStack:
         postgres: PostgresServer,
         registry: RegistryServer,
         spark: SparkCluster | None,
+        *,
+        dsn: str,
     ) -> None:
         text = f"{ENV_KAFKA_BOOTSTRAP}={self.bootstrap_servers(nodes)}\n"
         text += f"{ENV_SCHEMA_REGISTRY_URL}={registry.url}\n"
@@ -394,7 +451,7 @@ class LocalStack:
             properties = json.dumps(registry_properties, separators=(",", ":"))
             text += f"{ENV_SCHEMA_REGISTRY_PROPERTIES}='{properties}'\n"
         if postgres.security is None:
-            text += f"{ENV_POSTGRES_DSN}={postgres.dsn}\n"
+            text += f"{ENV_POSTGRES_DSN}={dsn}\n"
         if spark is not None:
             text += f"{ENV_SPARK_MASTER}={spark.master_url}\n"
         _write_atomically(self.env_path, text)
@@ -403,6 +460,18 @@ class LocalStack:
             for role in _ROLE_FILES:
                 role_text = postgres.security.role_env(role, postgres_port=postgres.port)
                 _write_atomically(role_env_file(self.env_path, role), role_text)
+
+
+def _standby_status(standby: PostgresServer | None) -> NodeStatus | None:
+    if standby is None:
+        return None
+    role = "standby" if standby.is_standby else "promoted"
+    return NodeStatus(
+        node_id=standby.port,
+        running=standby.running(),
+        pid=standby.pid,
+        address=f"127.0.0.1:{standby.port} ({role})",
+    )
 
 
 def _write_atomically(path: Path, text: str) -> None:

@@ -174,9 +174,66 @@ class PostgresServer:
         if result.returncode != 0:
             reason = (result.stdout + result.stderr).strip()[-1000:]
             raise ServerStartError("PostgreSQL", reason, log_path=str(self.log_path))
+        if self.is_standby:
+            return  # read-only: the primary made the database and roles, and streams them here
         self._create_database()
         if self.security is not None:
             self._secure_roles()
+
+    # -- a streaming standby ------------------------------------------------------------------
+
+    @property
+    def is_standby(self) -> bool:
+        return (self.data_dir / "standby.signal").exists()
+
+    def follow(self, primary: PostgresServer, *, timeout: float = 60.0) -> None:
+        """Start as a streaming standby of `primary` (which must run): on first use, its data
+        directory is a base backup of the primary's, with `primary_conninfo` written by
+        `pg_basebackup -R`. Plain stacks only: the base backup connects as the superuser by
+        trust, as the primary's pg_hba allows replication from 127.0.0.1."""
+        if self.security is not None or primary.security is not None:
+            raise StackError("a PostgreSQL standby is only offered on a plain stack")
+        if not (self.data_dir / "PG_VERSION").exists():
+            run_as = _RunAs.current()
+            self.home.mkdir(parents=True, exist_ok=True)
+            run_as.check_reachable(self.home)
+            run_as.own(self.home)
+            argv = [
+                str(find_bindir() / "pg_basebackup"), "-D", str(self.data_dir), "-R",
+                "-X", "stream", "-c", "fast", "-h", "127.0.0.1", "-p", str(primary.port),
+                "-U", POSTGRES_USER, "--no-sync",
+            ]  # fmt: skip
+            result = run_as.run(argv)
+            if result.returncode != 0:
+                shutil.rmtree(self.data_dir, ignore_errors=True)
+                reason = result.stderr.strip()[-1000:]
+                raise ServerStartError("PostgreSQL", f"pg_basebackup failed: {reason}")
+        self.start(timeout=timeout)
+
+    def promote(self, *, timeout: float = 60.0) -> None:
+        """End recovery: the standby becomes a primary that takes writes."""
+        argv = [str(find_bindir() / "pg_ctl"), "promote", "-D", str(self.data_dir), "-w",
+                "-t", str(int(timeout))]  # fmt: skip
+        result = _RunAs.current().run(argv)
+        if result.returncode != 0:
+            raise StackError(f"pg_ctl promote failed: {(result.stdout + result.stderr).strip()}")
+
+    def replicate_synchronously(self, synchronous: bool) -> None:
+        """On a primary: whether a COMMIT waits until a standby has flushed it
+        (`synchronous_standby_names = '*'`), or only for the primary's own disk."""
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            conn.execute(
+                sql.SQL("ALTER SYSTEM SET synchronous_standby_names = {}").format(
+                    sql.Literal("*" if synchronous else "")
+                )
+            )
+            conn.execute("SELECT pg_reload_conf()")
+
+    def replication(self) -> list[tuple[str, str]]:
+        """On a primary: each connected standby's (state, sync_state), from pg_stat_replication."""
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            rows = conn.execute("SELECT state, sync_state FROM pg_stat_replication").fetchall()
+        return [(str(state), str(sync)) for state, sync in rows]
 
     def stop(self, *, grace: float = 30.0) -> None:
         """Fast shutdown (SIGINT): open transactions roll back, the cluster stays consistent."""

@@ -226,3 +226,29 @@ def test_demo_runs_on_a_kafka_cluster_and_a_spark_cluster_and_stops_both(data_di
     logs = [path.read_text() for path in data_dir.glob("spark/worker-*/work/app-*/*/stderr")]
     assert any("Committed partition" in log for log in logs), "no executor wrote"
     assert not _processes_mentioning(data_dir), "the demo stops the stack it started"
+
+
+def test_a_stack_with_a_postgres_standby_streams_to_it_and_its_dsn_follows_a_promotion(
+    data_dir: Path,
+) -> None:
+    up = bridge("stack", "up", "--data-dir", str(data_dir), "--postgres-standby", "sync")
+    assert up.returncode == 0, up.stderr
+    stack = LocalStack(data_dir)
+    state = stack.state()
+    primary, standby = stack.postgres(state), stack.postgres_standby(state)
+    assert standby is not None and standby.is_standby
+    assert primary.replication() == [("streaming", "sync")]
+    dsn = load_settings(env_file=data_dir / "stack.env").postgres.dsn.get_secret_value()
+    assert "target_session_attrs=read-write" in dsn and f":{standby.port}" in dsn
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE kept (x int)")
+        conn.execute("INSERT INTO kept VALUES (7)")  # synchronous: on the standby when it returns
+    primary.kill()
+    standby.promote()
+    with psycopg.connect(dsn, autocommit=True) as conn:  # the same DSN, now the standby's
+        assert conn.execute("SELECT x FROM kept").fetchall() == [(7,)]
+        conn.execute("INSERT INTO kept VALUES (8)")
+    shown = bridge("stack", "status", "--data-dir", str(data_dir))
+    assert "postgres standby" in shown.stdout and "promoted" in shown.stdout, shown.stdout
+    assert bridge("stack", "down", "--data-dir", str(data_dir)).returncode == 0
+    assert not _processes_mentioning(data_dir)

@@ -114,3 +114,13 @@ def test_a_dropped_connection_is_lost_not_refused() -> None:
     assert is_lost(error)
     assert not is_lost(psycopg.errors.UndefinedTable("no such table"))  # a bug: neither
     assert refusal_of(ValueError("not a database error")) is None
+
+
+def test_reconcile_claims_again_a_partition_whose_claim_the_database_lost() -> None:
+    """After a failover to a standby that lacked the claim: the row's owner epoch is below the
+    lease's. Waiting for an owner to let go would wait forever; claiming again fences all."""
+    table = _held(lease("a", 0, epoch=7))
+    behind = {("a", 0): StoredRow(next_offset=3, owner="me", owner_epoch=6)}
+    assert compare_with_rows(table, behind) == ([("a", 0)], [])
+    table.taken(("a", 0), behind[("a", 0)])  # as a refused advance, read back, leaves it
+    assert compare_with_rows(table, behind) == ([("a", 0)], [])
