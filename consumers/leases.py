@@ -34,7 +34,7 @@ _RANGE_BUDGET_S = 10.0
 _RANGE_BUDGET_AGAIN_S = 2.0
 _RANGE_FIRST_PAUSE_S = 0.1
 _RANGE_LONGEST_PAUSE_S = 1.0
-_RANGE_SHORTEST_WAIT_S = 0.5
+_RANGE_SHORTEST_WAIT_S = 0.2
 
 
 class LeaseKeeper:
@@ -200,40 +200,39 @@ class LeaseKeeper:
         self, consumer: Consumer, keys: list[PartitionKey], budget_s: float
     ) -> dict[PartitionKey, tuple[int, int]]:
         """Each partition's log start and end, asked of its leader for at most `budget_s` in
-        all, with growing pauses between tries; a partition not read by then is left out, its
-        last error in `_range_failures`. Bounded because it runs inside Kafka's rebalance
-        callback and the poll loop."""
+        all: in rounds that ask every partition still unknown once, each query given its share
+        of the time left, with growing pauses between rounds, so that one unreachable leader
+        does not starve the others. A partition not read by then is left out, its last error in
+        `_range_failures`. Bounded because it runs inside Kafka's rebalance callback and the
+        poll loop."""
         deadline = time.monotonic() + budget_s
         ranges: dict[PartitionKey, tuple[int, int]] = {}
-        for key in keys:
-            pause = _RANGE_FIRST_PAUSE_S
-            while True:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    self._range_failures.setdefault(key, "its log range was not asked for in time")
-                    break
+        pending, pause = list(keys), _RANGE_FIRST_PAUSE_S
+        while pending:
+            for key in pending:
+                share = (deadline - time.monotonic()) / len(pending)
                 try:
-                    wait = max(_RANGE_SHORTEST_WAIT_S, left)
                     ranges[key] = consumer.get_watermark_offsets(
-                        TopicPartition(*key), timeout=wait, cached=False
+                        TopicPartition(*key),
+                        timeout=max(_RANGE_SHORTEST_WAIT_S, share),
+                        cached=False,
                     )
                     self._range_failures.pop(key, None)
-                    break
                 except KafkaException as exc:
                     self._range_failures[key] = f"its log range cannot be read ({exc.args[0]})"
-                    log.warning(
-                        "%s[%d]: the log range query failed: %s", key[0], key[1], exc.args[0]
-                    )
-                    time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
-                    pause = min(2 * pause, _RANGE_LONGEST_PAUSE_S)
-        for key in keys:
-            if key not in ranges:
-                log.error(
-                    "%s[%d] cannot be claimed yet: %s; trying again every second",
-                    key[0],
-                    key[1],
-                    self._range_failures.get(key, ""),
-                )
+                    log.warning("%s[%d]: the log range query failed: %s", *key, exc.args[0])
+            pending = [key for key in pending if key not in ranges]
+            left = deadline - time.monotonic()
+            if not pending or left <= pause:
+                break
+            time.sleep(pause)
+            pause = min(2 * pause, _RANGE_LONGEST_PAUSE_S)
+        for key in pending:
+            log.error(
+                "%s[%d] cannot be claimed yet: %s; trying again every second",
+                *key,
+                self._range_failures.get(key, ""),
+            )
         return ranges
 
     def _drop_unclaimed(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
