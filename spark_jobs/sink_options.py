@@ -33,7 +33,10 @@ _KNOWN = {
     "transaction.timeout.ms",
     "marker.topic",
     "progress.path",
-    "checkpointlocation",  # Spark passes the query's own options through as well
+    # Spark passes the query's own settings to its sink as options as well: refusing them would
+    # refuse every query that names itself (`.queryName(...)`) or checkpoints by option.
+    "checkpointlocation",
+    "queryname",
     "path",
     "value.format",
     "key.format",

@@ -68,6 +68,14 @@ def test_bad_options_are_refused_by_name(extra: dict[str, str], key: str) -> Non
     assert key in refused({**BASE, **extra})
 
 
+def test_the_options_spark_passes_for_the_query_itself_are_taken() -> None:
+    """`.queryName(...)` and `checkpointLocation` reach the sink as options; an unknown option
+    of ours is still refused."""
+    spark_own = {"queryName": "orders", "checkpointLocation": "/c", "path": "/p"}
+    SinkOptions.parse({**BASE, **spark_own})
+    assert "querynames" in refused({**BASE, **spark_own, "queryNames": "typo"})
+
+
 def test_missing_bootstrap_is_refused() -> None:
     assert "kafka.bootstrap.servers" in refused({"topic": "orders"})
 
