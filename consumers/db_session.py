@@ -9,7 +9,7 @@ Three ways the database can fail a member, told apart because each wants its own
 - **refusing**: the server answers but will not write: read-only (SQLSTATE class 25, e.g. a
   replica after a failover), out of resources (class 53: disk full, too many connections),
   a statement timeout (57014), a serialization failure or deadlock (class 40). Nothing was
-  written; wait longer each time (`RefusalBackoff`) and try again, saying so on `/readyz`.
+  written; wait longer each time (`refusal_backoff`) and try again, saying so on `/readyz`.
   Too many connections shows when a connection opens, where libpq gives the server's text
   but no SQLSTATE; reconnecting then waits as long as a refused write would.
 - anything else is a bug, and propagates.
@@ -42,6 +42,7 @@ from tenacity import (
 
 from bridge.errors import BridgeError
 from bridge.private_apis import psycopg_wait_timeout
+from consumers.backoff import HoldBackoff
 from consumers.offsets import application_name
 from consumers.pg_errors import REFUSALS
 
@@ -109,48 +110,14 @@ def is_lost(exc: BaseException) -> bool:
     return isinstance(exc, psycopg.OperationalError) and refusal_of(exc) is None
 
 
-class RefusalBackoff:
-    """While the database refuses writes: how long to wait before the next try, growing to a
-    bound, and what `/readyz` says meanwhile."""
-
-    def __init__(self) -> None:
-        self.current: Refusal | None = None
-        self._since = 0.0
-        self._attempts = 0
-        self.retry_at = 0.0  # monotonic: no batch before this
-        # The refused batches counted as tenacity counts attempts, for the same growing wait
-        # (`_wait_refused`) that a connection the server refuses gets; the loop keeps polling
-        # Kafka meanwhile, so no Retrying call can own the wait itself.
-        self._attempt = RetryCallState(Retrying(), None, (), {})
-
-    def refused(self, refusal: Refusal) -> None:
-        now = time.monotonic()
-        if self.current is None:
-            self._since = now
-        self.current = refusal
-        self._attempts += 1
-        self._attempt.attempt_number = self._attempts
-        delay = _wait_refused(self._attempt)
-        self.retry_at = now + delay
-        log.error(
-            "the database refuses writes (%s: %s); nothing was written, retrying in %.1fs",
-            refusal.sqlstate, refusal.message, delay,
-        )  # fmt: skip
-
-    def cleared(self) -> None:
-        if self.current is not None:
-            log.info(
-                "the database accepts writes again after %.0fs", time.monotonic() - self._since
-            )
-        self.current, self._attempts, self.retry_at = None, 0, 0.0
-
-    def reasons(self) -> list[str]:
-        if self.current is None:
-            return []
-        return [
-            f"database refuses writes for {time.monotonic() - self._since:.0f}s "
-            f"({self.current.sqlstate}: {self.current.message})"
-        ]
+def refusal_backoff() -> HoldBackoff:
+    """While the database refuses writes: 0.5 s, doubling, to at most 30 s between tries."""
+    return HoldBackoff(
+        what="database refuses writes",
+        consequence="nothing was written",
+        wait=_wait_refused,
+        recovered="the database accepts writes again",
+    )
 
 
 _WAIT_TIMEOUT = psycopg_wait_timeout()

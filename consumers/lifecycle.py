@@ -36,13 +36,14 @@ from typing import cast
 from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 
 from bridge.errors import BridgeError
+from consumers.backoff import HoldBackoff
 from consumers.committer import Batch, CommitResult, Committer, RouteUnresolved
-from consumers.db_session import DatabaseSession, RefusalBackoff
+from consumers.db_session import DatabaseSession
 from consumers.metrics import ConsumerMetrics
 from consumers.offsets import OffsetStore, PartitionKey, StoredRow
 from consumers.partitions import PartitionState, PartitionTable
 from consumers.records import Record, RecordStopped, offset_of
-from consumers.registry_schemas import HoldBackoff, RegistryBackoff, RegistryUnavailable
+from consumers.registry_schemas import RegistryUnavailable
 from consumers.table_follower import TableMismatch
 
 log = logging.getLogger("bridge.consumer")
@@ -92,8 +93,8 @@ class BatchLifecycle:
         db: DatabaseSession,
         consumer: Consumer,
         metrics: ConsumerMetrics,
-        refusals: RefusalBackoff,
-        registry: RegistryBackoff,
+        refusals: HoldBackoff,
+        registry: HoldBackoff,
         mirror_offsets: bool,
         mismatches: HoldBackoff | None = None,
         stops: HoldBackoff | None = None,
@@ -235,7 +236,7 @@ class BatchLifecycle:
         if result.refusal is not None:  # answered and refused: nothing was written
             self._table.not_committed(result.declined)
             self._metrics.refusals(result.refusal.sqlstate).inc()
-            self._refusals.refused(result.refusal)
+            self._refusals.failed(f"{result.refusal.sqlstate}: {result.refusal.message}")
             self._seek_to_leases()
         elif result.declined:  # a stopped partition with nothing before its record
             self._table.not_committed(result.declined)
@@ -324,7 +325,7 @@ class BatchLifecycle:
 def unrouted_backoff() -> HoldBackoff:
     return HoldBackoff(
         what="a topic its route's pattern matched has no table that takes its records",
-        consequence="the batch waits until the table is there and fits",
+        consequence="the batch waits until the table is there and fits, nothing is dead-lettered",
     )
 
 
@@ -332,12 +333,13 @@ def stop_backoff() -> HoldBackoff:
     return HoldBackoff(
         what="a record its route may not dead-letter stops its partition",
         consequence="the partition holds at it (on_record_error: stop) until the table or "
-        "the route is fixed, or `bridge offsets reset` moves it past the record",
+        "the route is fixed, or `bridge offsets reset` moves it past the record; nothing is "
+        "dead-lettered",
     )
 
 
 def mismatch_backoff() -> HoldBackoff:
     return HoldBackoff(
         what="table does not fit its records' schema",
-        consequence="the batch waits until the table is mended",
+        consequence="the batch waits until the table is mended, nothing is dead-lettered",
     )

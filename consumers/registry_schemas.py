@@ -24,11 +24,11 @@ import fastavro
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 from fastavro.schema import SchemaParseException
-from tenacity import RetryCallState, Retrying, wait_exponential
 
 from bridge.errors import BridgeError
 from bridge.settings import SchemaRegistrySettings
 from consumers.avro_program import check as check_avro
+from consumers.backoff import HoldBackoff
 from consumers.records import RecordError
 
 log = logging.getLogger("bridge.consumer")
@@ -41,8 +41,6 @@ AVRO, JSON = "AVRO", "JSON"  # the registry's schema types bridge reads
 # One request at a time, each bounded; the batch's own backoff retries, not the client.
 _CLIENT_TIMEOUT_S = 10
 MAX_SCHEMA_CHARS = 1024**2  # a writer schema's text; a real one is a few kilobytes
-# Between tries while the registry cannot answer: from 1 s, doubling, to at most 30 s.
-_wait = wait_exponential(multiplier=1, max=30)
 
 
 class RegistryUnavailable(BridgeError):
@@ -169,44 +167,8 @@ class SchemaCache:
         self._client.close()
 
 
-class HoldBackoff:
-    """While a batch is held back by something outside its records: when to try it again (a
-    growing wait, to a bound), and what `/readyz` says meanwhile."""
-
-    def __init__(self, *, what: str, consequence: str) -> None:
-        """`what` heads the `/readyz` reason; `consequence` says in the log what waits."""
-        self._what, self._consequence = what, consequence
-        self.current: str | None = None
-        self.retry_at = 0.0  # monotonic: no batch before this
-        self._since = 0.0
-        # Counted as tenacity counts attempts, for its growing wait; the loop keeps polling
-        # Kafka meanwhile, so no Retrying call can own the wait itself.
-        self._attempt = RetryCallState(Retrying(), None, (), {})
-
-    def failed(self, why: str) -> None:
-        now = time.monotonic()
-        if self.current is None:
-            self._since = now
-            self._attempt.attempt_number = 0
-        self.current = why
-        self._attempt.attempt_number += 1
-        delay = _wait(self._attempt)
-        self.retry_at = now + delay
-        log.error(
-            "%s; %s, nothing is dead-lettered; retrying in %.1fs", why, self._consequence, delay
-        )
-
-    def cleared(self) -> None:
-        self.current, self.retry_at = None, 0.0
-
-    def reasons(self) -> list[str]:
-        if self.current is None:
-            return []
-        return [f"{self._what} for {time.monotonic() - self._since:.0f}s ({self.current})"]
-
-
-class RegistryBackoff(HoldBackoff):
-    def __init__(self) -> None:
-        super().__init__(
-            what="schema registry unavailable", consequence="the batch waits for its schemas"
-        )
+def registry_backoff() -> HoldBackoff:
+    return HoldBackoff(
+        what="schema registry unavailable",
+        consequence="the batch waits for its schemas, nothing is dead-lettered",
+    )  # `SchemaCache.fetch` logs its coming back

@@ -27,7 +27,7 @@ from bridge.errors import ConfigError, PermissionMissing
 from bridge.settings import BridgeSettings, ConsumerSettings, LibrdkafkaValue, RouteSettings
 from consumers.applier import Applier
 from consumers.committer import Committer, RouteUnresolved
-from consumers.db_session import DatabaseSession, RefusalBackoff, at_start
+from consumers.db_session import DatabaseSession, at_start, refusal_backoff
 from consumers.kafka_health import KafkaHealth
 from consumers.leases import LeaseKeeper
 from consumers.lifecycle import (
@@ -39,7 +39,7 @@ from consumers.lifecycle import (
 from consumers.metrics import ConsumerMetrics, HealthServer
 from consumers.offsets import OffsetStore, PartitionKey
 from consumers.partitions import PartitionTable
-from consumers.registry_schemas import RegistryBackoff, SchemaCache
+from consumers.registry_schemas import SchemaCache, registry_backoff
 from consumers.state import ensure_state_tables, sqlalchemy_engine, state_tables
 from consumers.table_follower import TableFollower, follow_table
 from consumers.targets import Target, reflect_target
@@ -91,8 +91,8 @@ class ConsumerService:
             on_reconnect=self.metrics.reconnects.inc,
             on_refusal=lambda refusal: self.metrics.refusals(refusal.sqlstate).inc(),
         )
-        self._refusals = RefusalBackoff()
-        self._registry = RegistryBackoff()
+        self._refusals = refusal_backoff()
+        self._registry = registry_backoff()
         self._mismatches = mismatch_backoff()
         self._stops = stop_backoff()
         self._unrouted = unrouted_backoff()

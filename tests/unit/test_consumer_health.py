@@ -8,7 +8,7 @@ import time
 import pytest
 from confluent_kafka import KafkaError
 
-from consumers.db_session import Refusal, RefusalBackoff
+from consumers.db_session import refusal_backoff
 from consumers.kafka_health import KafkaAccessDenied, KafkaHealth, KafkaRefused, KafkaUnavailable
 
 UP, DOWN = {"b1": "UP", "b2": "DOWN"}, {"b1": "DOWN", "b2": "CONNECT"}
@@ -78,12 +78,12 @@ def test_an_acl_refusal_names_the_right_to_grant() -> None:
 
 
 def test_refused_writes_wait_twice_as_long_each_time_up_to_a_bound() -> None:
-    backoff = RefusalBackoff()
-    refusal = Refusal("25006", "cannot execute INSERT in a read-only transaction")
+    backoff = refusal_backoff()
+    refusal = "25006: cannot execute INSERT in a read-only transaction"
     waits = []
     for _ in range(10):
         before = time.monotonic()
-        backoff.refused(refusal)
+        backoff.failed(refusal)
         waits.append(round(backoff.retry_at - before, 1))
     assert waits[:4] == [0.5, 1.0, 2.0, 4.0]
     assert max(waits) == 30.0 and waits[-1] == 30.0
@@ -92,12 +92,12 @@ def test_refused_writes_wait_twice_as_long_each_time_up_to_a_bound() -> None:
 
 
 def test_refused_writes_cleared_start_again_from_the_first_wait() -> None:
-    backoff = RefusalBackoff()
-    refusal = Refusal("53100", "could not extend file: No space left on device")
+    backoff = refusal_backoff()
+    refusal = "53100: could not extend file: No space left on device"
     for _ in range(3):
-        backoff.refused(refusal)
+        backoff.failed(refusal)
     backoff.cleared()
     assert backoff.reasons() == [] and backoff.retry_at == 0.0
     before = time.monotonic()
-    backoff.refused(refusal)
+    backoff.failed(refusal)
     assert round(backoff.retry_at - before, 1) == 0.5

@@ -21,7 +21,7 @@ from bridge.settings import RouteSettings, SchemaRegistrySettings, load_settings
 from bridge_shell.spark.spark_session import REDACTION_REGEX
 from consumers.avro_rows import AvroRowDecoder, reading_of
 from consumers.records import RecordError
-from consumers.registry_schemas import RegistryBackoff, SchemaCache, schema_id
+from consumers.registry_schemas import SchemaCache, registry_backoff, schema_id
 from consumers.rows import UNSET, ArrayValue
 from consumers.targets import Target
 from spark_jobs.kafka_rows import check_schema
@@ -220,7 +220,7 @@ def test_json_rows_fill_array_columns_and_read_epoch_millis_when_asked() -> None
 
 
 def test_the_registry_backoff_grows_to_a_bound_and_says_why_until_cleared() -> None:
-    backoff = RegistryBackoff()
+    backoff = registry_backoff()
     assert backoff.reasons() == []
     # Each wait lies between retry_at - (clock after the call) and retry_at - (clock before):
     # exact bounds, whatever the machine's pace.

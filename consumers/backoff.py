@@ -1,0 +1,58 @@
+"""One growing, bounded hold for batches held back by something outside their records.
+
+The database refusing writes, the schema registry out of reach, a table that does not fit its
+schema, a record that stopped its partition, a topic without a table yet: each holds the member's
+batches for a wait that grows with each failure, up to a bound, and says why on `/readyz`
+meanwhile. The poll loop keeps turning (Kafka's group needs it), so no tenacity `Retrying` call
+can own the wait; the hold only says when the next try may be, by tenacity's own wait functions.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+from tenacity import RetryCallState, Retrying, wait_exponential
+from tenacity.wait import wait_base
+
+log = logging.getLogger("bridge.consumer")
+
+_GROWING = wait_exponential(multiplier=1, max=30)  # 1, 2, 4 ... 30 s
+
+
+@dataclass
+class HoldBackoff:
+    """While batches are held back: when to try again, and what `/readyz` says meanwhile."""
+
+    what: str  # heads the `/readyz` reason: "schema registry unavailable"
+    consequence: str  # says in the log what waits: "the batch waits for its schemas"
+    wait: wait_base = _GROWING
+    recovered: str | None = None  # logged when it clears after a failure: "... again"
+    current: str | None = None  # why it holds now; None while it does not
+    retry_at: float = 0.0  # monotonic: no batch before this
+    _since: float = 0.0
+    _attempt: RetryCallState = field(
+        default_factory=lambda: RetryCallState(Retrying(), None, (), {}), repr=False
+    )
+
+    def failed(self, why: str) -> None:
+        now = time.monotonic()
+        if self.current is None:
+            self._since = now
+            self._attempt.attempt_number = 0
+        self.current = why
+        self._attempt.attempt_number += 1
+        delay = self.wait(self._attempt)
+        self.retry_at = now + delay
+        log.error("%s (%s); %s; retrying in %.1fs", self.what, why, self.consequence, delay)
+
+    def cleared(self) -> None:
+        if self.current is not None and self.recovered is not None:
+            log.info("%s after %.0fs", self.recovered, time.monotonic() - self._since)
+        self.current, self.retry_at = None, 0.0
+
+    def reasons(self) -> list[str]:
+        if self.current is None:
+            return []
+        return [f"{self.what} for {time.monotonic() - self._since:.0f}s ({self.current})"]
