@@ -103,7 +103,7 @@ def alive(pid: int | None, marker: str) -> bool:
 def gone(pid: int | None) -> bool:
     """Whether `pid` has exited (or never was). Not the same as `not alive(...)`: while a
     process execs, its command line is briefly empty, and a start-up check that takes that for
-    an exit fails a server that is starting fine (seen under load in CI)."""
+    an exit fails a server that is starting fine, on a loaded machine most of all."""
     return pid is None or cmdline(pid) is None
 
 
