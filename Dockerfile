@@ -19,7 +19,7 @@ COPY bridge ./bridge
 COPY bridge_shell ./bridge_shell
 COPY spark_jobs ./spark_jobs
 COPY consumers ./consumers
-# The consumer's Avro reader is C (consumers/_avro_body.c): a compiler for the install, gone after.
+# The consumer's Avro reader is C (consumers/decoding/_avro_body.c): a compiler for the install, gone after.
 RUN apt-get update \
     && apt-get install -y --no-install-recommends gcc libc6-dev \
     && pip install --no-cache-dir . \

@@ -4,7 +4,7 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml setup.py consumers/_avro_body.c | cksum | cut -d' ' -f1)
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml setup.py consumers/decoding/_avro_body.c | cksum | cut -d' ' -f1)
 PACKAGES := bridge bridge_shell spark_jobs consumers tests bench
 
 .PHONY: setup demo test lint unit integration fuzz stack-up stack-down clean
@@ -15,7 +15,7 @@ setup: $(STAMP)
 	@bash scripts/ensure-composecheck.sh > /dev/null
 	@$(BIN)/bridge stack prepare
 
-$(STAMP): pyproject.toml setup.py consumers/_avro_body.c
+$(STAMP): pyproject.toml setup.py consumers/decoding/_avro_body.c
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'

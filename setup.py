@@ -3,4 +3,4 @@ else about the package is in pyproject.toml; setuptools takes C extensions from 
 
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("consumers._avro_body", ["consumers/_avro_body.c"])])
+setup(ext_modules=[Extension("consumers.decoding._avro_body", ["consumers/decoding/_avro_body.c"])])

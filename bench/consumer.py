@@ -61,10 +61,10 @@ from bench.common import Endpoints, new_table, new_topic, running_stack, scratch
 from bench.cpu import CpuMeter, thread_seconds
 from bridge.kafka_admin import KafkaAdmin
 from bridge.names import DEFAULT_STATE_SCHEMA, OFFSETS_TABLE
-from consumers.offsets import applied_position
-from consumers.pipelined import formatted
-from consumers.positions import caught_up_position
-from consumers.rows import RowDecoder
+from consumers.batch.pipelined import formatted
+from consumers.database.offsets import applied_position
+from consumers.database.positions import caught_up_position
+from consumers.decoding.rows import RowDecoder
 from consumers.service import CONSUMER_FETCH_DEFAULTS
 
 PARTITIONS = 4

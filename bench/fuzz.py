@@ -1,13 +1,13 @@
 """The C Avro reader under AddressSanitizer and UndefinedBehaviorSanitizer, fuzzed for longer.
 
-`python -m bench.fuzz --examples 20000` (also `make fuzz`) builds `consumers/_avro_body.c` with
-`-fsanitize=address,undefined` into a copy of the `consumers` package in a scratch directory,
+`python -m bench.fuzz --examples 20000` (also `make fuzz`) builds `consumers/decoding/_avro_body.c`
+with `-fsanitize=address,undefined` into a copy of the `consumers` package in a scratch directory,
 then runs the reader's tests against that build: the differential fuzz against fastavro
-(tests/unit/test_avro_fuzz.py, with `--examples` per property and fresh random examples each
-run), the hostile-schema reproducers and the reader's own tests. Python allocates with malloc
-(PYTHONMALLOC=malloc) so that ASan sees every object the reader touches; any sanitizer report
-ends the run. Writes `bench/results/fuzz-<time>.json`: examples, seconds, tests passed, and
-every sanitizer report found (none, when all is well).
+(tests/unit/test_avro_fuzz.py, with `--examples` per property and fresh random examples each run),
+the hostile-schema reproducers and the reader's own tests. Python allocates with malloc
+(PYTHONMALLOC=malloc) so that ASan sees every object the reader touches; any sanitizer report ends
+the run. Writes `bench/results/fuzz-<time>.json`: examples, seconds, tests passed, and every
+sanitizer report found (none, when all is well).
 """
 
 from __future__ import annotations
@@ -43,7 +43,8 @@ def build(scratch: Path) -> Path:
         cwd=ROOT, env=env, check=True, capture_output=True,
     )  # fmt: skip
     suffix = sysconfig.get_config_var("EXT_SUFFIX")
-    assert (tree / "consumers" / f"_avro_body{suffix}").exists(), "the sanitized build is missing"
+    built = tree / "consumers" / "decoding" / f"_avro_body{suffix}"
+    assert built.exists(), "the sanitized build is missing"
     return tree
 
 
@@ -77,7 +78,7 @@ def main() -> None:
         tree = build(scratch)
         env = sanitized_env(tree, args.examples)
         where = subprocess.run(
-            [sys.executable, "-c", "import consumers._avro_body as m; print(m.__file__)"],
+            [sys.executable, "-c", "import consumers.decoding._avro_body as m; print(m.__file__)"],
             env=env, capture_output=True, text=True, check=True, cwd=scratch,
         ).stdout.strip()  # fmt: skip
         assert where.startswith(str(tree)), f"the tests would read {where}, not the sanitized build"

@@ -1,10 +1,10 @@
 """The long-running consumer: its poll loop and the wiring of its parts.
 
-read_committed records -> a batch of the partitions this member holds, planned, sent and
-settled by its one owner (`consumers.lifecycle`): one PostgreSQL transaction per batch holding
-the fenced offset advance and the rows together (`consumers.committer`). Leases follow Kafka's
-assignment and the offsets table (`consumers.leases`); the database session comes back on its
-own after a lost connection (`consumers.db_session`).
+read_committed records -> a batch of the partitions this member holds, planned, sent and settled by
+its one owner (`consumers.batch.lifecycle`): one PostgreSQL transaction per batch holding the fenced
+offset advance and the rows together (`consumers.batch.committer`). Leases follow Kafka's assignment
+and the offsets table (`consumers.membership.leases`); the database session comes back on its own
+after a lost connection (`consumers.database.db_session`).
 """
 
 from __future__ import annotations
@@ -25,24 +25,24 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from bridge.errors import ConfigError, PermissionMissing
 from bridge.settings import BridgeSettings, ConsumerSettings, LibrdkafkaValue, RouteSettings
-from consumers.applier import Applier
-from consumers.committer import Committer, RouteUnresolved
-from consumers.db_session import DatabaseSession, at_start, refusal_backoff
-from consumers.kafka_health import KafkaHealth
-from consumers.leases import LeaseKeeper
-from consumers.lifecycle import (
+from consumers.batch.committer import Committer, RouteUnresolved
+from consumers.batch.lifecycle import (
     BatchLifecycle,
     mismatch_backoff,
     stop_backoff,
     unrouted_backoff,
 )
-from consumers.metrics import ConsumerMetrics, HealthServer
-from consumers.offsets import OffsetStore, PartitionKey
-from consumers.partitions import PartitionTable
-from consumers.registry_schemas import SchemaCache, registry_backoff
-from consumers.state import ensure_state_tables, sqlalchemy_engine, state_tables
-from consumers.table_follower import TableFollower, follow_table
-from consumers.targets import Target, reflect_target
+from consumers.batch.metrics import ConsumerMetrics, HealthServer
+from consumers.batch.partitions import PartitionTable
+from consumers.database.db_session import DatabaseSession, at_start, refusal_backoff
+from consumers.database.offsets import OffsetStore, PartitionKey
+from consumers.database.state import ensure_state_tables, sqlalchemy_engine, state_tables
+from consumers.decoding.registry_schemas import SchemaCache, registry_backoff
+from consumers.membership.kafka_health import KafkaHealth
+from consumers.membership.leases import LeaseKeeper
+from consumers.tables.applier import Applier
+from consumers.tables.table_follower import TableFollower, follow_table
+from consumers.tables.targets import Target, reflect_target
 
 log = logging.getLogger("bridge.consumer")
 # librdkafka's own log lines (a broker refusing connections, a coordinator moving), as records of

@@ -57,10 +57,10 @@ _TASK_CLIENT_DEFAULTS = {"reconnect.backoff.ms": "10"}
 _CONNECT_WAIT_S = 10.0
 
 # librdkafka's send_offsets_to_transaction can block past its own timeout while the group
-# coordinator is down (librdkafka issues #5456 and #5511, open), without end when the node that
-# was both coordinators of a task is gone. So no blocking call of a write task may outlast its own timeout by more than this; one that
-# does ends the Python worker, Spark retries the task, and the retry's init_transactions fences
-# what the stuck attempt left open.
+# coordinator is down (librdkafka issues #5456 and #5511, open), without end when the node that was
+# both coordinators of a task is gone. So no blocking call of a write task may outlast its own
+# timeout by more than this; one that does ends the Python worker, Spark retries the task, and the
+# retry's init_transactions fences what the stuck attempt left open.
 _STUCK_GRACE_S = 30.0
 STUCK_EXIT_CODE = 70
 

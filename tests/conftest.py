@@ -15,7 +15,7 @@ import pytest
 
 from bridge_shell.stack.kafka import KafkaPorts, KafkaServer, new_cluster_id
 from bridge_shell.stack.process import free_port
-from consumers.state import StateTables, ensure_state
+from consumers.database.state import StateTables, ensure_state
 from tests.harness import Endpoints, endpoints
 from tests.toxiproxy import Proxy, Toxiproxy, ToxiproxyMissing, toxiproxy_binary
 

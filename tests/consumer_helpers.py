@@ -142,14 +142,17 @@ def drained(stack: Endpoints, names: dict[str, str], partitions: int, timeout: f
 
     def applied() -> bool:
         with psycopg.connect(stack.dsn, autocommit=True) as conn:
-            stored: dict[int, int] = dict(
-                conn.execute(
-                    pgsql.SQL("SELECT partition, next_offset FROM {} WHERE group_id = %s").format(
-                        pgsql.Identifier(names["schema"], OFFSETS_TABLE)
-                    ),
-                    (names["group"],),
-                ).fetchall()
-            )
+            try:
+                stored: dict[int, int] = dict(
+                    conn.execute(
+                        pgsql.SQL(
+                            "SELECT partition, next_offset FROM {} WHERE group_id = %s"
+                        ).format(pgsql.Identifier(names["schema"], OFFSETS_TABLE)),
+                        (names["group"],),
+                    ).fetchall()
+                )
+            except (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName):
+                return False  # the consumer under test has not made its state tables yet
         return all(stored.get(partition, 0) > offset for partition, offset in last.items())
 
     eventually(applied, timeout)

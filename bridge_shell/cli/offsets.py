@@ -62,7 +62,7 @@ def show(
 ) -> None:
     """Per (group, topic, partition): the stored next offset against the log's range and lag,
     its owner, and a flag where the stored offset is outside the log."""
-    from consumers.positions import read_positions
+    from consumers.database.positions import read_positions
 
     settings = _settings(config, stack_dir)
     schema = state_schema(settings, schema)
@@ -106,8 +106,8 @@ def reset(
     holds a partition, unless --force; the owner epoch is bumped either way, so a member still
     writing is fenced, and an audit row records each move."""
     from bridge.names import OFFSET_RESETS_TABLE
-    from consumers.offset_reset import execute_reset, parse_reset_target, plan_reset
-    from consumers.state import ensure_state
+    from consumers.database.offset_reset import execute_reset, parse_reset_target, plan_reset
+    from consumers.database.state import ensure_state
 
     settings = _settings(config, stack_dir)
     schema = state_schema(settings, schema)

@@ -21,11 +21,25 @@ _LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 
 # (contract id, module file in the copy, the import that breaks that contract alone)
 _VIOLATIONS = [
-    ("roots", "bridge/settings.py", "import consumers.records"),
-    ("roots", "consumers/records.py", "import bridge_shell.tables"),
+    ("roots", "bridge/settings.py", "import consumers.decoding.records"),
+    ("roots", "consumers/decoding/records.py", "import bridge_shell.tables"),
     ("roots", "spark_jobs/faults.py", "import bridge_shell.maven"),
-    ("sides", "consumers/records.py", "import spark_jobs.faults"),
-    ("consumer-layers", "consumers/records.py", "import consumers.service"),
+    ("sides", "consumers/decoding/records.py", "import spark_jobs.faults"),
+    ("consumer-layers", "consumers/decoding/records.py", "import consumers.service"),
+    ("consumer-layers", "consumers/database/state.py", "import consumers.decoding.rows"),
+    (
+        "consumer-membership",
+        "consumers/membership/leases.py",
+        "import consumers.membership.kafka_health",
+    ),
+    ("consumer-batch", "consumers/batch/pipelined.py", "import consumers.batch.committer"),
+    ("consumer-tables", "consumers/tables/targets.py", "import consumers.tables.applier"),
+    ("consumer-decoding", "consumers/decoding/records.py", "import consumers.decoding.rows"),
+    (
+        "consumer-database",
+        "consumers/database/pg_errors.py",
+        "import consumers.database.db_session",
+    ),
     ("sink-layers", "spark_jobs/kafka_rows.py", "import spark_jobs.sink"),
     ("foundation-layers", "bridge/errors.py", "import bridge.settings"),
     ("shell-layers", "bridge_shell/stack/process.py", "import bridge_shell.cli"),

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from bridge.kafka_admin import KafkaAdmin, create_topic
-from consumers.offsets import applied_position
-from consumers.positions import caught_up_position
+from consumers.database.offsets import applied_position
+from consumers.database.positions import caught_up_position
 from tests.consumer_helpers import eventually, running, settings_for, sql
 from tests.harness import Endpoints
 from tests.kafka_helpers import transactional_producer

@@ -6,8 +6,8 @@ from dataclasses import replace
 
 import psycopg
 
-from consumers.offsets import OffsetStore
-from consumers.state import StateTables
+from consumers.database.offsets import OffsetStore
+from consumers.database.state import StateTables
 from tests.harness import Endpoints
 
 

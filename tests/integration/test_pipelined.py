@@ -10,11 +10,11 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from consumers.applier import Step
-from consumers.offsets import Lease, OffsetStore
-from consumers.pipelined import PipelinedTransaction, formatted, formatted_by_copy
-from consumers.rows import UNSET, row_cursor
-from consumers.state import StateTables
+from consumers.batch.pipelined import PipelinedTransaction, formatted, formatted_by_copy
+from consumers.database.offsets import Lease, OffsetStore
+from consumers.database.state import StateTables
+from consumers.decoding.rows import UNSET, row_cursor
+from consumers.tables.applier import Step
 from tests.harness import Endpoints
 
 

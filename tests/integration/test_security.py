@@ -19,7 +19,7 @@ from bridge.errors import PermissionMissing
 from bridge.kafka_admin import KafkaAdmin, TopicError, create_topic
 from bridge_shell.spark.producer_job import ProducerJob, Source, run
 from bridge_shell.stack.tls import CertificateAuthority
-from consumers.kafka_health import KafkaAccessDenied, KafkaRefused, KafkaUnavailable
+from consumers.membership.kafka_health import KafkaAccessDenied, KafkaRefused, KafkaUnavailable
 from consumers.service import ConsumerService
 from tests.consumer_helpers import in_background, produce, settings_for, sql
 from tests.harness import Endpoints

@@ -19,7 +19,7 @@ from alembic.runtime.migration import MigrationContext
 from bridge.errors import StateSchemaTooNew
 from bridge.kafka_admin import create_topic
 from bridge.names import STATE_VERSION_TABLE
-from consumers.state import (
+from consumers.database.state import (
     ensure_state,
     known_state_version,
     sqlalchemy_engine,

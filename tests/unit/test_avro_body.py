@@ -14,7 +14,7 @@ from typing import Any
 import fastavro
 import pytest
 
-from consumers.avro_program import compile_record
+from consumers.decoding.avro_program import compile_record
 
 NODE = {"type": "record", "name": "Node", "fields": [
     {"name": "value", "type": "long"},

@@ -26,7 +26,7 @@ import fastavro
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from consumers.avro_program import SchemaRefused, check, compile_record
+from consumers.decoding.avro_program import SchemaRefused, check, compile_record
 
 EXAMPLES = int(os.environ.get("BRIDGE_FUZZ_EXAMPLES", "1000"))
 LIMIT = 4 * 1024**2  # decoded bytes a record may take here: a few MiB, so blow-ups end fast

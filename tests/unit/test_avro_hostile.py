@@ -13,8 +13,8 @@ import fastavro
 import pytest
 
 from bridge.settings import SchemaRegistrySettings
-from consumers import _avro_body
-from consumers.avro_program import (
+from consumers.decoding import _avro_body
+from consumers.decoding.avro_program import (
     DECIMAL_BYTES,
     DECIMAL_FIXED,
     FIXED,
@@ -22,9 +22,9 @@ from consumers.avro_program import (
     check,
     compile_record,
 )
-from consumers.avro_rows import AvroRowDecoder
-from consumers.records import RecordError
-from consumers.registry_schemas import SchemaCache
+from consumers.decoding.avro_rows import AvroRowDecoder
+from consumers.decoding.records import RecordError
+from consumers.decoding.registry_schemas import SchemaCache
 
 LIMIT = 1024**2
 

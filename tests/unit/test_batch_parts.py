@@ -6,11 +6,11 @@ from __future__ import annotations
 import psycopg
 from confluent_kafka import Message
 
-from consumers.committer import Batch, CommitResult, by_topic
-from consumers.db_session import Refusal, is_lost, refusal_of
-from consumers.leases import compare_with_rows
-from consumers.offsets import Lease, StoredRow
-from consumers.partitions import PartitionTable
+from consumers.batch.committer import Batch, CommitResult, by_topic
+from consumers.batch.partitions import PartitionTable
+from consumers.database.db_session import Refusal, is_lost, refusal_of
+from consumers.database.offsets import Lease, StoredRow
+from consumers.membership.leases import compare_with_rows
 
 
 class _Record:

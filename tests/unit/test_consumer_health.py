@@ -8,8 +8,13 @@ import time
 import pytest
 from confluent_kafka import KafkaError
 
-from consumers.db_session import refusal_backoff
-from consumers.kafka_health import KafkaAccessDenied, KafkaHealth, KafkaRefused, KafkaUnavailable
+from consumers.database.db_session import refusal_backoff
+from consumers.membership.kafka_health import (
+    KafkaAccessDenied,
+    KafkaHealth,
+    KafkaRefused,
+    KafkaUnavailable,
+)
 
 UP, DOWN = {"b1": "UP", "b2": "DOWN"}, {"b1": "DOWN", "b2": "CONNECT"}
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from consumers.lifecycle import STAGES, IllegalStage, Stage, StageEvent
+from consumers.batch.lifecycle import STAGES, IllegalStage, Stage, StageEvent
 
-# Written from the design (consumers/lifecycle.py's docstring), not read from STAGES:
+# Written from the design (consumers/batch/lifecycle.py's docstring), not read from STAGES:
 # stage -> {event: stage after}; an event not named is refused.
 EXPECTED: dict[str, dict[str, str]] = {
     "idle": {"polling": "idle", "sent": "in_flight", "rewound": "rewound"},
@@ -31,7 +31,7 @@ def test_every_stage_and_event_moves_as_designed(stage: str, event: str) -> None
 
 def test_a_move_the_table_refuses_raises_naming_it() -> None:
     # The guard itself, through a pipeline object that holds nothing else.
-    from consumers.lifecycle import BatchLifecycle
+    from consumers.batch.lifecycle import BatchLifecycle
 
     pipeline = BatchLifecycle.__new__(BatchLifecycle)
     pipeline.stage = Stage.IN_FLIGHT

@@ -11,8 +11,8 @@ from confluent_kafka import TIMESTAMP_CREATE_TIME, TIMESTAMP_NOT_AVAILABLE, Mess
 
 from bridge.errors import ConfigError
 from bridge.settings import RouteSettings, load_settings
-from consumers.records import RecordError
-from consumers.targets import Target
+from consumers.decoding.records import RecordError
+from consumers.tables.targets import Target
 
 METADATA = {
     "src_topic": "topic", "src_partition": "partition", "src_offset": "offset",

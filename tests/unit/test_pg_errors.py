@@ -6,7 +6,7 @@ import psycopg
 import pytest
 from psycopg.errors import lookup
 
-from consumers.pg_errors import RECORD_FAULTS, REFUSALS, in_sqlstate_classes
+from consumers.database.pg_errors import RECORD_FAULTS, REFUSALS, in_sqlstate_classes
 
 # (SQLSTATE, what it means) from PostgreSQL's errcodes table, not from the code's groups.
 RECORD = [

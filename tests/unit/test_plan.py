@@ -9,8 +9,8 @@ import pytest
 from confluent_kafka import Message
 
 from bridge.settings import RouteSettings
-from consumers.applier import Applier, Step
-from consumers.targets import Target
+from consumers.tables.applier import Applier, Step
+from consumers.tables.targets import Target
 
 
 def _target(**route: Any) -> Target:

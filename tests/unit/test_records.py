@@ -6,7 +6,7 @@ import json
 
 from confluent_kafka import TIMESTAMP_CREATE_TIME, TIMESTAMP_NOT_AVAILABLE, Message
 
-from consumers.records import headers_json, offset_of, timestamp_ms
+from consumers.decoding.records import headers_json, offset_of, timestamp_ms
 
 
 def test_headers_become_json_text_pairs_whatever_their_bytes() -> None:

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 from bridge.settings import RouteSettings
-from consumers.records import RecordError
-from consumers.rows import UNSET, RowDecoder, Run, as_cell, decode_key, projector, runs
-from consumers.targets import Target
+from consumers.decoding.records import RecordError
+from consumers.decoding.rows import UNSET, RowDecoder, Run, as_cell, decode_key, projector, runs
+from consumers.tables.targets import Target
 
 
 @pytest.mark.parametrize(

@@ -12,9 +12,9 @@ import pytest
 
 from bridge.errors import ConfigError
 from bridge.settings import RouteSettings, SchemaRegistrySettings, load_settings
-from consumers.registry_schemas import SchemaCache
-from consumers.table_follower import TableColumn, TableFollower, TableMismatch, fits
-from consumers.table_types import FieldColumn, field_columns
+from consumers.decoding.registry_schemas import SchemaCache
+from consumers.tables.table_follower import TableColumn, TableFollower, TableMismatch, fits
+from consumers.tables.table_types import FieldColumn, field_columns
 
 BASE: dict[str, Any] = {"type": "record", "name": "R", "namespace": "n", "fields": [
     {"name": "id", "type": "long"},

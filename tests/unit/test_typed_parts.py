@@ -19,11 +19,11 @@ from pyspark.sql.types import BinaryType, LongType, StringType, StructField, Str
 from bridge.errors import ConfigError
 from bridge.settings import RouteSettings, SchemaRegistrySettings, load_settings
 from bridge_shell.spark.spark_session import REDACTION_REGEX
-from consumers.avro_rows import AvroRowDecoder, reading_of
-from consumers.records import RecordError
-from consumers.registry_schemas import SchemaCache, registry_backoff, schema_id
-from consumers.rows import UNSET, ArrayValue
-from consumers.targets import Target
+from consumers.decoding.avro_rows import AvroRowDecoder, reading_of
+from consumers.decoding.records import RecordError
+from consumers.decoding.registry_schemas import SchemaCache, registry_backoff, schema_id
+from consumers.decoding.rows import UNSET, ArrayValue
+from consumers.tables.targets import Target
 from spark_jobs.kafka_rows import check_schema
 from spark_jobs.registry_frames import record_name, subject_name
 from spark_jobs.sink_options import SinkOptions, SubjectStrategy, ValueFormat
@@ -314,7 +314,7 @@ def test_a_dataframes_schema_as_json_schema_says_what_to_json_writes() -> None:
 def test_the_json_schema_decoder_checks_the_frame_then_decodes_the_body_as_json(
     cache: SchemaCache,
 ) -> None:
-    from consumers.registry_json_rows import RegistryJsonRowDecoder
+    from consumers.decoding.registry_json_rows import RegistryJsonRowDecoder
 
     decoder = RegistryJsonRowDecoder(("id", "name"), schemas=cache)
     framed = b"\x00\x00\x00\x00\x08" + b'{"id": 1, "name": "x"}'

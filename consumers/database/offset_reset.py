@@ -19,7 +19,7 @@ import psycopg
 
 from bridge.errors import BridgeError
 from bridge.kafka_admin import KafkaAdmin
-from consumers.offsets import OffsetStore, ResetMove
+from consumers.database.offsets import OffsetStore, ResetMove
 
 _LOCK_WAIT = "30s"  # a member's batch holds the row lock for one transaction, well under this
 

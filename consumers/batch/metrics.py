@@ -36,8 +36,8 @@ from bridge.names import (
     METRIC_REGISTRY_UNAVAILABLE,
     METRIC_TABLE_MISMATCH,
 )
-from consumers.partitions import PartitionState
-from consumers.records import Record, timestamp_ms
+from consumers.batch.partitions import PartitionState
+from consumers.decoding.records import Record, timestamp_ms
 
 # How many records of a batch feed the latency histogram: enough for p99, cheap per batch.
 _LATENCY_SAMPLES_PER_BATCH = 100

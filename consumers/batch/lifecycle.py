@@ -8,7 +8,7 @@
 2. settles the batch before: reads its outcome and applies it at once (partition states, the
    refusal backoff, the Kafka mirror, the metrics; an unknown outcome read back from the
    offsets table);
-3. sends the planned batch (`consumers.committer`), unless an outcome moved the positions back
+3. sends the planned batch (`consumers.batch.committer`), unless an outcome moved the positions back
    since the poll began: then the records are stale, dropped, and fetched again.
 
 A batch is planned once and its outcome is settled where it is read. The stage of the pipeline
@@ -37,14 +37,14 @@ from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 
 from bridge.errors import BridgeError
 from consumers.backoff import HoldBackoff
-from consumers.committer import Batch, CommitResult, Committer, RouteUnresolved
-from consumers.db_session import DatabaseSession
-from consumers.metrics import ConsumerMetrics
-from consumers.offsets import OffsetStore, PartitionKey, StoredRow
-from consumers.partitions import PartitionState, PartitionTable
-from consumers.records import Record, RecordStopped, offset_of
-from consumers.registry_schemas import RegistryUnavailable
-from consumers.table_follower import TableMismatch
+from consumers.batch.committer import Batch, CommitResult, Committer, RouteUnresolved
+from consumers.batch.metrics import ConsumerMetrics
+from consumers.batch.partitions import PartitionState, PartitionTable
+from consumers.database.db_session import DatabaseSession
+from consumers.database.offsets import OffsetStore, PartitionKey, StoredRow
+from consumers.decoding.records import Record, RecordStopped, offset_of
+from consumers.decoding.registry_schemas import RegistryUnavailable
+from consumers.tables.table_follower import TableMismatch
 
 log = logging.getLogger("bridge.consumer")
 
@@ -108,7 +108,7 @@ class BatchLifecycle:
         self._metrics = metrics
         self._refusals = refusals
         self._registry = registry
-        # A writer schema a followed table cannot take (consumers.table_follower).
+        # A writer schema a followed table cannot take (consumers.tables.table_follower).
         self._mismatches = mismatches or mismatch_backoff()
         # A record of an `on_record_error: stop` route that cannot be written, and where.
         self._stops = stops or stop_backoff()

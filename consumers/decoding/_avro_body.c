@@ -4,7 +4,7 @@
  * (with fastavro the consumer ran at 0.29x of JSON, bench/results/typed-20261125T140439Z.json),
  * and no library turns an Avro body straight into a tuple of a table's columns.
  *
- * A writer schema arrives compiled (consumers/avro_program.py) into nodes, each a tuple whose
+ * A writer schema arrives compiled (consumers/decoding/avro_program.py) into nodes, each a tuple whose
  * first item is an opcode below. `decode_rows` reads every value of a list by one compiled
  * record into one tuple per value: the column a field feeds gets its value, the other columns
  * keep the template's. The Python values are those fastavro gives, so that psycopg sends each
@@ -26,7 +26,7 @@
 #include <stdint.h>
 #include <string.h>
 
-/* Keep in step with consumers/avro_program.py. */
+/* Keep in step with consumers/decoding/avro_program.py. */
 enum {
     OP_NULL = 0,
     OP_BOOLEAN = 1,
@@ -544,7 +544,7 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module_def = {
-    PyModuleDef_HEAD_INIT, "consumers._avro_body", "Avro bodies to table rows, in C.", -1, methods,
+    PyModuleDef_HEAD_INIT, "consumers.decoding._avro_body", "Avro bodies to table rows, in C.", -1, methods,
     NULL, NULL, NULL, NULL,
 };
 

@@ -1,10 +1,10 @@
 """The consumer's own tables in PostgreSQL: offsets with an owner lease, resets, dead letters.
 
-SQLAlchemy Core describes them as this release uses them. Their shape has a version, kept in
-the schema's version table: `ensure_state_tables` brings it to this release's version with the
-migrations of `consumers.state_migrations`, in one transaction, under an advisory lock so that
-two instances starting together do not race, and refuses a version newer than it knows. The
-offsets table and its audit trail are defined by `consumers.offsets`, their only home; this
+SQLAlchemy Core describes them as this release uses them. Their shape has a version, kept in the
+schema's version table: `ensure_state_tables` brings it to this release's version with the
+migrations of `consumers.database.state_migrations`, in one transaction, under an advisory lock so
+that two instances starting together do not race, and refuses a version newer than it knows. The
+offsets table and its audit trail are defined by `consumers.database.offsets`, their only home; this
 module puts them in a schema beside the dead letters.
 """
 
@@ -41,7 +41,7 @@ from sqlalchemy.schema import CreateSchema
 
 from bridge.errors import PermissionMissing, StateSchemaTooNew
 from bridge.names import DEAD_LETTERS_TABLE, STATE_VERSION_TABLE
-from consumers.offsets import define_tables
+from consumers.database.offsets import define_tables
 
 # Any constant works: it only has to be the same for every instance of bridge.
 _DDL_LOCK_KEY = 0x62726964  # "brid"
@@ -139,7 +139,7 @@ def _migrate(conn: Connection, schema: str) -> None:
 
 def _alembic_config() -> Config:
     config = Config()
-    config.set_main_option("script_location", str(files("consumers") / "state_migrations"))
+    config.set_main_option("script_location", str(files("consumers.database") / "state_migrations"))
     return config
 
 

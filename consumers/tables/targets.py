@@ -19,12 +19,12 @@ from bridge.acls import table_rights
 from bridge.errors import ConfigError, PermissionMissing
 from bridge.names import PROVENANCE_EPOCH, PROVENANCE_PARTITION, PROVENANCE_QUERY
 from bridge.settings import KEYED_MODES, UNIQUE_KEY_MODES, RouteSettings
-from consumers.avro_rows import AvroRowDecoder
-from consumers.record_keys import KeyReader
-from consumers.records import Record, RecordError
-from consumers.registry_json_rows import RegistryJsonRowDecoder
-from consumers.registry_schemas import SchemaCache
-from consumers.rows import (
+from consumers.decoding.avro_rows import AvroRowDecoder
+from consumers.decoding.record_keys import KeyReader
+from consumers.decoding.records import Record, RecordError
+from consumers.decoding.registry_json_rows import RegistryJsonRowDecoder
+from consumers.decoding.registry_schemas import SchemaCache
+from consumers.decoding.rows import (
     UNSET,
     ArrayValue,
     Row,

@@ -1,7 +1,7 @@
 """Tables that follow their records' writer schemas (`auto_create`, `auto_evolve`).
 
-Before a batch is planned, each writer schema its records name that the table has not been
-checked against is compared with the table's columns (`consumers.table_types` maps the fields):
+Before a batch is planned, each writer schema its records name that the table has not been checked
+against is compared with the table's columns (`consumers.tables.table_types` maps the fields):
 
 - no table, with `auto_create`: `CREATE TABLE` from the schema, the route's key columns as its
   primary key;
@@ -33,10 +33,10 @@ from sqlalchemy import Engine
 
 from bridge.errors import BridgeError, ConfigError, PermissionMissing
 from bridge.settings import RouteSettings
-from consumers.applier import Step
-from consumers.registry_schemas import AVRO, SchemaCache, schema_id
-from consumers.table_types import FieldColumn, field_columns
-from consumers.targets import Target, reflect_target
+from consumers.decoding.registry_schemas import AVRO, SchemaCache, schema_id
+from consumers.tables.applier import Step
+from consumers.tables.table_types import FieldColumn, field_columns
+from consumers.tables.targets import Target, reflect_target
 
 log = logging.getLogger("bridge.consumer")
 
@@ -104,7 +104,7 @@ def target_of(
 
 
 def fits(column: TableColumn, field: FieldColumn) -> bool:
-    """Whether the field's values go into the column as they are (see consumers.table_types)."""
+    """Whether the field's values go into the column as they are (see `table_types`)."""
     if field.kind == "S" and column.kind in ("S", "E"):  # text, or a PostgreSQL enum
         return True
     if field.kind != column.kind:
@@ -247,7 +247,7 @@ class TableFollower:
                 or not isinstance(schema, dict)
                 or (schema.get("type") != "record")
             ):
-                continue  # its records are dead letters naming why (consumers.avro_rows)
+                continue  # its records are dead letters naming why (consumers.decoding.avro_rows)
             try:
                 self._take(writer, field_columns(schema))
             except TableMismatch:
@@ -325,7 +325,7 @@ class TableFollower:
         definitions = [
             sql.SQL("{} {}{}").format(
                 sql.Identifier(f.name),
-                sql.SQL(f.sql_type),  # from consumers.table_types' table, not from input
+                sql.SQL(f.sql_type),  # from consumers.tables.table_types' table, not from input
                 sql.SQL("" if f.nullable else " NOT NULL"),
             )
             for f in fields

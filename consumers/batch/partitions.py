@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from bridge.errors import BridgeError
-from consumers.offsets import Lease, PartitionKey, StoredRow
+from consumers.database.offsets import Lease, PartitionKey, StoredRow
 
 
 class PartitionState(StrEnum):

@@ -1,4 +1,4 @@
-"""A writer schema compiled into the nodes `consumers._avro_body` reads a body by.
+"""A writer schema compiled into the nodes `consumers.decoding._avro_body` reads a body by.
 
 A node is a tuple whose first item is an opcode (the table below, kept in step with the C
 module's). A named type met again is the same node, so a recursive record is a cycle, which the
@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from consumers import _avro_body
+from consumers.decoding import _avro_body
 
 Node = tuple[Any, ...]
 

@@ -15,7 +15,7 @@ Three ways the database can fail a member, told apart because each wants its own
 - anything else is a bug, and propagates.
 
 What a lost connection leaves behind is not this module's concern: positions are never taken
-from memory afterwards, the offsets table is read again (`consumers.leases`).
+from memory afterwards, the offsets table is read again (`consumers.membership.leases`).
 """
 
 from __future__ import annotations
@@ -43,8 +43,8 @@ from tenacity import (
 from bridge.errors import BridgeError
 from bridge.private_apis import psycopg_wait_timeout
 from consumers.backoff import HoldBackoff
-from consumers.offsets import application_name
-from consumers.pg_errors import REFUSALS
+from consumers.database.offsets import application_name
+from consumers.database.pg_errors import REFUSALS
 
 log = logging.getLogger("bridge.consumer")
 

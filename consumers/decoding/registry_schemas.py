@@ -27,9 +27,9 @@ from fastavro.schema import SchemaParseException
 
 from bridge.errors import BridgeError
 from bridge.settings import SchemaRegistrySettings
-from consumers.avro_program import check as check_avro
 from consumers.backoff import HoldBackoff
-from consumers.records import RecordError
+from consumers.decoding.avro_program import check as check_avro
+from consumers.decoding.records import RecordError
 
 log = logging.getLogger("bridge.consumer")
 

@@ -4,8 +4,8 @@
 `updated_at`; no module outside this package spells its columns.
 """
 
-from consumers.offsets.schema import define_tables
-from consumers.offsets.store import (
+from consumers.database.offsets.schema import define_tables
+from consumers.database.offsets.store import (
     Lease,
     OffsetStore,
     PartitionKey,

@@ -1,12 +1,12 @@
 """Registry-framed Avro values to table rows, each value its exact PostgreSQL type.
 
-A value's body is read by its writer schema (fetched by id, `consumers.registry_schemas`),
-compiled once (`consumers.avro_program`) and read in C (`consumers._avro_body`), a batch in one
-call, into Python values that psycopg sends as the types they are: `timestamp-millis`/`-micros`
-as aware datetimes (timestamptz), `local-timestamp-*` as naive ones (timestamp), `date`,
-`time-*`, `decimal` as Decimal with every digit (numeric), `uuid` as its text, `bytes`/`fixed` as
-bytes (bytea), enums as text. Arrays go to array columns as PostgreSQL arrays, and as JSON text to
-any other column (jsonb); records and maps go as JSON text (jsonb).
+A value's body is read by its writer schema (fetched by id, `consumers.decoding.registry_schemas`),
+compiled once (`consumers.decoding.avro_program`) and read in C (`consumers.decoding._avro_body`), a
+batch in one call, into Python values that psycopg sends as the types they are:
+`timestamp-millis`/`-micros` as aware datetimes (timestamptz), `local-timestamp-*` as naive ones
+(timestamp), `date`, `time-*`, `decimal` as Decimal with every digit (numeric), `uuid` as its text,
+`bytes`/`fixed` as bytes (bytea), enums as text. Arrays go to array columns as PostgreSQL arrays,
+and as JSON text to any other column (jsonb); records and maps go as JSON text (jsonb).
 
 A column the writer schema has no field for is absent: UNSET where the table fills it (a
 default, an identity) and where the route tracks absence, else NULL.
@@ -18,10 +18,10 @@ from collections.abc import Callable, Collection, Iterable, Sequence
 from itertools import repeat
 from typing import Any, NamedTuple
 
-from consumers.avro_program import Program, SchemaRefused, compile_record
-from consumers.records import RecordError
-from consumers.registry_schemas import AVRO, HEADER, SchemaCache, schema_id, unframed
-from consumers.rows import UNSET, ArrayValue, Row, as_cell, json_text
+from consumers.decoding.avro_program import Program, SchemaRefused, compile_record
+from consumers.decoding.records import RecordError
+from consumers.decoding.registry_schemas import AVRO, HEADER, SchemaCache, schema_id, unframed
+from consumers.decoding.rows import UNSET, ArrayValue, Row, as_cell, json_text
 
 RowFix = Callable[[Row], Row]
 
@@ -34,7 +34,7 @@ class Reading(NamedTuple):
 
 
 class AvroRowDecoder:
-    """The same calls as `consumers.rows.RowDecoder`, for registry-framed Avro values."""
+    """The same calls as `consumers.decoding.rows.RowDecoder`, for registry-framed Avro values."""
 
     def __init__(
         self,

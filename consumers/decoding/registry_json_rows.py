@@ -1,10 +1,10 @@
 """Registry-framed JSON values (a JSON Schema's id, then the JSON text) to table rows.
 
-The body is JSON like any other route's and is decoded the same way, in C (`consumers.rows`);
-what the frame adds is checked first: the magic byte, and a schema id the registry knows as a
-JSON Schema. The values are not validated against that schema here: the producer's serializer
-did so, and the table's types decide what lands (a value a column cannot hold is a dead letter,
-as on a JSON route).
+The body is JSON like any other route's and is decoded the same way, in C
+(`consumers.decoding.rows`); what the frame adds is checked first: the magic byte, and a schema id
+the registry knows as a JSON Schema. The values are not validated against that schema here: the
+producer's serializer did so, and the table's types decide what lands (a value a column cannot hold
+is a dead letter, as on a JSON route).
 """
 
 from __future__ import annotations
@@ -13,15 +13,15 @@ from collections.abc import Collection, Iterable, Sequence
 from itertools import repeat
 from operator import getitem
 
-from consumers.records import RecordError
-from consumers.registry_schemas import HEADER, JSON, SchemaCache, schema_id, unframed
-from consumers.rows import Row, RowDecoder
+from consumers.decoding.records import RecordError
+from consumers.decoding.registry_schemas import HEADER, JSON, SchemaCache, schema_id, unframed
+from consumers.decoding.rows import Row, RowDecoder
 
 _BODY = slice(HEADER, None)
 
 
 class RegistryJsonRowDecoder:
-    """The same calls as `consumers.rows.RowDecoder`, for registry-framed JSON values."""
+    """The same calls as `consumers.decoding.rows.RowDecoder`, for registry-framed JSON values."""
 
     def __init__(
         self,

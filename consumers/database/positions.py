@@ -14,7 +14,7 @@ import psycopg
 from confluent_kafka import KafkaException
 
 from bridge.kafka_admin import KafkaAdmin, LogRange, PartitionKey, TopicError
-from consumers.offsets import stored_positions
+from consumers.database.offsets import stored_positions
 
 _UNKNOWN_MEMBER = "unknown (the group could not be described)"
 

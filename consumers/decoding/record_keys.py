@@ -13,9 +13,9 @@ from typing import Any
 import fastavro
 
 from bridge.settings import RouteSettings
-from consumers.records import RecordError
-from consumers.registry_schemas import AVRO, HEADER, SchemaCache, schema_id
-from consumers.rows import decode_key, key_columns_of
+from consumers.decoding.records import RecordError
+from consumers.decoding.registry_schemas import AVRO, HEADER, SchemaCache, schema_id
+from consumers.decoding.rows import decode_key, key_columns_of
 
 
 class KeyReader:

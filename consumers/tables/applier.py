@@ -22,11 +22,11 @@ from confluent_kafka import Message
 from psycopg import sql
 
 from bridge.names import UPSERT_STAGE_PREFIX
-from consumers.pg_errors import RECORD_FAULTS
-from consumers.records import Record, RecordError, RecordStopped, headers_json
-from consumers.rows import Row, projector, row_cursor, runs
-from consumers.state import StateTables
-from consumers.targets import Target
+from consumers.database.pg_errors import RECORD_FAULTS
+from consumers.database.state import StateTables
+from consumers.decoding.records import Record, RecordError, RecordStopped, headers_json
+from consumers.decoding.rows import Row, projector, row_cursor, runs
+from consumers.tables.targets import Target
 
 
 class Delete(NamedTuple):
@@ -45,7 +45,7 @@ _row_of: Callable[[Put], Row] = itemgetter(1)
 
 class Step(NamedTuple):
     """One statement of a batch's writes; a COPY FROM STDIN carries its rows, in its columns,
-    and once formatted ahead of sending (`consumers.pipelined.formatted`) their COPY text."""
+    and once formatted ahead of sending (`consumers.batch.pipelined.formatted`) their COPY text."""
 
     statement: sql.Composed
     rows: list[Row] | None = None

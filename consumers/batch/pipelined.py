@@ -42,8 +42,8 @@ from psycopg.copy import Copy, Writer
 from psycopg.pq.abc import PGconn, PGresult
 
 from bridge.private_apis import PrivateApiMoved, psycopg_row_text_formatter
-from consumers.applier import Step
-from consumers.rows import row_cursor
+from consumers.decoding.rows import row_cursor
+from consumers.tables.applier import Step
 
 _COPY_IN = pq.ExecStatus.COPY_IN
 _FATAL_ERROR = pq.ExecStatus.FATAL_ERROR

@@ -1,8 +1,9 @@
 """The shape of the offsets table and its audit trail, as this release reads and writes them.
 
-Part of the offsets table's one home (`consumers.offsets`): created and migrated, with the fenced
-advance function (`bridge.names.ADVANCE_OFFSETS_FUNCTION`), by `consumers.state_migrations`;
-read and written only by `consumers.offsets.store`.
+Part of the offsets table's one home (`consumers.database.offsets`): created and migrated, with
+the fenced advance function (`bridge.names.ADVANCE_OFFSETS_FUNCTION`), by
+`consumers.database.state_migrations`; read and written only by
+`consumers.database.offsets.store`.
 """
 
 from __future__ import annotations

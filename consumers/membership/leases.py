@@ -4,8 +4,8 @@ Kafka decides which member should hold a partition; the offsets table decides wh
 may write it (the owner epoch). This module claims partitions on assignment and releases them
 on revocation (the rebalance callbacks, run inside `consume`), compares the leases with the
 table once a second (`reconcile`), and pauses a partition Kafka will not fetch from its stored
-offset. Each of these first settles the batch in flight (`consumers.lifecycle`), so that no
-lease moves under it, then moves the partitions' states (`consumers.partitions`) and the
+offset. Each of these first settles the batch in flight (`consumers.batch.lifecycle`), so that no
+lease moves under it, then moves the partitions' states (`consumers.batch.partitions`) and the
 consumer's positions: assigned, paused, resumed.
 """
 
@@ -21,10 +21,10 @@ import psycopg
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from bridge.settings import ConsumerSettings
-from consumers.db_session import DatabaseSession, is_lost, refusal_of
-from consumers.lifecycle import BatchLifecycle
-from consumers.offsets import Lease, OffsetStore, PartitionKey, StoredRow
-from consumers.partitions import PartitionState, PartitionTable, out_of_range_reason
+from consumers.batch.lifecycle import BatchLifecycle
+from consumers.batch.partitions import PartitionState, PartitionTable, out_of_range_reason
+from consumers.database.db_session import DatabaseSession, is_lost, refusal_of
+from consumers.database.offsets import Lease, OffsetStore, PartitionKey, StoredRow
 
 log = logging.getLogger("bridge.consumer")
 

@@ -10,12 +10,12 @@
    states, the metrics and the Kafka mirror from the `CommitResult`.
 
 Two paths take these steps. A batch whose records are all rows goes as one message
-(`consumers.pipelined`): `send` returns at once and `settle` reads the outcome later, while the
-next batch is consumed. Any other batch, and one the one-message path was refused for, goes
+(`consumers.batch.pipelined`): `send` returns at once and `settle` reads the outcome later, while
+the next batch is consumed. Any other batch, and one the one-message path was refused for, goes
 statement by statement (`write`), which finds the record to dead-letter or the partition whose
-advance was refused. A connection lost on either path leaves the outcome unknown; the result
-says so, and the offsets table, not memory, decides afterwards. A refusal the database answers
-with (read-only, out of resources, a statement timeout) is known to have written nothing.
+advance was refused. A connection lost on either path leaves the outcome unknown; the result says
+so, and the offsets table, not memory, decides afterwards. A refusal the database answers with
+(read-only, out of resources, a statement timeout) is known to have written nothing.
 """
 
 from __future__ import annotations
@@ -32,13 +32,13 @@ import psycopg
 from confluent_kafka import Message
 
 from bridge.errors import BridgeError
-from consumers.applier import Applier, Step, run_steps
-from consumers.db_session import Refusal, is_lost, refusal_of
-from consumers.offsets import Lease, OffsetStore, PartitionKey
-from consumers.pipelined import PipelinedTransaction, formatted
-from consumers.records import Record, RecordStopped, offset_of
-from consumers.table_follower import DRIFT, TableFollower
-from consumers.targets import Target
+from consumers.batch.pipelined import PipelinedTransaction, formatted
+from consumers.database.db_session import Refusal, is_lost, refusal_of
+from consumers.database.offsets import Lease, OffsetStore, PartitionKey
+from consumers.decoding.records import Record, RecordStopped, offset_of
+from consumers.tables.applier import Applier, Step, run_steps
+from consumers.tables.table_follower import DRIFT, TableFollower
+from consumers.tables.targets import Target
 
 log = logging.getLogger("bridge.consumer")
 
@@ -50,7 +50,7 @@ class Batch:
     records: dict[PartitionKey, list[Record]]
     leases: dict[PartitionKey, Lease]
     plans: dict[str, list[Step]] | None  # each topic's statements, when every record is a row
-    # Changes to followed tables (consumers.table_follower), first after the offset advance.
+    # Changes to followed tables (consumers.tables.table_follower), first after the offset advance.
     changes: list[Step] = field(default_factory=list)
 
     def next_offsets(self) -> dict[PartitionKey, int]:

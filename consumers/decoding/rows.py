@@ -24,7 +24,7 @@ import psycopg
 from psycopg.adapt import Dumper
 from psycopg.types.array import ListDumper
 
-from consumers.records import RecordError
+from consumers.decoding.records import RecordError
 
 UNSET = msgspec.UNSET
 Row = tuple[Any, ...]  # one value per table column, in table order; UNSET where not carried

@@ -1,0 +1,4 @@
+"""PostgreSQL as the consumer uses it: the session and its bounded reconnection
+(`db_session`), failures by SQLSTATE (`pg_errors`), the offsets table and its fenced advance
+(`offsets`), bridge's own tables and their migrations (`state`, `state_migrations`), and the
+operator's reads and resets of positions (`positions`, `offset_reset`)."""
