@@ -25,7 +25,7 @@ from bridge.names import UPSERT_STAGE_PREFIX
 from consumers.database.pg_errors import RECORD_FAULTS
 from consumers.database.state import StateTables
 from consumers.decoding.records import Record, RecordError, RecordStopped, headers_json
-from consumers.decoding.rows import Row, projector, row_cursor, runs
+from consumers.decoding.rows import UNSET, Row, projector, row_cursor, runs
 from consumers.tables.targets import Target
 
 
@@ -88,9 +88,10 @@ class Applier:
         mode = target.route.mode
         if mode == "insert_if_absent":
             self._apply_if_absent(conn, target, decoded, counts, staged)
-        elif mode != "insert":  # upsert, replace, update: the last record of a key wins
-            winners = _last_per_key(target, decoded.ops, deletes=decoded.deletes)
-            self._apply_upserts(conn, target, winners, counts, staged)
+        elif mode != "insert":  # upsert, replace, update: each key's records as one change
+            changes = _change_per_key(target, decoded.ops, deletes=decoded.deletes)
+            counts.skipped += changes.skipped
+            self._apply_upserts(conn, target, changes.deletes, changes.puts, counts, staged)
         elif decoded.deletes:
 
             def copy_run(run: list[Put]) -> None:
@@ -129,7 +130,7 @@ class Applier:
             return None
         puts: list[Put] = list(zip(records, rows, strict=True))
         if target.route.mode != "insert":
-            winners = _last_per_key(target, puts, deletes=False)
+            winners = _change_per_key(target, puts, deletes=False).puts
             return _merge_steps(target, _column_runs(target, winners), staged)
         return _copy_steps(target.identifier, target, puts)
 
@@ -202,18 +203,19 @@ class Applier:
         self,
         conn: psycopg.Connection,
         target: Target,
-        ops: list[Op],
+        deletes: list[Delete],
+        puts: list[Put],
         counts: ApplyCounts,
         staged: set[str],
     ) -> None:
-        upserts = [op for op in ops if not isinstance(op, Delete)]
-        deletes = [op for op in ops if isinstance(op, Delete)]
-        if upserts:
-            self._merge(conn, target, upserts, counts, staged)
+        """The deletes first: a key whose tombstone came before its last records is deleted,
+        then written afresh from those records alone."""
         if deletes:
             counts.deleted += self._isolate(
                 conn, target, deletes, lambda ds: self._delete(conn, target, ds)
             )
+        if puts:
+            self._merge(conn, target, puts, counts, staged)
 
     def _apply_if_absent(
         self,
@@ -519,7 +521,7 @@ def _describe(exc: psycopg.Error) -> str:
 
 def _last_row_per_key(rows: list[Row], key: Callable[[Row], Any]) -> list[Row] | None:
     """Upsert mode, rows without a tombstone among them: the last row of each key, in C loops;
-    None when a key holds a nested value (unhashable), for `_last_per_key` to compare."""
+    None when a key holds a nested value (unhashable), for `_change_per_key` to compare."""
     try:
         last = dict(zip(map(key, rows), range(len(rows)), strict=True))  # each key's last place
     except TypeError:
@@ -529,13 +531,42 @@ def _last_row_per_key(rows: list[Row], key: Callable[[Row], Any]) -> list[Row] |
     return list(map(rows.__getitem__, sorted(last.values())))
 
 
-def _last_per_key(target: Target, ops: list[AnyOp], *, deletes: bool) -> list[AnyOp]:
-    """Upsert mode: the last record of a key in the batch wins, whether row or tombstone."""
+class _Changes(NamedTuple):
+    """A batch's records of a keyed mode as one change per key, in the order of their last
+    records: the keys deleted first, and the row each key is written with."""
+
+    deletes: list[Delete]
+    puts: list[Put]
+    skipped: int  # update mode: records of a key deleted earlier in the batch, which no row takes
+
+
+def _change_per_key(target: Target, ops: list[AnyOp], *, deletes: bool) -> _Changes:
+    """What applying `ops` one by one, in offset order, does to each key, as one change:
+
+    - a record after another of its key sets the columns it carries and leaves the others as
+      the earlier one set them (upsert and update: a column a record lacks stays as it was);
+      in replace mode the later record is the whole row;
+    - a tombstone drops what came before it: the key is deleted, and a record after it starts
+      the row afresh (its absent columns take their defaults), or in update mode finds no row.
+    """
     if not deletes and target.distinct_keys(list(map(_row_of, cast(list[Put], ops)))):
-        return ops  # no key twice, as in most batches: nothing to drop, no Python step a record
-    last: dict[tuple[Any, ...], AnyOp] = {}
+        return _Changes([], cast(list[Put], ops), 0)  # no key twice, as in most batches
+    mode = target.route.mode
+    deleted: dict[tuple[Any, ...], Delete] = {}
+    rows: dict[tuple[Any, ...], Put] = {}
+    skipped = 0
     for op in ops:
-        key = op.key if isinstance(op, Delete) else target.key(op[1])
-        last.pop(key, None)  # re-insert so the dict keeps the order of the winners
-        last[key] = op
-    return list(last.values())
+        if isinstance(op, Delete):
+            rows.pop(op.key, None)
+            deleted[op.key] = op
+            continue
+        record, row = op
+        key = target.key(row)
+        if mode == "update" and key in deleted:
+            skipped += 1  # the row is gone by the time this record comes
+            continue
+        before = rows.pop(key, None)  # re-inserted, so that the order is that of the last records
+        if before is not None and mode != "replace":
+            row = tuple(b if r is UNSET else r for b, r in zip(before[1], row, strict=True))
+        rows[key] = (record, row)
+    return _Changes(list(deleted.values()), list(rows.values()), skipped)

@@ -74,6 +74,33 @@ def test_each_mode_writes_what_it_promises(
     assert sql(stack, f"SELECT id, note, extra, n FROM {table} ORDER BY id") == rows
 
 
+@pytest.mark.parametrize(
+    ("mode", "rows"),
+    [
+        # Written from the record-by-record contract (docs/routes.md), not from the code:
+        # key 1 deleted, then written afresh (its lacking columns take default and NULL); key 2's
+        # second record leaves `n` as its first set it; key 3 written, then deleted.
+        ("upsert", [(1, "t-2", "d", None), (2, "x", "d", 55)]),
+        ("replace", [(1, "t-2", "d", None), (2, "x", "d", None)]),
+        ("insert_if_absent", [(1, "t-2", "d", None), (2, None, "d", 55)]),
+        # Key 1's record finds its row deleted, key 2 has none, key 3's is deleted after.
+        ("update", []),
+    ],
+)
+def test_one_batch_leaves_the_table_its_records_would_one_by_one(
+    stack: Endpoints, names: dict[str, str], table: str, mode: str, rows: list[tuple[Any, ...]]
+) -> None:
+    """A tombstone then a record of the same key, and two records of a new key the second of
+    which lacks a column, in one transaction, so that one batch holds them."""
+    records = [({"id": 1}, None), ({"id": 2}, {"id": 2, "n": 55}),
+               ({"id": 3}, {"id": 3, "note": "y"}), ({"id": 1}, {"id": 1, "note": "t-2"}),
+               ({"id": 2}, {"id": 2, "note": "x"}), ({"id": 3}, None)]  # fmt: skip
+    produce(stack, names["topic"], records)
+    with running(settings_for(stack, names, mode=mode, key_columns=["id"])):
+        drained(stack, names, 1)
+    assert sql(stack, f"SELECT id, note, extra, n FROM {table} ORDER BY id") == rows
+
+
 @pytest.mark.parametrize("mode", ["upsert", "replace", "insert_if_absent", "update"])
 def test_each_mode_has_a_bulk_path_with_keys_repeated_across_batches(
     stack: Endpoints, names: dict[str, str], table: str, mode: str
