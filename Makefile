@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml setup.py consumers/decoding/_avro_body.c | cksum | cut -d' ' -f1)
 PACKAGES := bridge bridge_shell spark_jobs consumers tests bench
 
-.PHONY: setup demo test lint unit integration fuzz stack-up stack-down clean
+.PHONY: setup demo test lint unit integration fuzz model stack-up stack-down clean
 
 setup: $(STAMP)
 	@bash scripts/ensure-system-tools.sh
@@ -50,6 +50,12 @@ test: setup lint
 FUZZ_EXAMPLES ?= 20000
 fuzz: $(STAMP)
 	$(BIN)/python -m bench.fuzz --examples $(FUZZ_EXAMPLES)
+
+# The keyed modes against their record-by-record model, with MODEL_EXAMPLES random sequences
+# per mode (make test runs 2), each through the real consumer with a SIGKILL.
+MODEL_EXAMPLES ?= 50
+model: setup
+	BRIDGE_MODEL_EXAMPLES=$(MODEL_EXAMPLES) $(BIN)/pytest tests/integration/test_record_by_record.py
 
 stack-up: setup
 	$(BIN)/bridge stack up
