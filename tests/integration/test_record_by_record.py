@@ -2,15 +2,18 @@
 whatever the batch boundaries and wherever the consumer is SIGKILLed.
 
 Hypothesis draws a sequence of records over a few keys (records that carry some columns and
-not others, NULLs, tombstones, keys repeated) and a batch size; the records go through the real
-consumer process, killed once at a random moment and started again; the table is compared with
-`model`, which applies the same records one by one by the contract in docs/routes.md, written
-here apart from the code. `make test` runs a few examples per mode; BRIDGE_MODEL_EXAMPLES runs
-more (`make model`).
+not others, NULLs, tombstones, keys repeated) and a batch size; the records go, as JSON or as
+registry-framed Avro (a record lacking a column is one written by a schema without that field),
+through the real consumer process, killed once at a random moment and started again; the table
+is compared with `model`, which applies the same records one by one by the contract in
+docs/routes.md, written here apart from the code. `make test` runs a few examples per mode;
+BRIDGE_MODEL_EXAMPLES runs more (`make model`).
 """
 
 from __future__ import annotations
 
+import io
+import json
 import os
 import signal
 import time
@@ -18,9 +21,11 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import fastavro
 import psycopg
 import pytest
 import yaml
+from confluent_kafka.schema_registry import Schema
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -29,6 +34,7 @@ from bridge.names import OFFSETS_TABLE
 from tests.consumer_helpers import drained, eventually, produce, sql
 from tests.harness import Endpoints
 from tests.integration.test_consumer_faults import start_consumer
+from tests.integration.test_typed_records import registry_client
 
 pytestmark = pytest.mark.slow
 
@@ -82,8 +88,16 @@ def model(mode: str, sequence: list[Record]) -> list[tuple[Any, ...]]:
     return [(key, row["a"], row["b"]) for key, row in sorted(table.items())]
 
 
-def _config(path: Path, stack: Endpoints, names: dict[str, str], mode: str, batch: int) -> Path:
+def _config(
+    path: Path, stack: Endpoints, names: dict[str, str], mode: str, batch: int, avro: str | None
+) -> Path:
+    registry = (
+        {}
+        if avro is None
+        else {"schema_registry": {"url": avro, "properties": dict(stack.registry_properties)}}
+    )
     path.write_text(yaml.safe_dump({
+        **registry,
         # A short session lets the group drop the killed member quickly.
         "kafka": {"bootstrap_servers": stack.bootstrap_servers,
                   "properties": {"session.timeout.ms": 6000, "heartbeat.interval.ms": 1000,
@@ -93,10 +107,42 @@ def _config(path: Path, stack: Endpoints, names: dict[str, str], mode: str, batc
             "group_id": names["group"], "state_schema": names["schema"],
             "batch_max_records": batch, "batch_max_wait_ms": 20,
             "routes": [{"topic": names["topic"], "table": f"public.{names['table']}",
-                        "mode": mode, "key_columns": ["id"]}],
+                        "mode": mode, "key_columns": ["id"],
+                        "value_format": "json" if avro is None else "avro"}],
         },
     }))  # fmt: skip
     return path
+
+
+_AVRO_FIELDS = {"a": ["null", "int"], "b": ["null", "string"]}
+
+
+class AvroValues:
+    """Each record framed in the registry's wire format by a writer schema with exactly the
+    fields it carries (registered once per set of fields)."""
+
+    def __init__(self, stack: Endpoints, registry_url: str, topic: str) -> None:
+        self._client = registry_client(stack, registry_url)
+        self._subject = f"{topic}-value"
+        self._ids: dict[tuple[str, ...], tuple[int, Any]] = {}
+
+    def value(self, key: int, columns: dict[str, Any]) -> bytes:
+        fields = tuple(sorted(columns))
+        if fields not in self._ids:
+            schema = {"type": "record", "name": "M", "fields": [
+                {"name": "id", "type": "long"},
+                *({"name": f, "type": _AVRO_FIELDS[f]} for f in fields)]}  # fmt: skip
+            # Each set of fields a subject of its own: they are not compatible with each other.
+            subject = f"{self._subject}-{'-'.join(fields) or 'id'}"
+            schema_id = self._client.register_schema(subject, Schema(json.dumps(schema), "AVRO"))
+            self._ids[fields] = (int(schema_id), fastavro.parse_schema(schema))
+        schema_id, parsed = self._ids[fields]
+        body = io.BytesIO()
+        fastavro.schemaless_writer(body, parsed, {"id": key, **columns})
+        return b"\x00" + schema_id.to_bytes(4, "big") + body.getvalue()
+
+    def close(self) -> None:
+        self._client.close()
 
 
 def _committed(stack: Endpoints, names: dict[str, str]) -> int:
@@ -107,10 +153,15 @@ def _committed(stack: Endpoints, names: dict[str, str]) -> int:
         return 0  # the consumer has not made its state tables yet
 
 
+@pytest.mark.parametrize("value_format", ["json", "avro"])
 @pytest.mark.parametrize("mode", ["upsert", "replace", "insert_if_absent", "update"])
 def test_a_keyed_mode_applies_a_batch_as_its_records_one_by_one(
-    stack: Endpoints, tmp_path_factory: pytest.TempPathFactory, mode: str
+    stack: Endpoints, tmp_path_factory: pytest.TempPathFactory, mode: str, value_format: str
 ) -> None:
+    registry_url = stack.registry_url if value_format == "avro" else None
+    if value_format == "avro" and registry_url is None:
+        pytest.skip("no schema registry: set BRIDGE_TEST_SCHEMA_REGISTRY_URL with the others")
+
     @settings(
         max_examples=EXAMPLES,
         deadline=None,
@@ -133,16 +184,24 @@ def test_a_keyed_mode_applies_a_batch_as_its_records_one_by_one(
         stack.let_consumer_write(table, upsert=True, schema=names["schema"])
         for key, row in SEEDED.items():
             sql(stack, f"INSERT INTO {table} VALUES ({key}, {row['a']}, '{row['b']}')")
+        avro = None if registry_url is None else AvroValues(stack, registry_url, names["topic"])
+
+        def value(key: int, columns: dict[str, Any] | None) -> Any:
+            if columns is None:
+                return None  # a tombstone
+            return {"id": key, **columns} if avro is None else avro.value(key, columns)
+
         # Two transactions, so that a batch may also end where one ends.
         half = len(sequence) // 2
-        for part in (sequence[:half], sequence[half:]):
-            if part:
-                produce(stack, names["topic"], [
-                    ({"id": key}, None if columns is None else {"id": key, **columns})
-                    for key, columns in part
-                ])  # fmt: skip
+        try:
+            for part in (sequence[:half], sequence[half:]):
+                if part:
+                    produce(stack, names["topic"], [({"id": k}, value(k, c)) for k, c in part])
+        finally:
+            if avro is not None:
+                avro.close()
         work = tmp_path_factory.mktemp("model")
-        config = _config(work / "bridge.yaml", stack, names, mode, batch)
+        config = _config(work / "bridge.yaml", stack, names, mode, batch, registry_url)
         log = work / "consumer.log"
         consumer = start_consumer(config, log)
         # Killed once something is committed (or the stream is done), a little after.
