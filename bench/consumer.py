@@ -479,6 +479,12 @@ def latency_run(stack: Endpoints, rate: int, seconds: int, scratch: Path) -> dic
     }
 
 
+def _tree_commit(tree: Path) -> str:
+    """The commit a baseline checkout stands at."""
+    return subprocess.run(["git", "rev-parse", "HEAD"], cwd=tree, capture_output=True, text=True,
+                          check=True).stdout.strip()  # fmt: skip
+
+
 def median_run(rounds: list[dict[str, Any]], mode: str) -> dict[str, Any]:
     """The service's runs in one mode across the rounds: median rate, highest peak RSS."""
     return {
@@ -539,7 +545,12 @@ def main() -> None:
             text_ratio = round(insert["rows_per_second"] / text_rate, 3)
             upsert_s, upsert_cpu = metered(stack, lambda: raw_upsert(stack, upsert_rows))
             raw_upsert_rate = args.records / upsert_s
+            before_upsert = None
+            if base is not None and len(rounds) % 2:
+                before_upsert = service_run(stack, topic, args.records, "upsert", scratch, base)
             upsert = service_run(stack, topic, args.records, "upsert", scratch)
+            if base is not None and before_upsert is None:
+                before_upsert = service_run(stack, topic, args.records, "upsert", scratch, base)
             upsert_ratio = round(upsert["rows_per_second"] / raw_upsert_rate, 3)
             id_order_s, id_order_cpu = metered(stack, lambda: raw_upsert(stack, id_order))
             id_order_rate = args.records / id_order_s
@@ -591,15 +602,18 @@ def main() -> None:
                   + ", ".join(f"{k} {v * 1e6 / args.records:.2f}" for k, v in threads.items())
                   + f"; alone here: decode {parts['decode_us_per_row']}, format COPY text "
                   f"{parts['format_us_per_row']}", flush=True)  # fmt: skip
-            if before is not None:
-                done["baseline_insert"] = before
-                print(f"         baseline tree's insert {before['rows_per_second']:,} rows/s")
+            if before is not None and before_upsert is not None:
+                done["baseline_insert"], done["baseline_upsert"] = before, before_upsert
+                print(f"         baseline tree's insert {before['rows_per_second']:,} rows/s, "
+                      f"upsert {before_upsert['rows_per_second']:,} rows/s")  # fmt: skip
         baseline: dict[str, Any] = {}
         if base is not None:
             baseline["tree"] = str(base)
-            baseline["upsert"] = service_run(stack, topic, args.records, "upsert", scratch, base)
+            baseline["commit"] = _tree_commit(base)
             inserts = [r["baseline_insert"]["rows_per_second"] for r in rounds]
             baseline["insert_rows_per_second"] = round(median(inserts))
+            upserts = [r["baseline_upsert"]["rows_per_second"] for r in rounds]
+            baseline["upsert_rows_per_second"] = round(median(upserts))
         latency = latency_run(stack, args.rate, args.seconds, scratch)
 
     text_rate = median(r["text_copy_rows_per_second"] for r in rounds)
@@ -635,7 +649,7 @@ def main() -> None:
           f"rows/s, service = {id_order_ratio:.2f}x of it")  # fmt: skip
     if baseline:
         before_insert = baseline["insert_rows_per_second"]
-        before_upsert = baseline["upsert"]["rows_per_second"]
+        before_upsert = baseline["upsert_rows_per_second"]
         baseline["insert_ratio"] = round(insert["rows_per_second"] / before_insert, 3)
         baseline["upsert_ratio"] = round(upsert["rows_per_second"] / before_upsert, 3)
         print(
