@@ -129,7 +129,7 @@ class LeaseKeeper:
             return
         ranges = self._log_ranges(consumer, released, _RANGE_BUDGET_AGAIN_S)
         if not ranges:
-            return  # tried again at the next reconcile; the partitions say why meanwhile
+            return  # tried again at the next reconcile; `_log_ranges` logged why
         leases = self._db.run(lambda conn: self._claim(conn, ranges))
         released = list(ranges)
         # Assigned afresh rather than sought: a partition whose fetch failed (offset out of range
