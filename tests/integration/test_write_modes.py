@@ -182,7 +182,10 @@ def _config(path: Path, stack: Endpoints, names: dict[str, str], mode: str) -> P
         "postgres": {"dsn": stack.role_dsn("consumer")},
         "consumer": {
             "group_id": names["group"], "state_schema": names["schema"],
-            "batch_max_records": 500, "batch_max_wait_ms": 50,
+            # Small batches: at full speed the whole stream takes some 50 ms in batches of 500,
+            # too short for the kills to land in it on an idle machine; in batches of 50 it takes
+            # seconds.
+            "batch_max_records": 50, "batch_max_wait_ms": 50,
             "routes": [{"topic": names["topic"], "table": f"public.{names['table']}",
                         "mode": mode, "key_columns": ["id"]}],
         },
