@@ -136,3 +136,14 @@ def coordinator_partition(key: str, partitions: int) -> int:
     group in __consumer_offsets): Kafka places both by abs(hashCode) % partitions."""
     hashed = java_hash(key)
     return 0 if hashed == -(1 << 31) else abs(hashed) % partitions
+
+
+def avro_long(value: int) -> bytes:
+    """`value` as Avro writes a long: zigzag, then a varint of 7 bits a byte."""
+    zigzag = (value << 1) ^ (value >> 63)
+    body = bytearray()
+    while zigzag > 0x7F:
+        body.append((zigzag & 0x7F) | 0x80)
+        zigzag >>= 7
+    body.append(zigzag)
+    return bytes(body)

@@ -33,7 +33,7 @@ from tests.consumer_helpers import (
     sql,
 )
 from tests.harness import Endpoints
-from tests.kafka_helpers import read_messages
+from tests.kafka_helpers import avro_long, read_messages
 
 PARTITIONS = 2
 
@@ -220,13 +220,7 @@ def test_a_bad_schema_id_and_a_value_not_in_the_wire_format_are_dead_letters_nam
 
 def _framed(schema_id: int, record_id: int) -> bytes:
     """A record {id: record_id} of the schema `{"type": "record", "fields": [id: long]}`."""
-    zigzag = (record_id << 1) ^ (record_id >> 63)
-    body = bytearray()
-    while zigzag > 0x7F:
-        body.append((zigzag & 0x7F) | 0x80)
-        zigzag >>= 7
-    body.append(zigzag)
-    return b"\x00" + schema_id.to_bytes(4, "big") + bytes(body)
+    return b"\x00" + schema_id.to_bytes(4, "big") + avro_long(record_id)
 
 
 def test_an_incompatible_schema_stops_the_query_before_it_starts_naming_subject_and_reason(

@@ -25,18 +25,9 @@ from consumers.decoding.avro_program import (
 from consumers.decoding.avro_rows import AvroRowDecoder
 from consumers.decoding.records import RecordError
 from consumers.decoding.registry_schemas import SchemaCache
+from tests.kafka_helpers import avro_long
 
 LIMIT = 1024**2
-
-
-def _zigzag(n: int) -> bytes:
-    z = (n << 1) ^ (n >> 63)
-    out = bytearray()
-    while z > 0x7F:
-        out.append((z & 0x7F) | 0x80)
-        z >>= 7
-    out.append(z)
-    return bytes(out)
 
 
 def _record(field_type: Any) -> dict[str, Any]:
@@ -164,7 +155,7 @@ def _expands(program_rows: Any) -> None:
 
 def test_an_array_of_nulls_is_bounded_by_the_decoded_size() -> None:
     """1,361 bytes made 356 million items (about 2.9 GB)."""
-    body = (_zigzag(2**20) * 340) + b"\x00"
+    body = (avro_long(2**20) * 340) + b"\x00"
     program = compile_record(
         _record({"type": "array", "items": "null"}), ["f"], [None], limit=LIMIT
     )
@@ -175,8 +166,8 @@ def test_arrays_of_empty_records_are_bounded_by_the_decoded_size() -> None:
     """5,972 bytes made 5.9 million dicts."""
     empty = {"type": "record", "name": "E", "fields": []}
     schema = _record({"type": "array", "items": {"type": "array", "items": empty}})
-    inner = _zigzag(100_000) + b"\x00"
-    body = _zigzag(2_000) + inner * 2_000 + b"\x00"
+    inner = avro_long(100_000) + b"\x00"
+    body = avro_long(2_000) + inner * 2_000 + b"\x00"
     program = compile_record(schema, ["f"], [None], limit=LIMIT)
     _expands(lambda: program.rows([body], 0))
 
@@ -189,7 +180,7 @@ def test_a_record_past_the_limit_is_a_record_error_naming_the_limit() -> None:
     cache.schemas[7] = _record({"type": "array", "items": "null"})
     cache.types[7] = "AVRO"
     decoder = AvroRowDecoder(["f"], schemas=cache)
-    value = b"\x00" + (7).to_bytes(4, "big") + _zigzag(2**20) * 340 + b"\x00"
+    value = b"\x00" + (7).to_bytes(4, "big") + avro_long(2**20) * 340 + b"\x00"
     with pytest.raises(RecordError, match=r"consumer\.max_decoded_record_bytes"):
         decoder.decode(value)
     assert decoder.decode_all([value]) is None
