@@ -614,6 +614,18 @@ def main() -> None:
             baseline["insert_rows_per_second"] = round(median(inserts))
             upserts = [r["baseline_upsert"]["rows_per_second"] for r in rounds]
             baseline["upsert_rows_per_second"] = round(median(upserts))
+            # Each round's own ratio, the two trees run next to each other, then their median:
+            # the machine's drift between rounds cancels out of it, as for the other ratios.
+            for mode in ("insert", "upsert"):
+                ratios = [
+                    r[mode]["rows_per_second"] / r[f"baseline_{mode}"]["rows_per_second"]
+                    for r in rounds
+                ]
+                baseline[f"{mode}_ratios"] = [round(x, 3) for x in ratios]
+                baseline[f"{mode}_ratio"] = round(median(ratios), 3)
+            print(f"this tree / baseline tree, the median of the rounds' own ratios: insert "
+                  f"{baseline['insert_ratio']}x {baseline['insert_ratios']}, upsert "
+                  f"{baseline['upsert_ratio']}x {baseline['upsert_ratios']}")  # fmt: skip
         latency = latency_run(stack, args.rate, args.seconds, scratch)
 
     text_rate = median(r["text_copy_rows_per_second"] for r in rounds)

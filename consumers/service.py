@@ -18,14 +18,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
-import psycopg
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
-from sqlalchemy import Engine
-from sqlalchemy.exc import SQLAlchemyError
 
-from bridge.errors import ConfigError, PermissionMissing
-from bridge.settings import BridgeSettings, ConsumerSettings, LibrdkafkaValue, RouteSettings
-from consumers.batch.committer import Committer, RouteUnresolved
+from bridge.settings import BridgeSettings, ConsumerSettings, LibrdkafkaValue
+from consumers.batch.committer import Committer
 from consumers.batch.lifecycle import (
     BatchLifecycle,
     mismatch_backoff,
@@ -34,6 +30,7 @@ from consumers.batch.lifecycle import (
 )
 from consumers.batch.metrics import ConsumerMetrics, HealthServer
 from consumers.batch.partitions import PartitionTable
+from consumers.batch.planner import Planner
 from consumers.database.db_session import DatabaseSession, at_start, refusal_backoff
 from consumers.database.offsets import OffsetStore, PartitionKey
 from consumers.database.state import ensure_state_tables, sqlalchemy_engine, state_tables
@@ -41,8 +38,7 @@ from consumers.decoding.registry_schemas import SchemaCache, registry_backoff
 from consumers.membership.kafka_health import KafkaHealth
 from consumers.membership.leases import LeaseKeeper
 from consumers.tables.applier import Applier
-from consumers.tables.table_follower import TableFollower, follow_table
-from consumers.tables.targets import Target, reflect_target
+from consumers.tables.routing import Routed, Router
 
 log = logging.getLogger("bridge.consumer")
 # librdkafka's own log lines (a broker refusing connections, a coordinator moving), as records of
@@ -58,7 +54,7 @@ CONSUMER_FETCH_DEFAULTS: dict[str, LibrdkafkaValue] = {"fetch.queue.backoff.ms":
 _STATISTICS_INTERVAL_MS = 5_000  # how often librdkafka reports the last stable offsets (lag)
 _RECONCILE_INTERVAL_S = 1.0  # how often leases are compared with the offsets table
 _STALLED_AFTER_S = 60.0  # /healthz fails when the poll loop has not turned for this long
-_CONNECT_TIMEOUT_S = 10  # reading a followed table again: a database that does not answer
+_LIST_TOPICS_TIMEOUT_S = 10  # the topics patterns match at start-up: a Kafka that does not answer
 
 
 @dataclass(frozen=True)
@@ -117,22 +113,6 @@ class ConsumerService:
     def start(self) -> None:
         """Create the state tables, check every route's table, join the group. Refuses a bad
         configuration (missing table or column) before consuming anything."""
-        engine = sqlalchemy_engine(self._dsn)
-
-        followers: dict[str, TableFollower] = {}
-
-        def prepare() -> dict[str, Target]:
-            with engine.connect() as conn:
-                ensure_state_tables(conn, self._tables)
-            targets = {}
-            # A pattern's topics are routed as they are found (`_route`).
-            for index, route in enumerate(self._config.routes):
-                if route.topic is not None:
-                    targets[route.topic], follower = self._target_of(engine, index, route)
-                    if follower is not None:
-                        followers[route.topic] = follower
-            return targets
-
         registry = self._settings.schema_registry
         if registry is not None and any(
             r.value_format != "json" or r.key_format != "json" for r in self._config.routes
@@ -140,8 +120,16 @@ class ConsumerService:
             self._schemas = SchemaCache(
                 registry, max_decoded_bytes=self._config.max_decoded_record_bytes
             )
+        router = Router(dsn=self._dsn, config=self._config, schemas=self._schemas)
+        engine = sqlalchemy_engine(self._dsn)
+
+        def prepare() -> dict[str, Routed]:
+            with engine.connect() as conn:
+                ensure_state_tables(conn, self._tables)
+            return router.named(engine)  # a pattern's topics are routed as they are found
+
         try:
-            targets = at_start(prepare, stop=self._stop)
+            named = at_start(prepare, stop=self._stop)
         except BaseException:
             if self._schemas is not None:
                 self._schemas.close()
@@ -149,18 +137,10 @@ class ConsumerService:
         finally:
             engine.dispose()
         applier = Applier(tables=self._tables, group_id=self._config.group_id)
-        committer = Committer(
-            store=self._store,
-            applier=applier,
-            targets=targets,
-            timeout_s=self._db.reply_timeout_s,
-            on_ignored=self._ignored,
-            followers=followers,
-            route=self._route,
-        )
+        planner = Planner(applier=applier, router=router, routed=named, metrics=self.metrics)
         consumer = Consumer(self._kafka_config())
         try:
-            self._route_existing_topics(consumer, committer)
+            self._route_existing_topics(consumer, router, planner)
         except BaseException:  # refused: nothing is left open
             consumer.close()
             if self._schemas is not None:
@@ -168,7 +148,10 @@ class ConsumerService:
             raise
         self._db.connect()
         batches = BatchLifecycle(
-            committer=committer,
+            planner=planner,
+            committer=Committer(
+                store=self._store, applier=applier, timeout_s=self._db.reply_timeout_s
+            ),
             table=self._partitions,
             store=self._store,
             db=self._db,
@@ -216,74 +199,18 @@ class ConsumerService:
             },
         )
 
-    def _target_of(
-        self, engine: Engine, index: int, route: RouteSettings
-    ) -> tuple[Target, TableFollower | None]:
-        """A named topic's target (its route as it applies to it), checked against its table;
-        with the follower that keeps the table in step, for auto routes."""
-        if route.auto_create or route.auto_evolve:
-            assert self._schemas is not None  # noqa: S101 - settings need the registry
-            follower = follow_table(engine, route, index, self._schemas, self._connect)
-            return follower.target or follower.placeholder(), follower
-        return reflect_target(engine, route, index, schemas=self._schemas), None
-
-    def _route(self, topic: str) -> tuple[Target, TableFollower | None]:
-        """A topic a pattern matched, routed once its records come: RouteUnresolved while its
-        table cannot take them (missing, without a column, not granted), or no route reads it."""
-        found = self._config.route_for(topic)
-        if found is None:
-            raise RouteUnresolved(f"no route reads topic {topic}")
-        index, route = found
-        engine = sqlalchemy_engine(self._dsn)
-        try:
-            resolved = self._target_of(engine, index, route)
-        except ConfigError as exc:
-            problems = "; ".join(f"{path}: {message}" for path, message in exc.problems)
-            raise RouteUnresolved(f"topic {topic} into {route.table}: {problems}") from None
-        except (PermissionMissing, SQLAlchemyError, psycopg.Error) as exc:
-            raise RouteUnresolved(f"topic {topic} into {route.table}: {exc}") from None
-        finally:
-            engine.dispose()
-        log.info("topic routed", extra={"topic": topic, "route": index, "table": route.table})
-        return resolved
-
-    def _route_existing_topics(self, consumer: Consumer, committer: Committer) -> None:
+    def _route_existing_topics(self, consumer: Consumer, router: Router, planner: Planner) -> None:
         """At start-up, the topics patterns match now, routed as the named ones are: a table
         that cannot take them refuses the start (ConfigError). Topics created later, or all of
         them when Kafka cannot be asked now, are routed as their records come."""
         if all(route.topic is not None for route in self._config.routes):
             return
         try:
-            topics = consumer.list_topics(timeout=_CONNECT_TIMEOUT_S).topics
+            topics = consumer.list_topics(timeout=_LIST_TOPICS_TIMEOUT_S).topics
         except KafkaException as exc:
             log.warning("topics not listed at start-up, routed as they come: %s", exc)
             return
-        engine = sqlalchemy_engine(self._dsn)
-        try:
-            for topic in sorted(topics):
-                found = self._config.route_for(topic)
-                if found is None or topic in committer:
-                    continue  # read by no route, or named by one (routed already)
-                index, route = found
-                committer.routed(topic, *self._target_of(engine, index, route))
-        finally:
-            engine.dispose()
-
-    def _connect(self) -> psycopg.Connection[Any]:
-        """A connection of its own, for reading a followed table again (the session's may have
-        a batch in flight)."""
-        return psycopg.connect(self._dsn, autocommit=True, connect_timeout=_CONNECT_TIMEOUT_S)
-
-    def _ignored(self, topic: str, fields: list[str]) -> None:
-        """A producer's new fields are no longer dropped in silence: once each, a line and the
-        count, so that someone adds the column (or decides not to)."""
-        self.metrics.ignored_fields(topic).inc(len(fields))
-        route = next(r for r in self._config.routes if r.topic == topic)
-        log.warning(
-            "topic %s: field(s) %s are not columns of %s and are left out",
-            topic, ", ".join(fields), route.table,
-            extra={"topic": topic, "fields": fields, "table": route.table},
-        )  # fmt: skip
+        planner.add(router.matched([topic for topic in topics if topic not in planner]))
 
     def _kafka_config(self) -> dict[str, Any]:
         # Positions come from the database only: nothing is committed to Kafka, and a fetch
@@ -350,7 +277,7 @@ class ConsumerService:
             if self._last_turn >= self._next_reconcile:
                 self._next_reconcile = self._last_turn + _RECONCILE_INTERVAL_S
                 member.leases.reconcile()
-                self.metrics.states(self._partitions.counts())
+                self.metrics.states(batches.partition_states())
             if not self._behind:
                 batches.settle()  # caught up: nothing to overlap the commit with
             # The database refused a batch, the registry could not answer for one, a table

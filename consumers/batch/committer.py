@@ -6,12 +6,14 @@
 2. The dead letters of a range applied again cleared (an offset reset, a restart after one),
    then the rows of every route (COPY, or COPY into a staging table and `INSERT ... ON CONFLICT`),
    and the dead letters of the records that cannot be rows.
-3. COMMIT. Nothing else moves before its outcome is known: the service moves the partitions'
-   states, the metrics and the Kafka mirror from the `CommitResult`.
+3. COMMIT. Nothing else moves before its outcome is known: the batch's owner
+   (`consumers.batch.lifecycle`) moves the partitions' states, the metrics and the Kafka mirror
+   from the `CommitResult`.
 
 Two paths take these steps. A batch whose records are all rows goes as one message
-(`consumers.batch.pipelined`): `send` returns at once and `settle` reads the outcome later, while
-the next batch is consumed. Any other batch, and one the one-message path was refused for, goes
+(`consumers.batch.pipelined`): `send` returns an `InFlight` at once and `outcome` reads its answer
+later, while the next batch is consumed. The committer keeps nothing between the two: the owner
+holds the `InFlight`. Any other batch, and one the one-message path was refused for, goes
 statement by statement (`write`), which finds the record to dead-letter or the partition whose
 advance was refused. A connection lost on either path leaves the outcome unknown; the result says
 so, and the offsets table, not memory, decides afterwards. A refusal the database answers with
@@ -22,23 +24,20 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import defaultdict
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import chain
 from typing import Any
 
 import psycopg
-from confluent_kafka import Message
 
 from bridge.errors import BridgeError
-from consumers.batch.pipelined import PipelinedTransaction, formatted
+from consumers.batch.pipelined import PipelinedTransaction
+from consumers.batch.planner import Planned, by_topic
 from consumers.database.db_session import Refusal, is_lost, refusal_of
 from consumers.database.offsets import Lease, OffsetStore, PartitionKey
 from consumers.decoding.records import Record, RecordStopped, offset_of
 from consumers.tables.applier import Applier, Step, run_steps
-from consumers.tables.table_follower import DRIFT, TableFollower
-from consumers.tables.targets import Target
+from consumers.tables.table_follower import DRIFT
 
 log = logging.getLogger("bridge.consumer")
 
@@ -49,9 +48,15 @@ class Batch:
 
     records: dict[PartitionKey, list[Record]]
     leases: dict[PartitionKey, Lease]
-    plans: dict[str, list[Step]] | None  # each topic's statements, when every record is a row
-    # Changes to followed tables (consumers.tables.table_follower), first after the offset advance.
-    changes: list[Step] = field(default_factory=list)
+    planned: Planned  # its tables, statements and table changes (consumers.batch.planner)
+
+    @property
+    def plans(self) -> dict[str, list[Step]] | None:
+        return self.planned.plans
+
+    @property
+    def changes(self) -> list[Step]:
+        return self.planned.changes
 
     def next_offsets(self) -> dict[PartitionKey, int]:
         """Where each partition goes once the batch commits: after its last record."""
@@ -63,22 +68,14 @@ class Batch:
         kept = [r for r in self.records[key] if offset_of(r) < offset]
         if not kept:
             return self.without([key])
-        return Batch({**self.records, key: kept}, self.leases, None, self.changes)
+        return Batch({**self.records, key: kept}, self.leases, replace(self.planned, plans=None))
 
     def without(self, keys: list[PartitionKey]) -> Batch:
         return Batch(
             {k: v for k, v in self.records.items() if k not in keys},
             {k: v for k, v in self.leases.items() if k not in keys},
-            None,
-            self.changes,
+            replace(self.planned, plans=None),
         )
-
-
-def by_topic(records: dict[PartitionKey, list[Record]]) -> dict[str, list[Record]]:
-    of_topic: dict[str, list[Record]] = defaultdict(list)
-    for (topic, _), of_partition in records.items():
-        of_topic[topic].extend(of_partition)
-    return of_topic
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -102,16 +99,13 @@ class CommitResult:
     # A record of an `on_record_error: stop` route that cannot be written: its partition's
     # records before it are committed (or, with none, the partition is declined), none after.
     stopped: RecordStopped | None = None
+    # The refusal came from a followed table changed other than its follower knew.
+    drifted: bool = False
 
     @property
     def whole(self) -> bool:
         """Every partition of the batch committed."""
         return not self.refused and not self.unknown and not self.declined and not self.stopped
-
-
-class RouteUnresolved(BridgeError):
-    """A topic a pattern matched whose table cannot take its records yet (missing, lacking a
-    column, not granted): not the records' fault, so they wait, as for a table mismatch."""
 
 
 class _LeaseRefused(BridgeError):
@@ -120,8 +114,10 @@ class _LeaseRefused(BridgeError):
         super().__init__(", ".join(f"{t}[{p}]" for t, p in keys) + ": offset lease refused")
 
 
-@dataclass
-class _Sent:
+@dataclass(frozen=True)
+class InFlight:
+    """A batch sent as one message, its answer not read yet."""
+
     batch: Batch
     transaction: PipelinedTransaction
     conn: psycopg.Connection[Any]
@@ -129,109 +125,14 @@ class _Sent:
 
 
 class Committer:
-    def __init__(
-        self,
-        *,
-        store: OffsetStore,
-        applier: Applier,
-        targets: dict[str, Target],
-        timeout_s: float,
-        on_ignored: Callable[[str, list[str]], None] | None = None,
-        followers: dict[str, TableFollower] | None = None,
-        route: Callable[[str], tuple[Target, TableFollower | None]] | None = None,
-    ) -> None:
-        """`on_ignored(topic, fields)`: told once of each field a topic's records carry that
-        is not a column of its table. `followers`: the topics whose tables follow their
-        writer schemas; their targets come from them. `route(topic)`: a topic not among
-        `targets` (a pattern matched it) routed, or RouteUnresolved."""
-        self._route = route
-        self._on_ignored = on_ignored
-        self._followers = followers or {}
+    def __init__(self, *, store: OffsetStore, applier: Applier, timeout_s: float) -> None:
         self._store = store
         self._applier = applier
-        self._targets = targets
         self._timeout_s = timeout_s
-        self._sent: _Sent | None = None
 
-    def __contains__(self, topic: str) -> bool:
-        return topic in self._targets
-
-    def routed(self, topic: str, target: Target, follower: TableFollower | None) -> None:
-        self._targets[topic] = target
-        if follower is not None:
-            self._followers[topic] = follower
-
-    def route_topics(self, records: dict[PartitionKey, list[Record]]) -> None:
-        """Route the topics of `records` that no route names (RouteUnresolved while one cannot
-        be): each once, the first time its records come."""
-        for topic, _ in records:
-            if topic not in self._targets:
-                if self._route is None:
-                    raise RouteUnresolved(f"no route reads topic {topic}")
-                self.routed(topic, *self._route(topic))
-
-    def follow_tables(self, records: dict[PartitionKey, list[Record]]) -> None:
-        """Bring the followed tables' targets in step with the writer schemas of `records`
-        (fetched: RegistryUnavailable; checked: TableMismatch); `pending_changes` then says what
-        a batch of them must change first."""
-        for topic, of_topic in by_topic(records).items():
-            follower = self._followers.get(topic)
-            if follower is None:
-                continue
-            follower.follow(list(filter(None, map(Message.value, of_topic))))
-            if follower.target is not None:
-                self._targets[topic] = follower.target
-
-    def pending_changes(self, records: dict[PartitionKey, list[Record]]) -> list[Step]:
-        """The table changes not known to be committed yet that a batch of `records` makes:
-        `changes` as it stands after the batch before settled (which may have made them)."""
-        topics = by_topic(records)
-        return [
-            step
-            for topic, follower in self._followers.items()
-            if topic in topics
-            for step in follower.pending
-        ]
-
-    def committed_changes(self, batch: Batch) -> None:
-        """`batch` committed: its table changes are made."""
-        if batch.changes:
-            for follower in self._followers.values():
-                follower.committed(batch.changes)
-
-    def plan(
-        self, records: dict[PartitionKey, list[Record]], conn: psycopg.Connection[Any] | None
-    ) -> dict[str, list[Step]] | None:
-        """Each topic's statements, when every record is a row; else None. With `conn` (the
-        session's connection, even while a batch is in flight on it), each COPY's text is
-        formatted now, so that sending the batch later costs no formatting.
-
-        First, whatever decoding the records needs from elsewhere is fetched (the writer
-        schemas of registry-framed values): RegistryUnavailable when it cannot be, and
-        nothing is sent."""
-        of_topics = by_topic(records)
-        for topic, of_topic in of_topics.items():  # RegistryUnavailable before anything else
-            ignored = self._targets[topic].prepare(of_topic)
-            if ignored and self._on_ignored is not None:
-                self._on_ignored(topic, ignored)
-        plans = {}
-        staged: set[str] = set()  # the plans go in one transaction
-        for topic, of_topic in of_topics.items():
-            plan = self._applier.plan(self._targets[topic], of_topic, staged)
-            if plan is None:
-                return None
-            if conn is not None:
-                try:
-                    plan = [s if s.rows is None else s._replace(data=formatted(conn, s.rows))
-                            for s in plan]  # fmt: skip
-                except psycopg.Error:  # no I/O here: a value psycopg will not send
-                    return None  # `write` finds the record and names it
-            plans[topic] = plan
-        return plans
-
-    def commit(self, conn: psycopg.Connection[Any], batch: Batch) -> CommitResult | None:
-        """Commit `batch`: sent as one message when it is all rows (None now; `settle` gives
-        the result), else written statement by statement (the result now)."""
+    def send(self, conn: psycopg.Connection[Any], batch: Batch) -> InFlight | CommitResult:
+        """Commit `batch`: sent as one message when it is all rows (its answer read by
+        `outcome`), else written statement by statement (the result now)."""
         if batch.plans is None:
             return self.write(conn, batch)
         started = time.perf_counter()
@@ -244,15 +145,11 @@ class Committer:
             )
         except psycopg.OperationalError as exc:
             return CommitResult(batch=batch, unknown=list(batch.records), lost=str(exc))
-        self._sent = _Sent(batch, transaction, conn, started)
-        return None
+        return InFlight(batch, transaction, conn, started)
 
-    def settle(self) -> CommitResult | None:
-        """The outcome of the batch sent as one message, if any; a refused one is written
-        again statement by statement, which tells which partition or record was refused."""
-        sent, self._sent = self._sent, None
-        if sent is None:
-            return None
+    def outcome(self, sent: InFlight) -> CommitResult:
+        """The outcome of a batch sent as one message; a refused one is written again
+        statement by statement, which tells which partition or record was refused."""
         batch = sent.batch
         assert batch.plans is not None  # noqa: S101 - only such batches are sent
         applied = {
@@ -298,7 +195,8 @@ class Committer:
                 declined += [] if key in batch.records else [key]
                 continue
             except psycopg.Error as exc:
-                refusal = refusal_of(exc) or self._drift(exc)
+                drift = _drift(batch, exc)
+                refusal = refusal_of(exc) or drift
                 if refusal is not None:
                     return CommitResult(
                         batch=batch,
@@ -306,6 +204,7 @@ class Committer:
                         declined=[*declined, *batch.records],
                         refusal=refusal,
                         stopped=stopped,
+                        drifted=drift is not None,
                     )
                 if not is_lost(exc):
                     raise
@@ -330,16 +229,6 @@ class Committer:
             )
         return CommitResult(batch=batch, refused=refused, declined=declined, stopped=stopped)
 
-    def _drift(self, exc: psycopg.Error) -> Refusal | None:
-        """A followed table other than its follower knew it: nothing written, the followers
-        read their tables again, and the batch is tried again after the refusal's wait."""
-        if not self._followers or not isinstance(exc, DRIFT):
-            return None
-        for follower in self._followers.values():
-            follower.drifted()
-        message = exc.diag.message_primary or str(exc)
-        return Refusal(exc.sqlstate or "", f"a followed table changed meanwhile: {message}")
-
     def _write_once(
         self, conn: psycopg.Connection[Any], batch: Batch, applied: dict[str, tuple[int, int, int]]
     ) -> None:
@@ -352,7 +241,8 @@ class Committer:
             # Step 2
             staged: set[str] = set()
             for topic, records in by_topic(batch.records).items():
-                counts = self._applier.apply(conn, self._targets[topic], records, staged)
+                target = batch.planned.targets[topic]
+                counts = self._applier.apply(conn, target, records, staged)
                 applied[topic] = (counts.applied + counts.deleted, counts.dead, counts.skipped)
         # Step 3: the block above committed on leaving it.
 
@@ -369,3 +259,13 @@ class Committer:
     @staticmethod
     def _advances(batch: Batch) -> list[tuple[Lease, int]]:
         return [(batch.leases[key], offset) for key, offset in batch.next_offsets().items()]
+
+
+def _drift(batch: Batch, exc: psycopg.Error) -> Refusal | None:
+    """A followed table other than its follower knew it: nothing written; the owner has the
+    followers read their tables again (`CommitResult.drifted`), and the batch is tried again
+    after the refusal's wait."""
+    if not batch.planned.followed or not isinstance(exc, DRIFT):
+        return None
+    message = exc.diag.message_primary or str(exc)
+    return Refusal(exc.sqlstate or "", f"a followed table changed meanwhile: {message}")

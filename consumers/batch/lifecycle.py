@@ -1,18 +1,21 @@
-"""One owner for a batch's life: plan, send, settle, done.
+"""One owner for a batch's life: poll, plan, send, settle, done.
 
 `submit` takes the records a poll returned and
 
-1. keeps those of partitions this member applies and has not applied yet, and plans them (each
-   topic's statements, the COPY text formatted), while the batch before is still in flight, so
-   that its commit costs no waiting;
+1. keeps those of partitions this member applies and has not applied yet (`partitions`), and
+   plans them in one call (`consumers.batch.planner`: routes, followed tables, decoding, each
+   topic's statements and COPY text), while the batch before is still in flight, so that its
+   commit costs no waiting;
 2. settles the batch before: reads its outcome and applies it at once (partition states, the
-   refusal backoff, the Kafka mirror, the metrics; an unknown outcome read back from the
-   offsets table);
-3. sends the planned batch (`consumers.batch.committer`), unless an outcome moved the positions back
-   since the poll began: then the records are stale, dropped, and fetched again.
+   followed tables' changes, the backoffs, the Kafka mirror, the metrics; an unknown outcome
+   read back from the offsets table);
+3. sends the planned batch (`consumers.batch.committer`), unless an outcome moved the positions
+   back since the poll began: then the records are stale, dropped, and fetched again.
 
-A batch is planned once and its outcome is settled where it is read. The stage of the pipeline
-is a table of (stage, event) -> stage that `_move` follows:
+What is in flight is held here and only here: the `InFlight` the committer returned, present
+exactly in stage `in_flight`, which `_move` sets and clears with the stage. The partitions of
+the batch in flight are its partitions; the committer keeps nothing between sending and reading
+the outcome. The stage of the pipeline is a table of (stage, event) -> stage:
 
 | stage       | meaning                                                    |
 |-------------|------------------------------------------------------------|
@@ -21,8 +24,9 @@ is a table of (stage, event) -> stage that `_move` follows:
 | `rewound`   | positions went back to the stored offsets after the poll   |
 |             | began: what it returned may predate them                   |
 
-Anything that moves a lease (a rebalance callback, reconcile, a fetch out of range) first calls
-`settle`, so that no lease moves under a batch in flight.
+Nothing but an outcome moves a lease here. Whatever else moves one (a rebalance callback,
+reconcile, a fetch out of range: `consumers.membership.leases`) first calls `settle`, so that no
+lease moves under a batch in flight.
 """
 
 from __future__ import annotations
@@ -37,13 +41,15 @@ from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 
 from bridge.errors import BridgeError
 from consumers.backoff import HoldBackoff
-from consumers.batch.committer import Batch, CommitResult, Committer, RouteUnresolved
+from consumers.batch.committer import Batch, CommitResult, Committer, InFlight
 from consumers.batch.metrics import ConsumerMetrics
 from consumers.batch.partitions import PartitionState, PartitionTable
+from consumers.batch.planner import Planned, Planner
 from consumers.database.db_session import DatabaseSession
 from consumers.database.offsets import OffsetStore, PartitionKey, StoredRow
 from consumers.decoding.records import Record, RecordStopped, offset_of
 from consumers.decoding.registry_schemas import RegistryUnavailable
+from consumers.tables.routing import RouteUnresolved
 from consumers.tables.table_follower import TableMismatch
 
 log = logging.getLogger("bridge.consumer")
@@ -87,6 +93,7 @@ class BatchLifecycle:
     def __init__(
         self,
         *,
+        planner: Planner,
         committer: Committer,
         table: PartitionTable,
         store: OffsetStore,
@@ -100,6 +107,7 @@ class BatchLifecycle:
         stops: HoldBackoff | None = None,
         unrouted: HoldBackoff | None = None,
     ) -> None:
+        self._planner = planner
         self._committer = committer
         self._table = table
         self._store = store
@@ -116,16 +124,39 @@ class BatchLifecycle:
         self._unrouted = unrouted or unrouted_backoff()
         self._stopped_at: tuple[PartitionKey, int] | None = None
         self._mirror_offsets = mirror_offsets
-        self.stage = Stage.IDLE
+        self._stage = Stage.IDLE
+        self._in_flight: InFlight | None = None  # set exactly in stage `in_flight`
         self.applied_total = 0
         # The batch settled last, kept until the next one is on the wire (see `settle`).
         self._settled: CommitResult | None = None
 
-    def _move(self, event: StageEvent) -> None:
+    @property
+    def stage(self) -> Stage:
+        return self._stage
+
+    def _move(self, event: StageEvent, in_flight: InFlight | None = None) -> None:
+        """The stage moves as `STAGES` says, and the batch in flight with it: `in_flight` is
+        what `sent` puts on the wire; every other event leaves the stage it moves to without
+        one, or keeps the one there is (a poll during a batch in flight)."""
         try:
-            self.stage = STAGES[self.stage, event]
+            stage = STAGES[self._stage, event]
         except KeyError:
-            raise IllegalStage(self.stage, event) from None
+            raise IllegalStage(self._stage, event) from None
+        if event is not StageEvent.SENT:
+            in_flight = self._in_flight if stage is Stage.IN_FLIGHT else None
+        if (stage is Stage.IN_FLIGHT) != (in_flight is not None):
+            raise IllegalStage(self._stage, event)  # sent without a batch
+        self._stage, self._in_flight = stage, in_flight
+
+    def partition_states(self) -> dict[str, int]:
+        """How many partitions this member holds in each state; those of the batch in flight
+        as `in_flight`, though their state is `consuming` until its outcome."""
+        counts = {str(state): count for state, count in self._table.counts().items()}
+        in_flight = self._in_flight
+        held = len(in_flight.batch.records) if in_flight is not None else 0
+        counts[str(PartitionState.CONSUMING)] -= held
+        counts["in_flight"] = held
+        return counts
 
     # -- the loop's calls ---------------------------------------------------------------------
 
@@ -138,9 +169,7 @@ class BatchLifecycle:
         # Step 1: the batch before is still in flight.
         ours = self._ours(records)
         try:
-            self._committer.route_topics(ours)
-            self._committer.follow_tables(ours)
-            plans = self._committer.plan(ours, self._db.open_connection())
+            planned = self._plan(ours)
         except RegistryUnavailable as exc:
             # An infrastructure fault, never a record's: these records are fetched again once
             # the wait is over, and nothing of them is written or dead-lettered meanwhile.
@@ -179,21 +208,20 @@ class BatchLifecycle:
             return
         # Step 3, with the leases as the batch before left them: this advance starts where
         # that one ended.
-        # The changes still to make, now that the batch before (which may have made them) settled.
-        batch = Batch(ours, leases, plans, self._committer.pending_changes(ours))
-        self._table.sent(list(ours))
-        self._move(StageEvent.SENT)
-        result = self._committer.commit(self._db.connection(), batch)
-        self._settled = None  # PostgreSQL is busy with this batch while the last one is freed
-        if result is not None:  # written statement by statement: its outcome is known now
-            self._done(result)
+        sent = self._committer.send(self._db.connection(), Batch(ours, leases, planned))
+        if isinstance(sent, InFlight):
+            self._move(StageEvent.SENT, sent)
+            self._settled = None  # PostgreSQL is busy with this batch while the last one is freed
+        else:  # written statement by statement: its outcome is known now
+            self._done(sent)
 
     def settle(self) -> None:
         """Read the outcome of the batch in flight, if any, and apply it."""
-        if self.stage is not Stage.IN_FLIGHT:
+        in_flight = self._in_flight
+        if in_flight is None:
             return
-        result = self._committer.settle()
-        assert result is not None  # noqa: S101 - in flight: the committer holds it
+        result = self._committer.outcome(in_flight)
+        self._move(StageEvent.SETTLED)
         self._done(result)
         # Freeing a batch (thousands of records, rows and their COPY text) takes longer than
         # anything else between one batch's outcome and the next one's sending, all of it time
@@ -201,6 +229,14 @@ class BatchLifecycle:
         self._settled = result
 
     # -- what a batch is made of --------------------------------------------------------------
+
+    def _plan(self, ours: dict[PartitionKey, list[Record]]) -> Planned:
+        in_flight = self._in_flight
+        return self._planner.plan(
+            ours,
+            self._db.open_connection(),
+            in_flight=in_flight.batch.changes if in_flight is not None else [],
+        )
 
     def _ours(self, records: list[Record]) -> dict[PartitionKey, list[Record]]:
         """The records of partitions this member applies, not yet applied, by partition."""
@@ -213,7 +249,7 @@ class BatchLifecycle:
                 run = list(grouped)
                 self._table.delivered(key, offset_of(run[-1]) + 1)
                 # A partition whose batch is in flight counts: that batch commits first.
-                lease = self._table.lease(key, in_flight=True)
+                lease = self._table.lease(key)
                 if lease is None:
                     continue  # fenced, out of range, unresolved: not ours to apply
                 if offset_of(run[0]) < lease.next_offset:  # below what is already committed
@@ -225,21 +261,20 @@ class BatchLifecycle:
     # -- done: an outcome applied -------------------------------------------------------------
 
     def _done(self, result: CommitResult) -> None:
-        """The partitions' states, the backoff, the mirror and the metrics move."""
-        self._move(StageEvent.SETTLED)
+        """The partitions' states, the followed tables, the backoff, the mirror and the
+        metrics move."""
         if result.committed:
-            self._committer.committed_changes(result.batch)
+            self._planner.made(result.batch.changes)
             self._table.committed(result.committed)
             self._refusals.cleared()
             self._mirror(result.committed)
             self._count(result, [result.batch.records[key] for key in result.committed])
+        if result.drifted:
+            self._planner.drifted()
         if result.refusal is not None:  # answered and refused: nothing was written
-            self._table.not_committed(result.declined)
             self._metrics.refusals(result.refusal.sqlstate).inc()
             self._refusals.failed(f"{result.refusal.sqlstate}: {result.refusal.message}")
             self._seek_to_leases()
-        elif result.declined:  # a stopped partition with nothing before its record
-            self._table.not_committed(result.declined)
         if result.stopped is not None:
             self._stopped(result.stopped)
         elif self._stopped_at is not None:

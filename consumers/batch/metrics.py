@@ -36,7 +36,6 @@ from bridge.names import (
     METRIC_REGISTRY_UNAVAILABLE,
     METRIC_TABLE_MISMATCH,
 )
-from consumers.batch.partitions import PartitionState
 from consumers.decoding.records import Record, timestamp_ms
 
 # How many records of a batch feed the latency histogram: enough for p99, cheap per batch.
@@ -172,9 +171,9 @@ class ConsumerMetrics:
         # Each broker's connection state (UP, DOWN, CONNECT, ...), for the caller's liveness.
         return {name: str(b.get("state")) for name, b in stats.get("brokers", {}).items()}
 
-    def states(self, counts: dict[PartitionState, int]) -> None:
+    def states(self, counts: dict[str, int]) -> None:
         for state, count in counts.items():
-            self.partitions.labels(state=state.value).set(count)
+            self.partitions.labels(state=state).set(count)
 
     def forget(self, keys: Sequence[tuple[str, int]]) -> None:
         for topic, partition in keys:

@@ -2,8 +2,8 @@
 
 | state          | meaning                                      | leaves by                       |
 |----------------|----------------------------------------------|---------------------------------|
-| `consuming`    | the lease holds; its records are applied     | a batch sent; a fence seen      |
-| `in_flight`    | a batch of its records is being committed    | the outcome read (or refused)   |
+| `consuming`    | the lease holds; its records are applied     | a batch's outcome unknown; a    |
+|                |                                              | fence seen                      |
 | `unresolved`   | the connection dropped during its batch, or  | the offsets table read (after   |
 |                | its advance was refused: committed or not?   | reconnecting): its truth wins   |
 | `fenced`       | another owner epoch is in the offsets table  | the row's owner cleared         |
@@ -14,8 +14,10 @@ A partition enters the table when it is claimed and leaves it when Kafka revokes
 no state needs a rebalance to be left. Every move is an event (`PartitionEvent`) looked up in
 `TRANSITIONS`, (state, event) -> next state; a pair it does not list raises. `fenced` and
 `out_of_range` partitions are paused in Kafka; records of any partition not `consuming` are not
-applied. The table does no I/O: the service moves it, and reads from it what to pause, where to
-seek and what to report.
+applied. Whether a batch of a partition's records is in flight is not a state here: the batch's
+owner (`consumers.batch.lifecycle`) holds the batch in flight, and a partition stays `consuming`
+until its outcome. The table does no I/O: the owner and the leases move it, and read from it
+what to pause, where to seek and what to report.
 """
 
 from __future__ import annotations
@@ -30,7 +32,6 @@ from consumers.database.offsets import Lease, PartitionKey, StoredRow
 
 class PartitionState(StrEnum):
     CONSUMING = "consuming"
-    IN_FLIGHT = "in_flight"
     UNRESOLVED = "unresolved"
     FENCED = "fenced"
     OUT_OF_RANGE = "out_of_range"
@@ -39,9 +40,7 @@ class PartitionState(StrEnum):
 class PartitionEvent(StrEnum):
     CLAIMED = "claimed"  # claimed at a stored offset the log holds
     CLAIMED_OUT_OF_RANGE = "claimed_out_of_range"  # claimed at one it does not
-    SENT = "sent"  # a batch with its records went to the database
-    COMMITTED = "committed"
-    NOT_COMMITTED = "not_committed"  # refused with an answer: nothing was written
+    COMMITTED = "committed"  # a batch of its records committed: the lease moves on
     LOST = "lost"  # no answer, or the fenced advance refused: the outcome is unknown
     RESOLVED_OURS = "resolved_ours"  # the offsets table still names this member's epoch
     RESOLVED_TAKEN = "resolved_taken"  # it names another, or no row
@@ -56,14 +55,11 @@ S, E = PartitionState, PartitionEvent
 TRANSITIONS: dict[tuple[PartitionState, PartitionEvent], PartitionState | None] = {
     (S.CONSUMING, E.CLAIMED): S.CONSUMING,
     (S.CONSUMING, E.CLAIMED_OUT_OF_RANGE): S.OUT_OF_RANGE,
-    (S.CONSUMING, E.SENT): S.IN_FLIGHT,
+    (S.CONSUMING, E.COMMITTED): S.CONSUMING,
+    (S.CONSUMING, E.LOST): S.UNRESOLVED,
     (S.CONSUMING, E.TAKEN): S.FENCED,
     (S.CONSUMING, E.FELL_OUT_OF_RANGE): S.OUT_OF_RANGE,
     (S.CONSUMING, E.REVOKED): None,
-    (S.IN_FLIGHT, E.COMMITTED): S.CONSUMING,
-    (S.IN_FLIGHT, E.NOT_COMMITTED): S.CONSUMING,
-    (S.IN_FLIGHT, E.LOST): S.UNRESOLVED,
-    (S.IN_FLIGHT, E.REVOKED): None,
     (S.UNRESOLVED, E.CLAIMED): S.CONSUMING,
     (S.UNRESOLVED, E.CLAIMED_OUT_OF_RANGE): S.OUT_OF_RANGE,
     (S.UNRESOLVED, E.RESOLVED_OURS): S.CONSUMING,
@@ -115,17 +111,12 @@ class PartitionTable:
     def in_state(self, *states: PartitionState) -> list[PartitionKey]:
         return sorted(k for k, p in self._partitions.items() if p.state in states)
 
-    def lease(self, key: PartitionKey, *, in_flight: bool = False) -> Lease | None:
-        """The lease of a `consuming` partition (or `in_flight` too): its records are ours to
-        apply."""
+    def lease(self, key: PartitionKey) -> Lease | None:
+        """The lease of a `consuming` partition: its records are ours to apply."""
         partition = self._partitions.get(key)
-        if partition is None:
+        if partition is None or partition.state is not PartitionState.CONSUMING:
             return None
-        if partition.state is PartitionState.CONSUMING or (
-            in_flight and partition.state is PartitionState.IN_FLIGHT
-        ):
-            return partition.lease
-        return None
+        return partition.lease
 
     def leases(self) -> list[Lease]:
         """The leases this member still holds (all states but `fenced`)."""
@@ -161,22 +152,12 @@ class PartitionTable:
         self._partitions[lease.key] = Partition(lease, state, now, now, reason=reason)
         return state
 
-    def sent(self, keys: list[PartitionKey]) -> None:
-        for key in keys:
-            self._move(key, PartitionEvent.SENT)
-
     def committed(self, advanced: dict[PartitionKey, int]) -> None:
         now = time.monotonic()
         for key, next_offset in advanced.items():
             partition = self._move(key, PartitionEvent.COMMITTED)
             partition.lease = replace(partition.lease, next_offset=next_offset)
             partition.progressed = now
-
-    def not_committed(self, keys: list[PartitionKey]) -> None:
-        """The database refused its batch with an answer: nothing of it was written."""
-        for key in keys:
-            if key in self._partitions:
-                self._move(key, PartitionEvent.NOT_COMMITTED)
 
     def lost(self, keys: list[PartitionKey], why: str) -> None:
         """The database connection dropped while a batch of theirs was open or being committed;
@@ -233,7 +214,7 @@ class PartitionTable:
         # Read by the HTTP thread while the loop moves states: a copy, taken in one step.
         for (topic, number), p in sorted(list(self._partitions.items())):
             where = f"{topic}[{number}]"
-            if p.state in (PartitionState.CONSUMING, PartitionState.IN_FLIGHT):
+            if p.state is PartitionState.CONSUMING:
                 waiting = p.delivered > p.lease.next_offset
                 if waiting and now - p.progressed > stalled_after_s:
                     reasons.append(

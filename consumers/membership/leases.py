@@ -4,18 +4,19 @@ Kafka decides which member should hold a partition; the offsets table decides wh
 may write it (the owner epoch). This module claims partitions on assignment and releases them
 on revocation (the rebalance callbacks, run inside `consume`), compares the leases with the
 table once a second (`reconcile`), and pauses a partition Kafka will not fetch from its stored
-offset. Each of these first settles the batch in flight (`consumers.batch.lifecycle`), so that no
-lease moves under it, then moves the partitions' states (`consumers.batch.partitions`) and the
-consumer's positions: assigned, paused, resumed.
+offset. Each of these reaches the batch in flight through one entry point, `_batch_settled_first`,
+then moves the partitions' states (`consumers.batch.partitions`) and the consumer's positions:
+assigned, paused, resumed.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import psycopg
 from confluent_kafka import Consumer, KafkaException, TopicPartition
@@ -35,6 +36,28 @@ _RANGE_BUDGET_AGAIN_S = 2.0
 _RANGE_FIRST_PAUSE_S = 0.1
 _RANGE_LONGEST_PAUSE_S = 1.0
 _RANGE_SHORTEST_WAIT_S = 0.2
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _batch_settled_first(
+    move: Callable[Concatenate[LeaseKeeper, _P], _R],
+) -> Callable[Concatenate[LeaseKeeper, _P], _R]:
+    """The one way a lease move reaches the batch: its outcome is read and applied first.
+
+    The batch in flight was sent under the leases as they were (its fenced advance starts at
+    each lease's offset), and holds records of partitions a move may revoke, claim again, fence
+    or pause. Settled first, its outcome lands on the leases it was written under, and the move
+    then starts from what is committed. The rebalance callbacks run inside `consume`, with the
+    batch in flight, so this is also what makes a revocation wait for the commit."""
+
+    @functools.wraps(move)
+    def settled_first(keeper: LeaseKeeper, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        keeper._batches.settle()
+        return move(keeper, *args, **kwargs)
+
+    return settled_first
 
 
 class LeaseKeeper:
@@ -57,7 +80,7 @@ class LeaseKeeper:
         self._db = db
         self._config = config
         self._consumer = consumer
-        self._batches = batches  # the batch in flight settles before a lease moves
+        self._batches = batches  # only through `_batch_settled_first`
         self._forget_metrics = forget
         self._dead_letters_ends = dead_letters_ends
         # Assigned by Kafka, not claimed yet: since when, and why.
@@ -66,13 +89,13 @@ class LeaseKeeper:
 
     # -- rebalance callbacks (run inside consume) -----------------------------------------------
 
+    @_batch_settled_first
     def on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        self._batches.settle()
         keys = [(tp.topic, tp.partition) for tp in partitions]
         self._claim_assigned(consumer, keys, budget_s=_RANGE_BUDGET_S, done="assigned")
 
+    @_batch_settled_first
     def on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        self._batches.settle()  # the batch in flight holds records of these partitions
         partitions = self._drop_unclaimed(partitions)
         keys = [(tp.topic, tp.partition) for tp in partitions]
         held = {lease.key: lease for lease in self._table.leases()}
@@ -91,14 +114,15 @@ class LeaseKeeper:
                 log.warning("could not mark revoked partitions unowned: %s", exc)
         consumer.incremental_unassign(partitions)
 
+    @_batch_settled_first
     def on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        self._batches.settle()
         partitions = self._drop_unclaimed(partitions)
         self._forget([(tp.topic, tp.partition) for tp in partitions])
         consumer.incremental_unassign(partitions)
 
     # -- against the offsets table ------------------------------------------------------------
 
+    @_batch_settled_first
     def reconcile(self) -> None:
         """Follow what the offsets table says about the partitions Kafka gave this member.
 
@@ -107,7 +131,6 @@ class LeaseKeeper:
         (an operator's `offsets reset` clears it, as does a clean release by a member that had
         taken it over) is claimed again and consumed from its stored offset: that is how a
         `fenced` or `out_of_range` partition comes back without a rebalance."""
-        self._batches.settle()
         consumer = self._consumer
         if self._unclaimed:
             self._claim_assigned(
@@ -142,11 +165,11 @@ class LeaseKeeper:
         self._take(consumer, leases, ranges)
         log.info("claimed again %s", [(x.topic, x.partition, x.next_offset) for x in leases])
 
+    @_batch_settled_first
     def fell_out_of_range(self, key: PartitionKey) -> None:
         """Kafka refused to fetch a partition from its stored offset (auto.offset.reset=error):
         the topic was recreated under the same name, or the log was truncated. Never a silent
         jump: the partition is paused and reported until an operator resets its offset."""
-        self._batches.settle()
         lease = self._table.lease(key)
         if lease is None:
             return  # not consuming: a claim will look at its range again

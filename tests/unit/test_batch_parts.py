@@ -6,8 +6,9 @@ from __future__ import annotations
 import psycopg
 from confluent_kafka import Message
 
-from consumers.batch.committer import Batch, CommitResult, by_topic
+from consumers.batch.committer import Batch, CommitResult
 from consumers.batch.partitions import PartitionTable
+from consumers.batch.planner import Planned, by_topic
 from consumers.database.db_session import Refusal, is_lost, refusal_of
 from consumers.database.offsets import Lease, StoredRow
 from consumers.membership.leases import compare_with_rows
@@ -33,6 +34,9 @@ def records(topic: str, partition: int, *offsets: int) -> list[Message]:
     return [_Record(topic, partition, offset) for offset in offsets]  # type: ignore[misc]
 
 
+PLANNED = Planned(targets={}, plans={"a": []}, changes=[], followed=False)
+
+
 def lease(topic: str, partition: int, *, epoch: int = 1, next_offset: int = 0) -> Lease:
     return Lease(topic=topic, partition=partition, epoch=epoch, next_offset=next_offset)
 
@@ -42,7 +46,7 @@ def test_a_batch_moves_each_partition_past_its_last_record_not_by_a_count() -> N
     batch = Batch(
         {("a", 0): records("a", 0, 10, 11, 13), ("a", 1): records("a", 1, 4)},
         {("a", 0): lease("a", 0, next_offset=10), ("a", 1): lease("a", 1, next_offset=4)},
-        None,
+        PLANNED,
     )
     assert batch.next_offsets() == {("a", 0): 14, ("a", 1): 5}
     rest = batch.without([("a", 0)])
@@ -61,7 +65,7 @@ def test_records_are_grouped_by_topic_across_partitions() -> None:
 
 
 def test_a_result_is_whole_only_when_no_partition_was_refused_lost_or_declined() -> None:
-    batch = Batch({}, {}, None)
+    batch = Batch({}, {}, PLANNED)
     assert CommitResult(batch=batch, committed={("a", 0): 3}).whole
     assert not CommitResult(batch=batch, refused=[("a", 0)]).whole
     assert not CommitResult(batch=batch, unknown=[("a", 0)], lost="gone").whole

@@ -1,40 +1,293 @@
-"""The batch pipeline's stages: every (stage, event) pair against the design's own table."""
+"""The batch pipeline driven through `BatchLifecycle`'s public methods, from every stage.
+
+The lifecycle's parts that do I/O (the planner, the committer, the database session, the Kafka
+client) are replaced by small scripted ones here; the real ones run in the integration tests.
+What is checked is the owner's bookkeeping: the stage after each call, what is in flight, where
+the positions go, and the leases an outcome moves.
+"""
 
 from __future__ import annotations
 
-import pytest
+from collections.abc import Callable
+from typing import Any, cast
 
-from consumers.batch.lifecycle import STAGES, IllegalStage, Stage, StageEvent
+import pytest
+from confluent_kafka import Message, TopicPartition
+
+from consumers.backoff import HoldBackoff
+from consumers.batch.committer import Batch, CommitResult, Committer, InFlight
+from consumers.batch.lifecycle import STAGES, BatchLifecycle, IllegalStage, Stage, StageEvent
+from consumers.batch.metrics import ConsumerMetrics
+from consumers.batch.partitions import PartitionTable
+from consumers.batch.planner import Planned, Planner
+from consumers.database.db_session import DatabaseSession, Refusal
+from consumers.database.offsets import Lease, OffsetStore, PartitionKey
+from consumers.decoding.registry_schemas import RegistryUnavailable
+from consumers.tables.applier import Step
+
+KEYS: list[PartitionKey] = [("orders", 0), ("orders", 1)]
 
 # Written from the design (consumers/batch/lifecycle.py's docstring), not read from STAGES:
-# stage -> {event: stage after}; an event not named is refused.
+# the stage a pipeline is in -> {a call of the loop (and how its parts answer): the stage after}.
+#   poll:            `polling()`, before each poll
+#   submit_one:      `submit` of records that are all rows: sent as one message
+#   submit_written:  `submit` of records written statement by statement, committed whole
+#   submit_no_schema: `submit` while the registry cannot give a writer schema
+#   settle:          `settle()`, the batch in flight (if any) committed whole
+#   settle_refused:  `settle()`, the batch in flight (if any) refused by the database
 EXPECTED: dict[str, dict[str, str]] = {
-    "idle": {"polling": "idle", "sent": "in_flight", "rewound": "rewound"},
-    "in_flight": {"polling": "in_flight", "settled": "idle"},
-    "rewound": {"polling": "idle", "rewound": "rewound"},
+    "idle": {
+        "poll": "idle",
+        "submit_one": "in_flight",
+        "submit_written": "idle",
+        "submit_no_schema": "rewound",
+        "settle": "idle",
+        "settle_refused": "idle",
+    },
+    "in_flight": {
+        "poll": "in_flight",
+        "submit_one": "in_flight",  # the batch before settles first, then this one goes
+        "submit_written": "idle",
+        "submit_no_schema": "rewound",  # the batch before settles: nothing moves under it
+        "settle": "idle",
+        "settle_refused": "rewound",
+    },
+    "rewound": {  # what a poll begun before the rewind returned is stale: dropped, sought again
+        "poll": "idle",
+        "submit_one": "rewound",
+        "submit_written": "rewound",
+        "submit_no_schema": "rewound",
+        "settle": "rewound",
+        "settle_refused": "rewound",
+    },
 }
-EVENTS = ["polling", "sent", "settled", "rewound"]
+CALLS = list(EXPECTED["idle"])
+
+
+class _Planner:
+    """Plans every record as a row (one message), or statement by statement, or finds the
+    registry down."""
+
+    def __init__(self) -> None:
+        self.mode = "one"
+        self.made_changes: list[Any] = []
+
+    def plan(
+        self, records: dict[PartitionKey, list[Message]], conn: Any, *, in_flight: Any
+    ) -> Planned:
+        if self.mode == "no_schema":
+            raise RegistryUnavailable("registry at http://registry:8080 refused the connection")
+        plans: dict[str, list[Step]] | None = None if self.mode == "written" else {"orders": []}
+        return Planned(targets={}, plans=plans, changes=[], followed=False)
+
+    def made(self, changes: list[Any]) -> None:
+        self.made_changes.append(changes)
+
+    def drifted(self) -> None:
+        raise AssertionError("no table is followed here")
+
+
+class _Committer:
+    """Sends as the plan says; the database answers as `answer` says."""
+
+    def __init__(self) -> None:
+        self.answer = "whole"
+        self.sent: list[Batch] = []
+
+    def send(self, conn: Any, batch: Batch) -> InFlight | CommitResult:
+        self.sent.append(batch)
+        if batch.plans is None:
+            return self._answer(batch)
+        return InFlight(batch, transaction=cast(Any, None), conn=conn, started=0.0)
+
+    def outcome(self, in_flight: InFlight) -> CommitResult:
+        return self._answer(in_flight.batch)
+
+    def _answer(self, batch: Batch) -> CommitResult:
+        if self.answer == "refused":
+            refusal = Refusal("53300", "too many clients already")
+            return CommitResult(batch=batch, declined=list(batch.records), refusal=refusal)
+        return CommitResult(
+            batch=batch, committed=batch.next_offsets(), applied={"orders": (1, 0, 0)}
+        )
+
+
+class _Database:
+    def open_connection(self) -> None:
+        return None  # the COPY text is formatted when sent
+
+    def connection(self) -> object:
+        return object()
+
+    def run(self, work: Callable[[Any], Any]) -> Any:
+        return work(None)
+
+
+class _Kafka:
+    def __init__(self) -> None:
+        self.sought: list[tuple[str, int, int]] = []
+
+    def seek(self, partition: TopicPartition) -> None:
+        self.sought.append((partition.topic, partition.partition, partition.offset))
+
+
+class Pipeline:
+    """A lifecycle over two claimed partitions, with the records it is given numbered on."""
+
+    def __init__(self) -> None:
+        self.table = PartitionTable()
+        for topic, number in KEYS:
+            lease = Lease(topic=topic, partition=number, epoch=1, next_offset=0)
+            self.table.claimed(lease, log_start=0, log_end=1_000_000)
+        self.planner, self.committer, self.kafka = _Planner(), _Committer(), _Kafka()
+        self.refusals = HoldBackoff(what="refused", consequence="waits")
+        self.registry = HoldBackoff(what="registry down", consequence="waits")
+        self.batches = BatchLifecycle(
+            planner=cast(Planner, self.planner),
+            committer=cast(Committer, self.committer),
+            table=self.table,
+            store=cast(OffsetStore, None),
+            db=cast(DatabaseSession, _Database()),
+            consumer=cast(Any, self.kafka),
+            metrics=ConsumerMetrics("g"),
+            refusals=self.refusals,
+            registry=self.registry,
+            mirror_offsets=False,
+        )
+        self.next_offset = 0
+
+    def records(self, count: int = 3) -> list[Message]:
+        first, self.next_offset = self.next_offset, self.next_offset + count
+        return [
+            Message(topic=topic, partition=number, offset=offset, value=b"{}")
+            for topic, number in KEYS
+            for offset in range(first, first + count)
+        ]
+
+    def call(self, call: str) -> None:
+        self.planner.mode = {"submit_written": "written", "submit_no_schema": "no_schema"}.get(
+            call, "one"
+        )
+        self.committer.answer = "refused" if call == "settle_refused" else "whole"
+        if call == "poll":
+            self.batches.polling()
+        elif call.startswith("submit"):
+            self.batches.submit(self.records())
+        else:
+            self.batches.settle()
+        self.committer.answer = "whole"
+
+
+def in_stage(stage: str) -> Pipeline:
+    """A pipeline in `stage`, reached through the public calls only."""
+    pipeline = Pipeline()
+    if stage == "in_flight":
+        pipeline.call("submit_one")
+    elif stage == "rewound":
+        pipeline.call("submit_no_schema")
+    assert pipeline.batches.stage == stage
+    return pipeline
+
+
+def held(pipeline: Pipeline) -> dict[PartitionKey, int]:
+    return {lease.key: lease.next_offset for lease in pipeline.table.leases()}
 
 
 def test_the_stages_and_events_are_the_designed_ones() -> None:
     assert sorted(Stage) == sorted(EXPECTED)
-    assert sorted(StageEvent) == sorted(EVENTS)
+    assert sorted(StageEvent) == ["polling", "rewound", "sent", "settled"]
 
 
 @pytest.mark.parametrize("stage", list(EXPECTED))
-@pytest.mark.parametrize("event", EVENTS)
-def test_every_stage_and_event_moves_as_designed(stage: str, event: str) -> None:
-    expected = EXPECTED[stage].get(event)
-    moved = STAGES.get((Stage(stage), StageEvent(event)))
-    assert moved == (Stage(expected) if expected else None)
+@pytest.mark.parametrize("call", CALLS)
+def test_every_stage_and_call_moves_as_designed(stage: str, call: str) -> None:
+    pipeline = in_stage(stage)
+    pipeline.call(call)
+    after = pipeline.batches.stage
+    assert after == EXPECTED[stage][call]
+    # What is in flight is exactly what the stage says, and its partitions are counted so.
+    states = pipeline.batches.partition_states()
+    assert states["in_flight"] == (len(KEYS) if after is Stage.IN_FLIGHT else 0)
+    assert states["consuming"] + states["in_flight"] == len(KEYS)
+
+
+def test_a_batch_in_flight_moves_its_leases_only_once_its_outcome_is_read() -> None:
+    pipeline = in_stage("idle")
+    pipeline.call("submit_one")
+    assert held(pipeline) == dict.fromkeys(KEYS, 0)  # sent, not settled
+    pipeline.call("poll")
+    assert held(pipeline) == dict.fromkeys(KEYS, 0)
+    pipeline.call("submit_one")  # settles the first batch, then sends the second over it
+    assert held(pipeline) == dict.fromkeys(KEYS, 3)
+    _, second = pipeline.committer.sent
+    assert [lease.next_offset for lease in second.leases.values()] == [3, 3]
+    pipeline.call("settle")
+    assert held(pipeline) == dict.fromkeys(KEYS, 6)
+    assert pipeline.batches.applied_total == 2
+    assert pipeline.kafka.sought == []
+
+
+def test_a_refused_batch_moves_nothing_and_fetches_again_from_the_leases() -> None:
+    pipeline = in_stage("in_flight")
+    pipeline.call("settle_refused")
+    assert held(pipeline) == dict.fromkeys(KEYS, 0)
+    assert sorted(pipeline.kafka.sought) == [("orders", 0, 0), ("orders", 1, 0)]
+    assert pipeline.refusals.reasons()  # /readyz says why it waits
+    assert pipeline.batches.applied_total == 0
+
+
+def test_records_polled_before_a_rewind_are_dropped_and_fetched_again() -> None:
+    pipeline = in_stage("in_flight")
+    pipeline.call("settle_refused")
+    sent = len(pipeline.committer.sent)
+    pipeline.call("submit_one")  # polled across the rewind
+    assert len(pipeline.committer.sent) == sent
+    assert pipeline.kafka.sought[-2:] == [("orders", 0, 0), ("orders", 1, 0)]
+    pipeline.call("poll")
+    pipeline.next_offset = 0  # fetched again from the stored offsets
+    pipeline.call("submit_one")
+    assert pipeline.batches.stage is Stage.IN_FLIGHT
+
+
+def test_records_below_the_stored_offset_are_not_applied_again() -> None:
+    pipeline = in_stage("idle")
+    pipeline.call("submit_written")
+    assert held(pipeline) == dict.fromkeys(KEYS, 3)
+    pipeline.next_offset = 1  # Kafka hands over 1..3 again: only 3 is new
+    pipeline.call("submit_one")
+    (_, batch) = pipeline.committer.sent
+    assert {key: [m.offset() for m in records] for key, records in batch.records.items()} == {
+        key: [3] for key in KEYS
+    }
+
+
+def test_a_registry_outage_sends_nothing_and_says_why() -> None:
+    pipeline = in_stage("idle")
+    pipeline.call("submit_no_schema")
+    assert pipeline.committer.sent == []
+    assert "registry" in pipeline.registry.reasons()[0]
+    pipeline.call("poll")
+    pipeline.next_offset = 0
+    pipeline.call("submit_one")
+    assert pipeline.registry.reasons() == []
+
+
+def test_the_table_the_pipeline_follows_is_the_designed_one() -> None:
+    """STAGES, the table `_move` looks moves up in, against the design's own pairs."""
+    designed = {
+        ("idle", "polling"): "idle",
+        ("idle", "sent"): "in_flight",
+        ("idle", "rewound"): "rewound",
+        ("in_flight", "polling"): "in_flight",
+        ("in_flight", "settled"): "idle",
+        ("rewound", "polling"): "idle",
+        ("rewound", "rewound"): "rewound",
+    }
+    assert {(str(s), str(e)): str(to) for (s, e), to in STAGES.items()} == designed
 
 
 def test_a_move_the_table_refuses_raises_naming_it() -> None:
-    # The guard itself, through a pipeline object that holds nothing else.
-    from consumers.batch.lifecycle import BatchLifecycle
-
-    pipeline = BatchLifecycle.__new__(BatchLifecycle)
-    pipeline.stage = Stage.IN_FLIGHT
+    pipeline = in_stage("in_flight")
     with pytest.raises(IllegalStage, match="'sent' is not allowed in stage in_flight"):
-        pipeline._move(StageEvent.SENT)
-    assert pipeline.stage is Stage.IN_FLIGHT
+        pipeline.batches._move(StageEvent.SENT)
+    assert pipeline.batches.stage is Stage.IN_FLIGHT

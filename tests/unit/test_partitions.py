@@ -28,10 +28,8 @@ def claimed(state_after: PartitionState = PartitionState.CONSUMING) -> Partition
     return table
 
 
-def test_a_batch_moves_a_partition_to_in_flight_and_its_commit_moves_the_lease() -> None:
+def test_a_commit_moves_the_lease() -> None:
     table = claimed()
-    table.sent([KEY])
-    assert table.lease(KEY) is None  # in flight: no second batch over it
     table.committed({KEY: 150})
     assert table.lease(KEY) == lease(next_offset=150)
     assert table.counts()[PartitionState.CONSUMING] == 1
@@ -40,7 +38,6 @@ def test_a_batch_moves_a_partition_to_in_flight_and_its_commit_moves_the_lease()
 def test_a_lost_reply_is_resolved_by_the_stored_row_whichever_way_the_commit_went() -> None:
     for stored in (100, 150):  # rolled back, or committed with its reply lost
         table = claimed()
-        table.sent([KEY])
         table.lost([KEY], "server closed the connection")
         assert table.in_state(PartitionState.UNRESOLVED) == [KEY]
         assert table.not_progressing(stalled_after_s=60)[0].startswith("orders[0] unresolved")
@@ -51,7 +48,6 @@ def test_a_lost_reply_is_resolved_by_the_stored_row_whichever_way_the_commit_wen
 
 def test_a_row_with_another_epoch_fences_and_a_fresh_claim_brings_it_back() -> None:
     table = claimed()
-    table.sent([KEY])
     table.lost([KEY], "offset lease refused")
     row = StoredRow(next_offset=120, owner="other", owner_epoch=4)
     assert table.resolved(KEY, row) is PartitionState.FENCED
@@ -97,15 +93,10 @@ EXPECTED: dict[str, dict[str, str]] = {
     "consuming": {
         "claimed": "consuming",
         "claimed_out_of_range": "out_of_range",
-        "sent": "in_flight",
+        "committed": "consuming",
+        "lost": "unresolved",
         "taken": "fenced",
         "fell_out_of_range": "out_of_range",
-        "revoked": GONE,
-    },
-    "in_flight": {
-        "committed": "consuming",
-        "not_committed": "consuming",
-        "lost": "unresolved",
         "revoked": GONE,
     },
     "unresolved": {
@@ -129,7 +120,7 @@ EXPECTED: dict[str, dict[str, str]] = {
     },
 }
 EVENTS = [
-    "claimed", "claimed_out_of_range", "sent", "committed", "not_committed", "lost",
+    "claimed", "claimed_out_of_range", "committed", "lost",
     "resolved_ours", "resolved_taken", "taken", "fell_out_of_range", "revoked",
 ]  # fmt: skip
 
@@ -139,8 +130,6 @@ def in_state(state: str) -> PartitionTable:
     if state == "out_of_range":
         return claimed(PartitionState.OUT_OF_RANGE)
     table = claimed()
-    if state in ("in_flight", "unresolved", "fenced"):
-        table.sent([KEY])
     if state in ("unresolved", "fenced"):
         table.lost([KEY], "x")
     if state == "fenced":
@@ -154,9 +143,7 @@ def apply(table: PartitionTable, event: str) -> None:
     moves: dict[str, Callable[[], object]] = {
         "claimed": lambda: table.claimed(lease(epoch=9), log_start=0, log_end=1000),
         "claimed_out_of_range": lambda: table.claimed(lease(epoch=9), log_start=500, log_end=1000),
-        "sent": lambda: table.sent([KEY]),
         "committed": lambda: table.committed({KEY: 120}),
-        "not_committed": lambda: table.not_committed([KEY]),
         "lost": lambda: table.lost([KEY], "x"),
         "resolved_ours": lambda: table.resolved(
             KEY, StoredRow(next_offset=100, owner="me", owner_epoch=3)

@@ -1,0 +1,160 @@
+"""Everything a batch needs before it is sent, in one call: `plan`.
+
+For the records of one poll, by topic:
+
+1. the topic routed, if no route named it (`consumers.tables.routing`): RouteUnresolved while its
+   table cannot take them;
+2. a followed table brought in step with the records' writer schemas
+   (`consumers.tables.table_follower`): RegistryUnavailable, TableMismatch;
+3. what decoding needs fetched (writer schemas), and the fields no column takes reported once
+   each, in a line and a count;
+4. the statements of each topic (`consumers.tables.applier`), with each COPY's text formatted now
+   (`consumers.batch.pipelined.formatted`) while the batch before is still in flight.
+
+The three errors are infrastructure faults, never a record's: nothing is written or
+dead-lettered, and the records are fetched again after a wait. The planner keeps the routed
+targets and the followers; what a batch needs of them is handed to the committer as data
+(`Planned`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from confluent_kafka import Message
+
+from consumers.batch.metrics import ConsumerMetrics
+from consumers.batch.pipelined import formatted
+from consumers.database.offsets import PartitionKey
+from consumers.decoding.records import Record
+from consumers.tables.applier import Applier, Step
+from consumers.tables.routing import Routed, Router
+from consumers.tables.table_follower import TableFollower
+from consumers.tables.targets import Target
+
+log = logging.getLogger("bridge.consumer")
+
+
+@dataclass(frozen=True)
+class Planned:
+    """What one poll's records become before they are sent."""
+
+    targets: dict[str, Target]  # the table of each topic of the batch
+    # Each topic's statements, when every record is a row; None: written statement by statement.
+    plans: dict[str, list[Step]] | None
+    # Changes to followed tables the batch makes first, after the offset advance.
+    changes: list[Step]
+    # The member follows tables: an error naming a missing column or table may be a drift.
+    followed: bool
+
+
+def by_topic(records: dict[PartitionKey, list[Record]]) -> dict[str, list[Record]]:
+    of_topic: dict[str, list[Record]] = defaultdict(list)
+    for (topic, _), of_partition in records.items():
+        of_topic[topic].extend(of_partition)
+    return of_topic
+
+
+class Planner:
+    def __init__(
+        self,
+        *,
+        applier: Applier,
+        router: Router,
+        routed: dict[str, Routed],
+        metrics: ConsumerMetrics,
+    ) -> None:
+        self._applier = applier
+        self._router = router
+        self._metrics = metrics
+        self._targets: dict[str, Target] = {}
+        self._followers: dict[str, TableFollower] = {}
+        self.add(routed)
+
+    def __contains__(self, topic: str) -> bool:
+        return topic in self._targets
+
+    def add(self, routed: dict[str, Routed]) -> None:
+        for topic, (target, follower) in routed.items():
+            self._targets[topic] = target
+            if follower is not None:
+                self._followers[topic] = follower
+
+    def plan(
+        self,
+        records: dict[PartitionKey, list[Record]],
+        conn: psycopg.Connection[Any] | None,
+        *,
+        in_flight: list[Step],
+    ) -> Planned:
+        """Steps 1 to 4 for `records`. `conn`: the session's connection, even while a batch is
+        in flight on it (formatting sends nothing); without it the COPY text is formatted when
+        sent. `in_flight`: the table changes of the batch in flight, which it makes; should it
+        not commit whole, the positions rewind and this batch is dropped and planned again."""
+        of_topics = by_topic(records)
+        for topic in of_topics:  # step 1
+            if topic not in self._targets:
+                self.add({topic: self._router.route(topic)})
+        for topic, of_topic in of_topics.items():  # step 2
+            follower = self._followers.get(topic)
+            if follower is not None:
+                follower.follow(list(filter(None, map(Message.value, of_topic))))
+                if follower.target is not None:
+                    self._targets[topic] = follower.target
+        targets = {topic: self._targets[topic] for topic in of_topics}
+        for topic, of_topic in of_topics.items():  # step 3, before anything is planned
+            ignored = targets[topic].prepare(of_topic)
+            if ignored:
+                self._ignored(targets[topic], topic, ignored)
+        followers = [f for topic, f in self._followers.items() if topic in of_topics]
+        changes = [step for f in followers for step in f.pending if step not in in_flight]
+        plans = self._statements(targets, of_topics, conn)
+        return Planned(targets, plans, changes, followed=bool(self._followers))
+
+    def made(self, changes: list[Step]) -> None:
+        """A batch making `changes` committed: the followed tables have them."""
+        if changes:
+            for follower in self._followers.values():
+                follower.committed(changes)
+
+    def drifted(self) -> None:
+        """A followed table changed other than its follower knew: each reads its table again."""
+        for follower in self._followers.values():
+            follower.drifted()
+
+    def _statements(
+        self,
+        targets: dict[str, Target],
+        of_topics: dict[str, list[Record]],
+        conn: psycopg.Connection[Any] | None,
+    ) -> dict[str, list[Step]] | None:
+        """Step 4: each topic's statements when every record is a row; else None."""
+        plans = {}
+        staged: set[str] = set()  # the plans go in one transaction
+        for topic, of_topic in of_topics.items():
+            plan = self._applier.plan(targets[topic], of_topic, staged)
+            if plan is None:
+                return None
+            if conn is not None:
+                try:
+                    plan = [s if s.rows is None else s._replace(data=formatted(conn, s.rows))
+                            for s in plan]  # fmt: skip
+                except psycopg.Error:  # no I/O here: a value psycopg will not send
+                    return None  # written statement by statement, which names the record
+            plans[topic] = plan
+        return plans
+
+    def _ignored(self, target: Target, topic: str, fields: list[str]) -> None:
+        """A producer's new fields are no longer dropped in silence: once each, a line and the
+        count, so that someone adds the column (or decides not to)."""
+        self._metrics.ignored_fields(topic).inc(len(fields))
+        table = target.route.table
+        log.warning(
+            "topic %s: field(s) %s are not columns of %s and are left out",
+            topic, ", ".join(fields), table,
+            extra={"topic": topic, "fields": fields, "table": table},
+        )  # fmt: skip
