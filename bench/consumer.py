@@ -622,10 +622,10 @@ def main() -> None:
                     for r in rounds
                 ]
                 baseline[f"{mode}_ratios"] = [round(x, 3) for x in ratios]
-                baseline[f"{mode}_ratio"] = round(median(ratios), 3)
+                baseline[f"{mode}_ratio_of_rounds"] = round(median(ratios), 3)
             print(f"this tree / baseline tree, the median of the rounds' own ratios: insert "
-                  f"{baseline['insert_ratio']}x {baseline['insert_ratios']}, upsert "
-                  f"{baseline['upsert_ratio']}x {baseline['upsert_ratios']}")  # fmt: skip
+                  f"{baseline['insert_ratio_of_rounds']}x {baseline['insert_ratios']}, upsert "
+                  f"{baseline['upsert_ratio_of_rounds']}x {baseline['upsert_ratios']}")  # fmt: skip
         latency = latency_run(stack, args.rate, args.seconds, scratch)
 
     text_rate = median(r["text_copy_rows_per_second"] for r in rounds)
