@@ -64,8 +64,10 @@ def grants(
     transactional_ids: str = ANY,
     marker_topic: str = DEFAULT_MARKER_TOPIC,
     source_topic: str | None = ANY,
+    epochs_topic: str | None = None,
 ) -> tuple[Grant, ...]:
-    """The rights of `role`. `source_topic` None: the producer reads no Kafka source."""
+    """The rights of `role`. `source_topic` None: the producer reads no Kafka source.
+    `epochs_topic`: the epoch manifest's, when the sink writes one (`epochs=whole`)."""
     if role == "producer":
         found = [
             Grant("topic", topic, "write", "produce the records"),
@@ -80,6 +82,12 @@ def grants(
         ]
         if source_topic is not None:
             found.append(Grant("topic", source_topic, "read", "--source kafka only"))
+        if epochs_topic is not None:
+            found += [
+                Grant("topic", epochs_topic, "write", "the epoch manifest (epochs=whole)"),
+                Grant("topic", epochs_topic, "describe", "the manifest topic's partition"),
+                Grant("topic", epochs_topic, "create", "the sink creates the manifest topic"),
+            ]
         return tuple(dict.fromkeys(found))
     if role == "consumer":
         return (

@@ -38,6 +38,7 @@ UPSERT_STAGE_PREFIX: Final = "bridge_stage_"  # a temporary table per upsert tar
 SINK_FORMAT: Final = "bridge-kafka"
 DEFAULT_TRANSACTIONAL_ID_HEAD: Final = "bridge-"
 DEFAULT_MARKER_TOPIC: Final = "bridge-epoch-markers"
+DEFAULT_EPOCHS_TOPIC: Final = "bridge-epochs"  # the epoch manifest (bridge.epoch_manifest)
 MARKER_GROUP_INFIX: Final = ".marker.p"
 PROVENANCE_QUERY: Final = "bridge.query"
 PROVENANCE_PARTITION: Final = "bridge.partition"

@@ -7,7 +7,8 @@ Order, and why:
    the id (a failed attempt, a dead driver's task, a speculative twin) and fences that holder.
 2. Read the marker of P. Only now is it trustworthy: no earlier holder can still commit.
 3. Marker epoch >= E: this epoch of P is already in Kafka (a replay after a driver crash), write
-   nothing. Otherwise begin, produce every row, add the marker (P, E) to the transaction, commit.
+   nothing. Otherwise begin, produce every row, then (with `epochs=whole`) the task's part of the
+   epoch manifest (`bridge.epoch_manifest`), add the marker (P, E) to the transaction, commit.
 
 Errors: retriable ones are retried within the transaction timeout; an abortable one aborts the
 transaction and fails the task so that Spark re-runs it from its input; fatal ones (fenced, ...)
@@ -22,6 +23,7 @@ import os
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from itertools import islice
@@ -36,13 +38,14 @@ from tenacity import (
     wait_exponential,
 )
 
+from bridge.epoch_manifest import Part, key_of
 from bridge.errors import BridgeError
 from bridge.kafka_refusal import RefusalWatch
 from bridge.names import PROVENANCE_EPOCH, PROVENANCE_PARTITION, PROVENANCE_QUERY
 from spark_jobs.epoch_markers import MarkerReader, marker_position
 from spark_jobs.faults import TaskFaults
 from spark_jobs.kafka_rows import KafkaRow, RecordChunk
-from spark_jobs.sink_options import IdNaming, SinkOptions
+from spark_jobs.sink_options import Epochs, IdNaming, SinkOptions
 
 log = logging.getLogger("bridge.sink")
 
@@ -148,6 +151,7 @@ class TaskCoordinates:
 class EpochOutcome:
     """What one write task did, for the driver's commit hook."""
 
+    query_id: str = ""
     partition: int
     epoch: int
     attempt: int
@@ -173,6 +177,7 @@ class EpochOutcome:
         """An empty partition replays as empty (Spark's condition: a deterministic query), so it
         needs no transaction and no marker; skipping them saves three round trips per task."""
         return cls(
+            query_id=where.query_id,
             partition=where.partition,
             epoch=where.epoch,
             attempt=where.attempt,
@@ -245,7 +250,9 @@ class EpochTransaction:
             return self._outcome(0, 0, skipped=True, **fencing)
         producer.begin_transaction()
         try:
-            count, size = self._produce(producer, rows())
+            count, size, topics = self._produce(producer, rows())
+            if self._options.epochs is Epochs.WHOLE:
+                self._produce_part(producer, topics)
             produced_at = time.monotonic()
             self._reach("before-commit")
             position = marker_position(
@@ -304,13 +311,28 @@ class EpochTransaction:
             self._producer.poll(0)
         return self._refused.refused
 
-    def _produce(self, producer: Producer, chunks: Iterator[RecordChunk]) -> tuple[int, int]:
-        """Every row into the open transaction: how many, and their bytes of key and value.
+    def _produce_part(self, producer: Producer, topics: Counter[str]) -> None:
+        """The task's part of the epoch manifest, in the transaction that carries its records."""
+        part = Part(
+            query=self._where.query_id,
+            epoch=self._where.epoch,
+            partition=self._where.partition,
+            records=dict(topics),
+        )
+        record: KafkaRow = (self._options.epochs_topic, part.encode(), key_of(part.query), 0, [])
+        self._produce_records(producer, [record], sum(topics.values()))
+
+    def _produce(
+        self, producer: Producer, chunks: Iterator[RecordChunk]
+    ) -> tuple[int, int, Counter[str]]:
+        """Every row into the open transaction: how many, their bytes of key and value, and
+        how many went to each topic.
 
         The loop per record is as short as it can be: a task writes a million records an
         epoch. Counting, sizing and serving delivery reports go a chunk at a time."""
         fail_after = self._faults.after_rows() if self._faults else None
         count = size = 0
+        topics: Counter[str] = Counter()
         for chunk in chunks:
             records: Iterable[KafkaRow] = chunk.records
             first = count
@@ -325,8 +347,9 @@ class EpochTransaction:
             self._produce_records(producer, records, first)
             count += chunk.record_count
             size += chunk.size
+            topics.update(chunk.topics)  # complete now that its records were read
             producer.poll(0)  # delivery reports, so that librdkafka's queue never fills with them
-        return count, size
+        return count, size, topics
 
     def _produce_records(self, producer: Producer, records: Iterable[KafkaRow], first: int) -> None:
         produce = producer.produce
@@ -458,6 +481,7 @@ class EpochTransaction:
         commit: float = 0.0,
     ) -> EpochOutcome:
         return EpochOutcome(
+            query_id=self._where.query_id,
             partition=self._where.partition,
             epoch=self._where.epoch,
             attempt=self._where.attempt,

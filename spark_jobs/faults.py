@@ -1,8 +1,11 @@
 """Fault injection for tests: off unless `BRIDGE_SINK_FAULTS` names a rules file.
 
-The rules file is a JSON list; each rule picks a point in a write task and what happens there:
+The rules file is a JSON list; each rule picks a point in a write task, or in the driver's commit
+hook (the `manifest-*` points, where `partition` and `attempt` do not apply), and what happens
+there:
 
-    {"point": "mid-produce" | "before-commit" | "after-commit",
+    {"point": "mid-produce" | "before-commit" | "after-commit" | "manifest-before-commit"
+              | "manifest-after-commit",
      "prefix": "...", "partition": 0, "epoch": 3, "attempt": 0,   # filters; absent = any
      "after_rows": 500,                                          # mid-produce only
      "action": "fail" | "hang" | "exit" | "pause", "seconds": 10}   # seconds: pause only
@@ -29,7 +32,13 @@ from typing import Any
 from bridge.errors import BridgeError
 
 ENV_FAULTS = "BRIDGE_SINK_FAULTS"
-POINTS = ("mid-produce", "before-commit", "after-commit")
+POINTS = (
+    "mid-produce",
+    "before-commit",
+    "after-commit",
+    "manifest-before-commit",
+    "manifest-after-commit",
+)
 
 
 class InjectedFault(BridgeError):
@@ -60,6 +69,22 @@ class TaskFaults:
             (i, rule)
             for i, rule in enumerate(rules)
             if all(rule.get(k) in (None, v) for k, v in me.items())
+        )
+        return cls(Path(path), chosen) if chosen else None
+
+    @classmethod
+    def for_driver(cls, *, prefix: str, epoch: int) -> TaskFaults | None:
+        """The rules of the driver's commit hook for `epoch`."""
+        path = os.environ.get(ENV_FAULTS)
+        if not path or not Path(path).is_file():
+            return None
+        rules = json.loads(Path(path).read_text())
+        me = {"prefix": prefix, "epoch": epoch}
+        chosen = tuple(
+            (i, rule)
+            for i, rule in enumerate(rules)
+            if rule["point"].startswith("manifest-")
+            and all(rule.get(k) in (None, v) for k, v in me.items())
         )
         return cls(Path(path), chosen) if chosen else None
 

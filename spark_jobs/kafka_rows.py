@@ -8,6 +8,7 @@ ignored, as Spark's sink ignores them.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import repeat
 from typing import Any, NamedTuple
@@ -99,10 +100,13 @@ class RecordChunk(NamedTuple):
     records: Iterable[KafkaRow]
     record_count: int
     size: int
+    # Records per topic; filled as `records` is read when the rows name their topics.
+    topics: Counter[str]
 
     @classmethod
     def of(cls, records: Sequence[KafkaRow]) -> RecordChunk:
-        return cls(records, len(records), sum(_size(r[1]) + _size(r[2]) for r in records))
+        size = sum(_size(r[1]) + _size(r[2]) for r in records)
+        return cls(records, len(records), size, Counter(r[0] for r in records))
 
 
 def record_chunks(
@@ -130,13 +134,16 @@ def record_chunks(
             size += _column_size(key_column)
         else:
             keys = [None] * count
+        topics: Counter[str] = Counter()
         if default_topic is not None and not names.keys() & {"topic", "partition", "headers"}:
             records: Iterable[KafkaRow] = zip(
                 repeat(default_topic, count), values, keys, repeat(-1, count),
                 repeat(fixed_dict, count), strict=True,
             )  # fmt: skip
+            topics[default_topic] = count
         else:
             records = _row_by_row(
+                topics,
                 first_row,
                 values,
                 keys,
@@ -146,11 +153,12 @@ def record_chunks(
                 default_topic=default_topic,
                 fixed_headers=fixed_list,
             )
-        yield RecordChunk(records, count, size)
+        yield RecordChunk(records, count, size, topics)
         first_row += count
 
 
 def _row_by_row(
+    counted: Counter[str],
     first_row: int,
     values: list[Any],
     keys: list[Any],
@@ -171,6 +179,7 @@ def _row_by_row(
             row_headers = [*fixed_headers, *((h["key"], h["value"]) for h in extra)]
         else:
             row_headers = fixed_headers
+        counted[target] += 1
         yield target, value, key, -1 if partition is None else partition, row_headers
 
 

@@ -5,6 +5,8 @@
       .option("topic", "orders").option("checkpointLocation", ...).start()
 
 Each write task runs one Kafka transaction for its (partition, epoch); see epoch_transaction.py.
+With `.option("epochs", "whole")` the tasks and the driver also write the epoch manifest
+(bridge/epoch_manifest.py, manifest_writer.py), from which a consumer publishes whole epochs.
 """
 
 from __future__ import annotations
@@ -26,8 +28,9 @@ from bridge.kafka_admin import TopicError, create_topic
 from bridge.names import DEFAULT_TRANSACTIONAL_ID_HEAD, SINK_FORMAT
 from spark_jobs.epoch_transaction import EpochOutcome, EpochTransaction, TaskCoordinates
 from spark_jobs.kafka_rows import check_schema, record_chunks
+from spark_jobs.manifest_writer import write_epoch
 from spark_jobs.progress import record_epoch
-from spark_jobs.sink_options import SinkOptions
+from spark_jobs.sink_options import Epochs, SinkOptions
 
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
@@ -53,36 +56,40 @@ class BridgeKafkaSink(DataSource):
             if chosen.registered
         )
         check_schema(schema, default_topic=options.topic, typed=typed)
-        _ensure_marker_topic(options)
+        _ensure_topic(options, options.marker_topic)
+        if options.epochs is Epochs.WHOLE:
+            _ensure_topic(options, options.epochs_topic)
         return BridgeKafkaStreamWriter(options)
 
 
 # (bootstrap servers, topic) already known to exist in this process. Spark asks for a writer
 # every epoch, often in a reused Python worker: the topic is created once, not every epoch.
 _anchored: set[tuple[str, str]] = set()
-_MARKER_TOPIC_BUDGET_S = 120.0  # a broker restarting, or a leader moving, takes less
+_TOPIC_BUDGET_S = 120.0  # a broker restarting, or a leader moving, takes less
 
 
-def _ensure_marker_topic(options: SinkOptions) -> None:
-    """The marker topic only anchors the marker groups' offsets; nothing is produced to it.
-    A cluster that does not answer is given a bounded while (a broker restart) before the
-    epoch, and with it the query, fails with the error."""
-    key = (options.bootstrap_servers, options.marker_topic)
+def _ensure_topic(options: SinkOptions, topic: str) -> None:
+    """The sink's own one-partition topics: the marker topic, which only anchors the marker
+    groups' offsets (nothing is produced to it), and the epoch manifest's. A cluster that does
+    not answer is given a bounded while (a broker restart) before the epoch, and with it the
+    query, fails with the error."""
+    key = (options.bootstrap_servers, topic)
     if key in _anchored:
         return
     _log_to_stderr()
     for attempt in Retrying(
         retry=retry_if_exception(lambda e: isinstance(e, TopicError) and e.retriable),
-        stop=stop_after_delay(_MARKER_TOPIC_BUDGET_S),
+        stop=stop_after_delay(_TOPIC_BUDGET_S),
         wait=wait_exponential(multiplier=1, max=10),
         before_sleep=lambda state: log.warning(
-            "marker topic not confirmed (%s); trying again",
+            "topic %s not confirmed (%s); trying again",
+            topic,
             state.outcome.exception() if state.outcome else None,
         ),
         reraise=True,
     ):
         with attempt:
-            create_topic(options.bootstrap_servers, options.marker_topic, config=options.kafka)
+            create_topic(options.bootstrap_servers, topic, config=options.kafka)
     _anchored.add(key)
 
 
@@ -133,6 +140,9 @@ class BridgeKafkaStreamWriter(DataSourceStreamArrowWriter):
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         _log_to_stderr()
+        if self.options.epochs is Epochs.WHOLE:
+            # Before Spark logs the epoch as done: a driver killed before this replays it.
+            write_epoch(self.options, batchId, _outcomes(messages))
         record_epoch(batchId, _outcomes(messages), committed=True, path=self.options.progress_path)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:

@@ -10,9 +10,10 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import TypeVar
 
 from bridge.errors import ConfigError
-from bridge.names import DEFAULT_MARKER_TOPIC
+from bridge.names import DEFAULT_EPOCHS_TOPIC, DEFAULT_MARKER_TOPIC
 
 KAFKA_PREFIX = "kafka."
 REGISTRY_PREFIX = "schema.registry."  # `schema.registry.url` and the registry client's settings
@@ -33,6 +34,8 @@ _KNOWN = {
     "transaction.timeout.ms",
     "marker.topic",
     "progress.path",
+    "epochs",
+    "epochs.topic",
     # Spark passes the query's own settings to its sink as options as well: refusing them would
     # refuse every query that names itself (`.queryName(...)`) or checkpoints by option.
     "checkpointlocation",
@@ -82,6 +85,17 @@ class ValueFormat(StrEnum):
         return self is not ValueFormat.JSON
 
 
+class Epochs(StrEnum):
+    """What the sink tells readers about its epochs. `per-partition`: nothing beyond each
+    record's provenance headers; each write task's transaction stands alone. `whole`: each task
+    also writes its part of the epoch manifest in its transaction, and the driver writes the
+    epoch's record once every task succeeded (`bridge.epoch_manifest`), so that a consumer can
+    publish the epoch at once."""
+
+    PER_PARTITION = "per-partition"
+    WHOLE = "whole"
+
+
 class SubjectStrategy(StrEnum):
     """Under which registry subject a schema goes: `topic` (`<topic>-value`, `<topic>-key`,
     Confluent's TopicNameStrategy) or `record` (the record's full name, RecordNameStrategy)."""
@@ -99,6 +113,8 @@ class SinkOptions:
     transaction_timeout_ms: int = DEFAULT_TRANSACTION_TIMEOUT_MS
     marker_topic: str = DEFAULT_MARKER_TOPIC
     progress_path: str | None = None
+    epochs: Epochs = Epochs.PER_PARTITION
+    epochs_topic: str = DEFAULT_EPOCHS_TOPIC
     value_format: ValueFormat = ValueFormat.JSON
     key_format: ValueFormat = ValueFormat.JSON
     registry: dict[str, str] = field(default_factory=dict, repr=False)  # may hold credentials
@@ -147,16 +163,15 @@ class SinkOptions:
         for name, value in (("topic", topic), ("transactional.id.prefix", prefix)):
             if value is not None and not _LEGAL_NAME.match(value):
                 problems.append((name, f"{value!r} may only hold letters, digits, '.', '_', '-'"))
-        if not _LEGAL_NAME.match(marker_topic):
-            problems.append(("marker.topic", f"{marker_topic!r} is not a legal topic name"))
+        epochs_topic = lowered.get("epochs.topic", DEFAULT_EPOCHS_TOPIC)
+        for name, value in (("marker.topic", marker_topic), ("epochs.topic", epochs_topic)):
+            if not _LEGAL_NAME.match(value):
+                problems.append((name, f"{value!r} is not a legal topic name"))
+        epochs = _choice(lowered, "epochs", Epochs.PER_PARTITION, problems)
+        if epochs_topic in (marker_topic, lowered.get("topic")):
+            problems.append(("epochs.topic", f"{epochs_topic!r} must be a topic of its own"))
 
-        naming = IdNaming.PER_EPOCH
-        raw_naming = lowered.get("transactional.id.naming", IdNaming.PER_EPOCH.value)
-        try:
-            naming = IdNaming(raw_naming)
-        except ValueError:
-            choices = ", ".join(n.value for n in IdNaming)
-            problems.append(("transactional.id.naming", f"{raw_naming!r} is not one of {choices}"))
+        naming = _choice(lowered, "transactional.id.naming", IdNaming.PER_EPOCH, problems)
 
         timeout_ms = DEFAULT_TRANSACTION_TIMEOUT_MS
         raw_timeout = lowered.get("transaction.timeout.ms")
@@ -188,13 +203,7 @@ class SinkOptions:
         typed = any(f.registered for f in formats.values())
         if typed and not registry.get("url", "").strip():
             problems.append(("schema.registry.url", "required with avro or json-schema"))
-        raw_strategy = lowered.get("subject.name.strategy", SubjectStrategy.TOPIC.value)
-        strategy = SubjectStrategy.TOPIC
-        try:
-            strategy = SubjectStrategy(raw_strategy)
-        except ValueError:
-            choices = ", ".join(s.value for s in SubjectStrategy)
-            problems.append(("subject.name.strategy", f"{raw_strategy!r} is not one of {choices}"))
+        strategy = _choice(lowered, "subject.name.strategy", SubjectStrategy.TOPIC, problems)
         for name in ("value.record.name", "key.record.name"):
             if name in lowered and not _AVRO_NAME.match(lowered[name]):
                 problems.append((name, f"{lowered[name]!r} is not an Avro name"))
@@ -210,6 +219,8 @@ class SinkOptions:
             naming=naming,
             transaction_timeout_ms=timeout_ms,
             marker_topic=marker_topic,
+            epochs=epochs,
+            epochs_topic=epochs_topic,
             progress_path=lowered.get("progress.path") or None,
             value_format=formats["value.format"],
             key_format=formats["key.format"],
@@ -219,3 +230,19 @@ class SinkOptions:
             key_record_name=lowered.get("key.record.name") or None,
             record_namespace=namespace,
         )
+
+
+_Choice = TypeVar("_Choice", bound=StrEnum)
+
+
+def _choice(
+    lowered: Mapping[str, str], name: str, default: _Choice, problems: list[tuple[str, str]]
+) -> _Choice:
+    """Option `name` as one of `default`'s enum, or `default` with the problem noted."""
+    raw = lowered.get(name, default.value)
+    try:
+        return type(default)(raw)
+    except ValueError:
+        choices = ", ".join(choice.value for choice in type(default))
+        problems.append((name, f"{raw!r} is not one of {choices}"))
+        return default

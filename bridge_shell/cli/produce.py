@@ -65,6 +65,14 @@ def produce(
             "(one id per partition for the query's life); see docs/capacity.md.",
         ),
     ] = None,
+    epochs: Annotated[
+        str | None,
+        typer.Option(
+            "--epochs",
+            help="per-partition (the default) or whole: also write the epoch manifest, which "
+            "tells a reader when each epoch is whole (docs/sink.md).",
+        ),
+    ] = None,
     transaction_timeout_ms: Annotated[
         int | None,
         typer.Option(
@@ -168,6 +176,7 @@ def produce(
         max_files_per_trigger=max_files_per_trigger,
         transactional_id_prefix=transactional_id_prefix,
         transactional_id_naming=transactional_id_naming,
+        epochs=epochs,
         transaction_timeout_ms=transaction_timeout_ms,
         # Under spark-submit its own --master rules, not the one stack.env names.
         master=master or (None if started_by_spark_submit() else settings.spark.master),

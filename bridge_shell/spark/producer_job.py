@@ -70,6 +70,7 @@ class ProducerJob:
     max_files_per_trigger: int | None = None
     transactional_id_prefix: str | None = None
     transactional_id_naming: str | None = None  # the sink's default (per-epoch) when not set
+    epochs: str | None = None  # the sink's default (per-partition) when not set
     transaction_timeout_ms: int | None = None
     master: str | None = None
     executor_python: str | None = None  # on a cluster; see bridge_shell/spark/executor_env.py
@@ -226,6 +227,8 @@ def _start(spark: Any, job: ProducerJob) -> Any:
         writer = writer.option("transactional.id.prefix", job.transactional_id_prefix)
     if job.transactional_id_naming:
         writer = writer.option("transactional.id.naming", job.transactional_id_naming)
+    if job.epochs:
+        writer = writer.option("epochs", job.epochs)
     if job.transaction_timeout_ms is not None:
         writer = writer.option("transaction.timeout.ms", job.transaction_timeout_ms)
     if job.trigger == AVAILABLE_NOW:

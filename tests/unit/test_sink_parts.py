@@ -62,6 +62,9 @@ def test_options_pass_kafka_properties_through_and_default_the_rest() -> None:
         ({"transactional.id.naming": "per-query"}, "transactional.id.naming"),
         ({"transactional.id.prefix": "has space"}, "transactional.id.prefix"),
         ({"topik": "orders"}, "topik"),
+        ({"epochs": "all"}, "epochs"),
+        ({"epochs.topic": "has space"}, "epochs.topic"),
+        ({"epochs.topic": "orders"}, "epochs.topic"),  # the records' own topic
     ],
 )
 def test_bad_options_are_refused_by_name(extra: dict[str, str], key: str) -> None:
@@ -132,6 +135,17 @@ def test_rows_become_records_with_provenance_first() -> None:
         ("t", b"b", None, -1, [("bridge.epoch", b"3")]),
     ]
     assert (chunk.record_count, chunk.size) == (2, 4)
+    assert chunk.topics == {"t": 2}  # counted as the records were read
+
+
+def test_a_chunk_counts_its_records_per_topic_for_the_epoch_manifest() -> None:
+    import pyarrow as pa
+
+    batch = pa.RecordBatch.from_pydict({"value": [b"a", b"b", b"c"], "topic": ["x", None, "x"]})
+    [chunk] = record_chunks(iter([batch]), default_topic="t", provenance=[])
+    assert chunk.topics == {}  # nothing read yet
+    assert [record[0] for record in chunk.records] == ["x", "t", "x"]
+    assert chunk.topics == {"x": 2, "t": 1}
 
 
 def test_value_and_key_batches_share_one_provenance_dict() -> None:
@@ -152,7 +166,8 @@ def test_value_and_key_batches_share_one_provenance_dict() -> None:
     assert (first.record_count, first.size) == (2, 2 + 1 + 2)
     assert list(second.records) == [("t", b"xyz", None, -1, dict(provenance))]
     assert (second.record_count, second.size) == (1, 3)
-    assert RecordChunk.of(rows) == (rows, 2, 5)
+    assert RecordChunk.of(rows) == (rows, 2, 5, {"t": 2})
+    assert first.topics == {"t": 2}  # known before the records are read
 
 
 def test_a_null_topic_without_a_default_names_the_row() -> None:

@@ -1,0 +1,165 @@
+"""The epoch manifest on real Spark and the real broker: every epoch's record names the parts
+that count its records, through an empty epoch, several topics, tasks without input, and a
+driver killed before, inside and after its commit hook."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bridge.epoch_manifest import Epoch, Part, parse
+from bridge.kafka_admin import create_topic
+from bridge.names import DEFAULT_EPOCHS_TOPIC
+from tests.harness import Endpoints
+from tests.integration.test_producer_faults import (
+    assert_exactly,
+    kill_group,
+    started_to_fault,
+    wait_for_marker,
+)
+from tests.kafka_helpers import header_map, read_messages
+
+
+def manifest_of(
+    stack: Endpoints, epochs_topic: str, query: str
+) -> tuple[dict[tuple[int, int], list[Part]], dict[int, list[Epoch]]]:
+    """The manifest's records of `query` a read_committed reader sees: parts by (epoch,
+    partition), epoch records by epoch, each in log order."""
+    parts: dict[tuple[int, int], list[Part]] = defaultdict(list)
+    epochs: dict[int, list[Epoch]] = defaultdict(list)
+    for message in read_messages(stack.bootstrap_servers, epochs_topic, config=stack.properties()):
+        record = parse(message.value())
+        if record.query != query:
+            continue  # another test's query on the shared default topic
+        if isinstance(record, Part):
+            parts[record.epoch, record.partition].append(record)
+        else:
+            epochs[record.epoch].append(record)
+    return dict(parts), dict(epochs)
+
+
+def records_by_epoch(
+    stack: Endpoints, topics: dict[str, int], query: str
+) -> dict[int, Counter[str]]:
+    """How many records of `query` each epoch put in each topic (topic -> its partitions)."""
+    counts: dict[int, Counter[str]] = defaultdict(Counter)
+    for topic, partitions in topics.items():
+        for message in read_messages(
+            stack.bootstrap_servers, topic, partitions=partitions, config=stack.properties()
+        ):
+            headers = header_map(message)
+            if headers["bridge.query"].decode() == query:
+                counts[int(headers["bridge.epoch"])][topic] += 1
+    return dict(counts)
+
+
+def assert_whole(
+    stack: Endpoints, epochs_topic: str, topics: dict[str, int], query: str, epochs: set[int]
+) -> dict[int, list[Epoch]]:
+    """Every epoch of `epochs` has a record; all its records say the same; it names exactly the
+    parts written for it, once each, and their counts are its records in every topic."""
+    parts, records = manifest_of(stack, epochs_topic, query)
+    written = records_by_epoch(stack, topics, query)
+    assert set(records) == epochs, f"epoch records for {sorted(records)}, expected {epochs}"
+    for epoch, seen in records.items():
+        assert len({record for record in seen}) == 1, f"epoch {epoch}: records differ: {seen}"
+        named = set(seen[0].parts)
+        assert named == {p for (e, p) in parts if e == epoch}, f"epoch {epoch}: {named}"
+        counted: Counter[str] = Counter()
+        for partition in named:
+            (part,) = parts[epoch, partition]  # one part per task, whatever was replayed
+            counted.update({t: n for t, n in part.records.items() if n})
+        assert counted == written.get(epoch, Counter()), f"epoch {epoch}"
+    assert set(written) <= epochs
+    return records
+
+
+def _query_of(checkpoint: Path) -> str:
+    return str(json.loads((checkpoint / "metadata").read_text())["id"])
+
+
+def test_each_epoch_is_named_whole_across_topics_empty_tasks_and_an_empty_epoch(
+    spark: Any, stack: Endpoints, topic_name: str, tmp_path: Path
+) -> None:
+    from pyspark.sql import functions as F
+
+    orders, lines, epochs_topic = f"{topic_name}-o", f"{topic_name}-l", f"{topic_name}-epochs"
+    for topic in (orders, lines):
+        create_topic(stack.bootstrap_servers, topic, partitions=3, config=stack.properties())
+    source = tmp_path / "in"
+    source.mkdir()
+    # Three files, one an epoch: one all dropped, so its epoch writes nothing.
+    for number, (first, dropped) in enumerate([(0, False), (1000, True), (2000, False)]):
+        rows = [{"id": first + i, "drop": dropped} for i in range(300)]
+        (source / f"f{number}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    frame = (
+        spark.readStream.schema("id BIGINT, drop BOOLEAN")
+        .option("maxFilesPerTrigger", 1)
+        .json(str(source))
+        .where(~F.col("drop"))
+        .select(
+            F.when(F.col("id") % 3 == 0, F.lit(lines)).otherwise(F.lit(orders)).alias("topic"),
+            F.to_json(F.struct("id")).alias("value"),
+            F.col("id").cast("string").alias("key"),
+        )
+        .repartition(5)  # more tasks than 300 rows need: some have no input
+    )
+    checkpoint = tmp_path / "checkpoint"
+    writer = frame.writeStream.format("bridge-kafka").option("checkpointLocation", str(checkpoint))
+    for name, value in stack.properties("producer").items():
+        writer = writer.option(f"kafka.{name}", value)
+    query = (
+        writer.option("kafka.bootstrap.servers", stack.bootstrap_servers)
+        .option("epochs", "whole")
+        .option("epochs.topic", epochs_topic)
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(300)
+    assert query.exception() is None, query.exception()
+
+    records = assert_whole(
+        stack, epochs_topic, {orders: 3, lines: 3}, _query_of(checkpoint), {0, 1, 2}
+    )
+    # The epoch of the dropped file is whole with no part; the others name theirs.
+    assert sorted(len(seen[0].parts) == 0 for seen in records.values()) == [False, False, True]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("rule", "records_of_epoch_1"),
+    [
+        # Before the hook: a task of epoch 1 committed and hangs; the replay's tasks skip.
+        ({"point": "after-commit", "partition": 0, "epoch": 1, "action": "hang"}, 1),
+        # Inside it: the epoch's transaction is open when the driver dies; the replay's shows.
+        ({"point": "manifest-before-commit", "epoch": 1, "action": "hang"}, 1),
+        # After it: the record is in Kafka; the replay writes the same record again.
+        ({"point": "manifest-after-commit", "epoch": 1, "action": "hang"}, 2),
+    ],
+    ids=["before-the-hook", "inside-the-hook", "after-the-hook"],
+)
+def test_a_driver_killed_around_its_commit_hook_leaves_every_epoch_whole(
+    stack: Endpoints,
+    topic_name: str,
+    tmp_path: Path,
+    rule: dict[str, object],
+    records_of_epoch_1: int,
+) -> None:
+    producer, process, expected = started_to_fault(
+        stack, tmp_path, topic_name, rule, "--epochs", "whole"
+    )
+    if rule["point"] == "after-commit":
+        wait_for_marker(stack, producer, partition=1, epoch=1)  # another task of it committed
+    kill_group(process)
+    assert not (producer.checkpoint / "commits" / "1").exists()  # Spark will replay epoch 1
+
+    producer.run_to_end()
+
+    assert_exactly(stack, topic_name, 3, expected)
+    query = _query_of(producer.checkpoint)
+    records = assert_whole(stack, DEFAULT_EPOCHS_TOPIC, {topic_name: 3}, query, {0, 1})
+    assert len(records[1]) == records_of_epoch_1
