@@ -33,7 +33,14 @@ def formatter() -> logging.Formatter:
     )
 
 
+# Libraries that narrate routine work at INFO: Alembic's migration context on every start, an
+# HTTP request line for every schema fetched from the registry. Their warnings still show.
+_QUIET_AT_INFO = ("alembic", "httpx", "httpcore")
+
+
 def configure(level: str = "INFO") -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(formatter())
     logging.basicConfig(level=level, handlers=[handler], force=True)
+    for name in _QUIET_AT_INFO:
+        logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLevelName(level)))

@@ -576,25 +576,28 @@ class BridgeSettings(BaseSettings):
                 )
         return self
 
-    @model_validator(mode="after")
-    def _registry_for_typed_routes(self) -> BridgeSettings:
-        if self.consumer is not None and self.schema_registry is None:
-            typed = [
-                f"consumer.routes.{i}.{key}"
-                for i, route in enumerate(self.consumer.routes)
-                for key in ("value_format", "key_format")
-                if getattr(route, key) != "json"
-            ]
-            if typed:
-                raise ValueError(
-                    f"{', '.join(typed)}: records in the registry's format need schema_registry.url"
-                )
-        return self
-
     def require_consumer(self) -> ConsumerSettings:
+        """The consumer section, for a command that reads no record (`offsets`, `status`)."""
         if self.consumer is None:
             raise ConfigError([("consumer", "this command needs a consumer section")])
         return self.consumer
+
+    def consumer_to_run(self) -> ConsumerSettings:
+        """The consumer section, for running the consumer: its routes in the registry's
+        format need the registry, which the commands that read no record do not."""
+        consumer = self.require_consumer()
+        typed = [
+            (
+                f"consumer.routes.{i}.{key}",
+                "records in the registry's format need schema_registry.url",
+            )
+            for i, route in enumerate(consumer.routes)
+            for key in ("value_format", "key_format")
+            if getattr(route, key) != "json"
+        ]
+        if typed and self.schema_registry is None:
+            raise ConfigError(typed)
+        return consumer
 
 
 @contextmanager

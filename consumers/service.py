@@ -31,6 +31,7 @@ from consumers.batch.lifecycle import (
 from consumers.batch.metrics import ConsumerMetrics, HealthServer
 from consumers.batch.partitions import PartitionTable
 from consumers.batch.planner import Planner
+from consumers.batch.work_log import WorkLog
 from consumers.database.db_session import DatabaseSession, at_start, refusal_backoff
 from consumers.database.offsets import OffsetStore, PartitionKey
 from consumers.database.state import ensure_state_tables, sqlalchemy_engine, state_tables
@@ -70,7 +71,7 @@ class _Member:
 class ConsumerService:
     def __init__(self, settings: BridgeSettings, *, owner: str | None = None) -> None:
         self._settings = settings
-        self._config: ConsumerSettings = settings.require_consumer()
+        self._config: ConsumerSettings = settings.consumer_to_run()
         self._dsn = settings.postgres.dsn.get_secret_value()
         self._owner = owner or f"{socket.gethostname()}:{os.getpid()}"
         self._tables = state_tables(self._config.state_schema)
@@ -101,6 +102,7 @@ class ConsumerService:
         self._behind = False  # the last poll filled a batch: more records are waiting
         self._http: HealthServer | None = None
         self._last_turn = time.monotonic()
+        self._starting = "creating the state tables and reading the routes' tables"
         self._kafka = KafkaHealth(
             bootstrap_servers=settings.kafka.bootstrap_servers,
             unavailable_after_s=self._config.kafka_unavailable_timeout_ms / 1000,
@@ -112,7 +114,17 @@ class ConsumerService:
 
     def start(self) -> None:
         """Create the state tables, check every route's table, join the group. Refuses a bad
-        configuration (missing table or column) before consuming anything."""
+        configuration (missing table or column) before consuming anything. /healthz and /readyz
+        are served from the first moment, so that an orchestrator tells a member that starts
+        (waiting for its database, say) from one that is dead."""
+        self._serve_http()
+        try:
+            self._start()
+        except BaseException:
+            self._stop_http()
+            raise
+
+    def _start(self) -> None:
         registry = self._settings.schema_registry
         if registry is not None and any(
             r.value_format != "json" or r.key_format != "json" for r in self._config.routes
@@ -128,14 +140,18 @@ class ConsumerService:
                 ensure_state_tables(conn, self._tables)
             return router.named(engine)  # a pattern's topics are routed as they are found
 
+        def waiting(why: str) -> None:
+            self._starting, self._last_turn = why, time.monotonic()  # starting, not stalled
+
         try:
-            named = at_start(prepare, stop=self._stop)
+            named = at_start(prepare, stop=self._stop, waiting=waiting)
         except BaseException:
             if self._schemas is not None:
                 self._schemas.close()
             raise
         finally:
             engine.dispose()
+        self._starting = "routing the topics that patterns match now"
         applier = Applier(tables=self._tables, group_id=self._config.group_id)
         planner = Planner(applier=applier, router=router, routed=named, metrics=self.metrics)
         consumer = Consumer(self._kafka_config())
@@ -146,6 +162,7 @@ class ConsumerService:
             if self._schemas is not None:
                 self._schemas.close()
             raise
+        self._starting = "connecting to the database"
         self._db.connect()
         batches = BatchLifecycle(
             planner=planner,
@@ -157,6 +174,10 @@ class ConsumerService:
             db=self._db,
             consumer=consumer,
             metrics=self.metrics,
+            work_log=WorkLog(
+                dead_letters_table=f"{self._config.state_schema}.{self._tables.dead_letters.name}",
+                behind_at=self._config.batch_max_records,
+            ),
             refusals=self._refusals,
             registry=self._registry,
             mismatches=self._mismatches,
@@ -181,15 +202,6 @@ class ConsumerService:
             on_revoke=leases.on_revoke,
             on_lost=leases.on_lost,
         )
-        if self._config.http_port is not None:
-            self._http = HealthServer(
-                self.metrics,
-                host=self._config.http_host,
-                port=self._config.http_port,
-                healthy=self.healthy,
-                not_ready=self.not_ready,
-            )
-            self._http.start()
         log.info(
             "consumer started",
             extra={
@@ -198,6 +210,22 @@ class ConsumerService:
                 "http_port": self.http_port,
             },
         )
+
+    def _serve_http(self) -> None:
+        if self._config.http_port is not None and self._http is None:
+            self._http = HealthServer(
+                self.metrics,
+                host=self._config.http_host,
+                port=self._config.http_port,
+                healthy=self.healthy,
+                not_ready=self.not_ready,
+            )
+            self._http.start()
+
+    def _stop_http(self) -> None:
+        if self._http is not None:
+            self._http.stop()
+            self._http = None
 
     def _route_existing_topics(self, consumer: Consumer, router: Router, planner: Planner) -> None:
         """At start-up, the topics patterns match now, routed as the named ones are: a table
@@ -278,6 +306,7 @@ class ConsumerService:
                 self._next_reconcile = self._last_turn + _RECONCILE_INTERVAL_S
                 member.leases.reconcile()
                 self.metrics.states(batches.partition_states())
+                batches.report()
             if not self._behind:
                 batches.settle()  # caught up: nothing to overlap the commit with
             # The database refused a batch, the registry could not answer for one, a table
@@ -329,9 +358,7 @@ class ConsumerService:
             if member is not None:
                 member.batches.settle()  # the batch in flight commits or rolls back first
         finally:
-            if self._http is not None:
-                self._http.stop()
-                self._http = None
+            self._stop_http()
             if member is not None:
                 member.consumer.close()  # leaves the group: partitions are revoked and released
             self._db.close()
@@ -345,7 +372,7 @@ class ConsumerService:
     def not_ready(self) -> list[str]:
         """Why the member is not ready, one line a reason; empty when it is."""
         if self._member is None:
-            return ["not in the group yet"]
+            return [f"starting: {self._starting}", *self._kafka.reasons()]
         stalled_after = max(_STALLED_AFTER_S, 3 * self._config.batch_max_wait_ms / 1000)
         return (
             self._kafka.reasons()

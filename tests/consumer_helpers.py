@@ -164,11 +164,38 @@ def sample(service: ConsumerService, name: str, **labels: str) -> float:
     return service.metrics.registry.get_sample_value(name, labels) or 0.0
 
 
+def http_get(url: str) -> tuple[int, str]:
+    """The status and body of a GET, an error status's body included."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:  # noqa: S310 - loopback test
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
 def eventually(check: Callable[[], bool], timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while not check():
         assert time.monotonic() < deadline, "condition not reached in time"
         time.sleep(0.2)
+
+
+def plain_config(stack: Endpoints, names: dict[str, str], **consumer: Any) -> dict[str, Any]:
+    """A consumer's configuration as its YAML file holds it, for the plain stack: one route from
+    the test's topic into its table, `consumer` settings added."""
+    return {
+        "kafka": {"bootstrap_servers": stack.bootstrap_servers},
+        "postgres": {"dsn": stack.dsn},
+        "consumer": {
+            "group_id": names["group"],
+            "state_schema": names["schema"],
+            "routes": [{"topic": names["topic"], "table": f"public.{names['table']}"}],
+            **consumer,
+        },
+    }
 
 
 @contextmanager

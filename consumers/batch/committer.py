@@ -36,7 +36,7 @@ from consumers.batch.planner import Planned, by_topic
 from consumers.database.db_session import Refusal, is_lost, refusal_of
 from consumers.database.offsets import Lease, OffsetStore, PartitionKey
 from consumers.decoding.records import Record, RecordStopped, offset_of
-from consumers.tables.applier import Applier, Step, run_steps
+from consumers.tables.applier import Applier, DeadLetterNote, Step, run_steps
 from consumers.tables.table_follower import DRIFT
 
 log = logging.getLogger("bridge.consumer")
@@ -101,6 +101,8 @@ class CommitResult:
     stopped: RecordStopped | None = None
     # The refusal came from a followed table changed other than its follower knew.
     drifted: bool = False
+    # The dead letters written, for the log once committed.
+    dead_letters: list[DeadLetterNote] = field(default_factory=list)
 
     @property
     def whole(self) -> bool:
@@ -182,8 +184,9 @@ class Committer:
         while batch.records:
             started = time.perf_counter()
             applied: dict[str, tuple[int, int, int]] = {}
+            dead_letters: list[DeadLetterNote] = []
             try:
-                self._write_once(conn, batch, applied)
+                self._write_once(conn, batch, applied, dead_letters)
             except _LeaseRefused as exc:
                 log.warning("offset lease refused", extra={"partitions": exc.keys})
                 refused += exc.keys
@@ -212,6 +215,7 @@ class Committer:
                 return CommitResult(
                     batch=batch,
                     applied=applied,
+                    dead_letters=dead_letters,
                     refused=refused,
                     unknown=list(batch.records),
                     lost=str(exc),
@@ -222,6 +226,7 @@ class Committer:
                 batch=batch,
                 committed=batch.next_offsets(),
                 applied=applied,
+                dead_letters=dead_letters,
                 seconds=time.perf_counter() - started,
                 refused=refused,
                 declined=declined,
@@ -230,7 +235,11 @@ class Committer:
         return CommitResult(batch=batch, refused=refused, declined=declined, stopped=stopped)
 
     def _write_once(
-        self, conn: psycopg.Connection[Any], batch: Batch, applied: dict[str, tuple[int, int, int]]
+        self,
+        conn: psycopg.Connection[Any],
+        batch: Batch,
+        applied: dict[str, tuple[int, int, int]],
+        dead_letters: list[DeadLetterNote],
     ) -> None:
         with conn.transaction():
             # Step 1
@@ -244,6 +253,7 @@ class Committer:
                 target = batch.planned.targets[topic]
                 counts = self._applier.apply(conn, target, records, staged)
                 applied[topic] = (counts.applied + counts.deleted, counts.dead, counts.skipped)
+                dead_letters += counts.dead_letters
         # Step 3: the block above committed on leaving it.
 
     def _replays(self, batch: Batch) -> list[Step]:

@@ -45,6 +45,7 @@ from consumers.batch.committer import Batch, CommitResult, Committer, InFlight
 from consumers.batch.metrics import ConsumerMetrics
 from consumers.batch.partitions import PartitionState, PartitionTable
 from consumers.batch.planner import Planned, Planner
+from consumers.batch.work_log import WorkLog
 from consumers.database.db_session import DatabaseSession
 from consumers.database.offsets import OffsetStore, PartitionKey, StoredRow
 from consumers.decoding.records import Record, RecordStopped, offset_of
@@ -100,6 +101,7 @@ class BatchLifecycle:
         db: DatabaseSession,
         consumer: Consumer,
         metrics: ConsumerMetrics,
+        work_log: WorkLog,
         refusals: HoldBackoff,
         registry: HoldBackoff,
         mirror_offsets: bool,
@@ -114,6 +116,7 @@ class BatchLifecycle:
         self._db = db
         self._consumer = consumer
         self._metrics = metrics
+        self._work_log = work_log
         self._refusals = refusals
         self._registry = registry
         # A writer schema a followed table cannot take (consumers.tables.table_follower).
@@ -266,6 +269,7 @@ class BatchLifecycle:
         if result.committed:
             self._planner.made(result.batch.changes)
             self._table.committed(result.committed)
+            self._metrics.advanced(result.committed, self._caught_up(list(result.committed)))
             self._refusals.cleared()
             self._mirror(result.committed)
             self._count(result, [result.batch.records[key] for key in result.committed])
@@ -338,12 +342,33 @@ class BatchLifecycle:
             self._consumer.seek(TopicPartition(lease.topic, lease.partition, lease.next_offset))
 
     def _count(self, result: CommitResult, records: list[list[Record]]) -> None:
+        applied = 0
         for topic, (rows, dead, skipped) in result.applied.items():
-            self.applied_total += rows
+            applied += rows
             self._metrics.records_applied(topic).inc(rows)
             self._metrics.dead_letters(topic).inc(dead)
             self._metrics.records_skipped(topic).inc(skipped)
+        self.applied_total += applied
         self._metrics.committed(list(chain.from_iterable(records)), result.seconds)
+        self._work_log.committed(
+            applied,
+            result.dead_letters,
+            lag=self._metrics.total_lag(),
+            partitions=len(self._table.keys()),
+        )
+
+    def report(self) -> None:
+        """What is due in the log now that no batch brought (progress, dead letters' count)."""
+        self._work_log.tick(lag=self._metrics.total_lag(), partitions=len(self._table.keys()))
+
+    def _caught_up(self, keys: list[PartitionKey]) -> set[PartitionKey]:
+        """Those of `keys` whose records Kafka delivered are all applied."""
+        caught_up = set()
+        for key in keys:
+            partition = self._table.get(key)
+            if partition is not None and partition.delivered <= partition.lease.next_offset:
+                caught_up.add(key)
+        return caught_up
 
     def _mirror(self, advanced: dict[PartitionKey, int]) -> None:
         if not self._mirror_offsets:

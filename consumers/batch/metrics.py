@@ -47,6 +47,9 @@ _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 class ConsumerMetrics:
     def __init__(self, group_id: str) -> None:
         self.registry = CollectorRegistry()
+        # Per partition: the last stable offset the statistics gave, and the lag set from it.
+        self._stable: dict[tuple[str, int], int] = {}
+        self._lags: dict[tuple[str, int], int] = {}
         labels = {"group": group_id}
         self.records_applied = Counter(
             METRIC_RECORDS_APPLIED,
@@ -164,12 +167,33 @@ class ConsumerMetrics:
                 stable = partition.get("ls_offset", -1)
                 if key not in next_offsets or stable < 0:
                     continue
+                self._stable[key] = stable
                 position = next_offsets[key]
                 if key in caught_up:
                     position = max(position, partition.get("app_offset", -1))
-                self.lag.labels(topic=topic, partition=name).set(max(0, stable - position))
+                self._set_lag(key, max(0, stable - position))
         # Each broker's connection state (UP, DOWN, CONNECT, ...), for the caller's liveness.
         return {name: str(b.get("state")) for name, b in stats.get("brokers", {}).items()}
+
+    def advanced(
+        self, next_offsets: dict[tuple[str, int], int], caught_up: set[tuple[str, int]]
+    ) -> None:
+        """After a commit: the lag of its partitions against the last stable offsets the
+        statistics gave, so that the gauge is as fresh as the stored offsets, not up to a
+        statistics interval behind. A partition whose delivered records are all applied has no
+        lag the consumer knows of; the next statistics say if more came."""
+        for key, position in next_offsets.items():
+            stable = self._stable.get(key)
+            if stable is not None:
+                self._set_lag(key, 0 if key in caught_up else max(0, stable - position))
+
+    def total_lag(self) -> int:
+        """The lag of every partition held, summed, as the gauges have it."""
+        return sum(self._lags.values())
+
+    def _set_lag(self, key: tuple[str, int], lag: int) -> None:
+        self._lags[key] = lag
+        self.lag.labels(topic=key[0], partition=str(key[1])).set(lag)
 
     def states(self, counts: dict[str, int]) -> None:
         for state, count in counts.items():
@@ -177,6 +201,8 @@ class ConsumerMetrics:
 
     def forget(self, keys: Sequence[tuple[str, int]]) -> None:
         for topic, partition in keys:
+            self._stable.pop((topic, partition), None)
+            self._lags.pop((topic, partition), None)
             with contextlib.suppress(KeyError):  # never reported for this partition
                 self.lag.remove(topic, str(partition))
 

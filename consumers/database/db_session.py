@@ -263,11 +263,23 @@ class DatabaseSession:
         return [f"database unreachable for {waited:.0f}s"]
 
 
-def at_start(work: Callable[[], T], *, stop: threading.Event) -> T:
+def at_start(
+    work: Callable[[], T],
+    *,
+    stop: threading.Event,
+    waiting: Callable[[str], None] | None = None,
+) -> T:
     """`work` (creating the state tables, reading the target tables) against a database that
     may be starting, restarting or refusing: retried with growing delays for at most
     `_RUN_BUDGET_S`, then `DatabaseUnavailable`, one clear line for the supervisor's log rather
-    than a traceback on the first refused connection."""
+    than a traceback on the first refused connection. `waiting(why)` is told of each failed try
+    (for /readyz)."""
+
+    def before_sleep(state: RetryCallState) -> None:
+        _log_attempt(state)
+        if waiting is not None:
+            error = state.outcome.exception() if state.outcome else None
+            waiting(f"the database is unreachable or refusing ({error})")
 
     def transient(exc: BaseException) -> bool:
         cause = getattr(exc, "orig", None) or exc  # SQLAlchemy wraps the driver's error
@@ -277,7 +289,7 @@ def at_start(work: Callable[[], T], *, stop: threading.Event) -> T:
         retry=retry_if_exception(transient),
         stop=stop_after_delay(_RUN_BUDGET_S) | stop_when_event_set(stop),
         wait=wait_exponential(multiplier=_REFUSED_FIRST_DELAY_S, max=_LONGEST_DELAY_S),
-        before_sleep=_log_attempt,
+        before_sleep=before_sleep,
         reraise=True,
     )
     try:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Any, NamedTuple, TypeVar, cast
 
@@ -24,7 +24,7 @@ from psycopg import sql
 from bridge.names import UPSERT_STAGE_PREFIX
 from consumers.database.pg_errors import RECORD_FAULTS
 from consumers.database.state import StateTables
-from consumers.decoding.records import Record, RecordError, RecordStopped, headers_json
+from consumers.decoding.records import Record, RecordError, RecordStopped, headers_json, offset_of
 from consumers.decoding.rows import UNSET, Row, projector, row_cursor, runs
 from consumers.tables.targets import Target
 
@@ -59,6 +59,15 @@ class _Decoded(NamedTuple):
     deletes: bool  # whether any op is a Delete
 
 
+class DeadLetterNote(NamedTuple):
+    """Where a dead letter came from and why, for the service's log once it is committed."""
+
+    topic: str
+    partition: int
+    offset: int
+    error: str
+
+
 @dataclass
 class ApplyCounts:
     applied: int = 0
@@ -67,12 +76,14 @@ class ApplyCounts:
     # Records a mode does not write, by design: in insert_if_absent a key already there (or
     # earlier in the batch), in update a key that is not there.
     skipped: int = 0
+    dead_letters: list[DeadLetterNote] = field(default_factory=list)
 
 
 class Applier:
     def __init__(self, *, tables: StateTables, group_id: str) -> None:
         self._group = group_id
         self._dead_letters = tables.qualified(tables.dead_letters)
+        self._noted: list[DeadLetterNote] = []  # the dead letters of the `apply` under way
 
     def apply(
         self,
@@ -84,6 +95,7 @@ class Applier:
         """Write `records` in the caller's transaction; `staged` names the upsert staging tables
         this transaction has already used (see `_merge_steps`)."""
         counts = ApplyCounts()
+        self._noted = counts.dead_letters
         decoded = self._decode(conn, target, records, counts)
         mode = target.route.mode
         if mode == "insert_if_absent":
@@ -337,6 +349,11 @@ class Applier:
         )
 
     def _dead_letter(self, conn: psycopg.Connection, record: Record, error: str) -> None:
+        self._noted.append(
+            DeadLetterNote(
+                str(record.topic()), cast(int, record.partition()), offset_of(record), error
+            )
+        )
         # The conflict clause is a second guard: a range applied again clears its dead letters
         # first (`replayed`), so a record's earlier one is only ever replaced, never a failure.
         conn.execute(

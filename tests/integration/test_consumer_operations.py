@@ -11,7 +11,15 @@ import pytest
 from bridge.errors import ConfigError
 from bridge.kafka_admin import KafkaAdmin, create_topic
 from consumers.service import ConsumerService
-from tests.consumer_helpers import drained, eventually, produce, running, settings_for, sql
+from tests.consumer_helpers import (
+    drained,
+    eventually,
+    http_get,
+    produce,
+    running,
+    settings_for,
+    sql,
+)
 from tests.harness import Endpoints
 
 
@@ -43,12 +51,12 @@ def test_metrics_health_and_readiness_endpoints(stack: Endpoints, names: dict[st
         assert service.http_port
         base = f"http://127.0.0.1:{service.http_port}"
         eventually(lambda: service.applied_total == 500)
-        assert _get(base + "/healthz")[0] == 200
-        assert _get(base + "/readyz")[0] == 200
-        assert _get(base + "/nothing")[0] == 404
+        assert http_get(base + "/healthz")[0] == 200
+        assert http_get(base + "/readyz")[0] == 200
+        assert http_get(base + "/nothing")[0] == 404
 
         def scraped(name: str) -> float:
-            status, body = _get(base + "/metrics")
+            status, body = http_get(base + "/metrics")
             assert status == 200
             for line in body.splitlines():
                 if line.startswith(name):
@@ -68,17 +76,6 @@ def test_metrics_health_and_readiness_endpoints(stack: Endpoints, names: dict[st
             ),
             timeout=30,
         )
-
-
-def _get(url: str) -> tuple[int, str]:
-    import urllib.error
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(url, timeout=10) as response:  # noqa: S310 - loopback test
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, ""
 
 
 @pytest.mark.parametrize("protocol", ["classic", "consumer"])

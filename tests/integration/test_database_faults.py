@@ -21,6 +21,8 @@ from consumers.service import ConsumerService
 from tests.consumer_helpers import (
     drained,
     eventually,
+    http_get,
+    in_background,
     produce,
     running,
     sample,
@@ -265,17 +267,38 @@ def test_a_consumer_started_while_postgres_is_unreachable_waits_for_it(
     sql(stack, f"CREATE TABLE public.{table} (id int NOT NULL)")
     produce(stack, names["topic"], [(None, {"id": i}) for i in range(100)])
     pg_proxy.reset_peer()
-    healer = threading.Timer(8, pg_proxy.heal)
-    healer.start()
+    settings = settings_for(through(pg_proxy, stack), names)
+    consumer = settings.require_consumer().model_copy(update={"http_port": 0})
+    service = ConsumerService(settings.model_copy(update={"consumer": consumer}))
     started = time.monotonic()
+    starting = threading.Thread(target=service.start, daemon=True)
+    starting.start()
+    failure: list[BaseException] = []
+    thread: threading.Thread | None = None
     try:
-        with running(settings_for(through(pg_proxy, stack), names)) as service:
-            waited = time.monotonic() - started
-            eventually(lambda: rows(stack, table) == (100, 100) and service.ready)
+        # Served from the first moment: alive, not ready, and why.
+        eventually(lambda: service.http_port is not None, timeout=10)
+        base = f"http://127.0.0.1:{service.http_port}"
+        eventually(lambda: "the database is unreachable" in http_get(base + "/readyz")[1])
+        assert http_get(base + "/readyz")[0] == 503
+        assert http_get(base + "/healthz")[0] == 200
+        assert starting.is_alive(), "the start-up did not wait for the database"
+        pg_proxy.heal()
+        starting.join(60)
+        waited = time.monotonic() - started
+        assert not starting.is_alive(), "the start-up did not end once the database was back"
+        thread, failure = in_background(service)
+        eventually(lambda: rows(stack, table) == (100, 100) and service.ready)
+        assert http_get(base + "/readyz")[0] == 200
+        service.stop()
+        thread.join(60)
     finally:
-        healer.cancel()
+        service.stop()
+        starting.join(60)
+        if thread is None:
+            service.close()  # started or not, nothing it opened is left behind
+    assert not failure, failure
     print(f"started {waited:.1f}s after the database became unreachable")
-    assert waited >= 7, "the start-up did not wait for the database"
 
 
 def test_a_member_leaving_while_the_database_refuses_writes_leaves_cleanly(

@@ -7,9 +7,11 @@ import os
 import subprocess
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from confluent_kafka import KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
@@ -17,6 +19,7 @@ from bridge.kafka_admin import KafkaAdmin, create_topic, offset_range
 from spark_jobs.epoch_markers import MarkerReader, marker_position
 from tests.cli import run_bridge
 from tests.consumer_helpers import (
+    drained,
     eventually,
     produce,
     running,
@@ -108,6 +111,23 @@ def test_offsets_show_reports_positions_lag_and_the_live_member(
 
 
 @pytest.mark.secured
+def test_the_tools_that_read_no_record_need_no_registry_for_a_typed_route(
+    stack: Endpoints, names: dict[str, str], tmp_path: Path
+) -> None:
+    setup_applied(stack, names)
+    with running(settings_for(stack, names)):  # the state tables and positions exist
+        drained(stack, names, 2)
+    config = tmp_path / "bridge.yaml"
+    route = {"topic": names["topic"], "table": f"public.{names['table']}", "value_format": "avro"}
+    consumer = {"group_id": names["group"], "state_schema": names["schema"], "routes": [route]}
+    config.write_text(yaml.safe_dump({"consumer": consumer}))
+    shown = bridge(stack, "offsets", "show", "--config", str(config), "--format", "json")
+    assert shown.returncode == 0, shown.stderr
+    status = bridge(stack, "status", "--config", str(config))
+    assert "schema_registry" not in status.stdout + status.stderr, status.stderr
+    assert status.returncode in (0, 1), status.stderr  # 1: nothing consumes the group now
+
+
 def test_offsets_reset_is_a_dry_run_refused_with_a_live_owner_and_forced_on_request(
     stack: Endpoints, names: dict[str, str]
 ) -> None:

@@ -16,6 +16,7 @@ from tests.consumer_helpers import (
     consumer_process,
     drained,
     json_lines,
+    plain_config,
     produce,
     running,
     settings_for,
@@ -128,20 +129,7 @@ def test_an_unexpected_error_ends_the_process_with_one_json_line_and_a_non_zero_
     sql(stack, f"CREATE TABLE {table} (id int)")
     produce(stack, names["topic"], [(None, {"id": i}) for i in range(10)])
     config = tmp_path / "consumer.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "kafka": {"bootstrap_servers": stack.bootstrap_servers},
-                "postgres": {"dsn": stack.dsn},
-                "consumer": {
-                    "group_id": names["group"],
-                    "state_schema": names["schema"],
-                    "batch_max_wait_ms": 50,
-                    "routes": [{"topic": names["topic"], "table": table}],
-                },
-            }
-        )
-    )
+    config.write_text(yaml.safe_dump(plain_config(stack, names, batch_max_wait_ms=50)))
     log = tmp_path / "consumer.log"
     with consumer_process(config, log) as service:
         drained(stack, names, 1)

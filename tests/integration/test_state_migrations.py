@@ -10,7 +10,6 @@ import subprocess
 import sys
 import tarfile
 from pathlib import Path
-from typing import Any
 
 import pytest
 from alembic.autogenerate import compare_metadata
@@ -25,7 +24,15 @@ from consumers.database.state import (
     sqlalchemy_engine,
     state_version,
 )
-from tests.consumer_helpers import drained, eventually, produce, running, settings_for, sql
+from tests.consumer_helpers import (
+    drained,
+    eventually,
+    plain_config,
+    produce,
+    running,
+    settings_for,
+    sql,
+)
 from tests.harness import Endpoints
 
 _ROOT = Path(__file__).resolve().parents[2]
@@ -113,7 +120,7 @@ def test_the_consumer_process_exits_non_zero_on_a_newer_schema(
     create_topic(stack.bootstrap_servers, names["topic"])
     sql(stack, f"CREATE TABLE public.{names['table']} (id int)")
     config = tmp_path / "bridge.yaml"
-    config.write_text(json.dumps(_settings_arguments(stack, names)))  # JSON is YAML
+    config.write_text(json.dumps(plain_config(stack, names)))  # JSON is YAML
 
     ended = subprocess.run(
         [sys.executable, "-m", "consumers", "--config", str(config)],
@@ -154,18 +161,6 @@ def test_the_tables_of_the_release_before_versions_are_taken_over(
     assert sql(stack, f"SELECT count(*), count(DISTINCT id) FROM {names['table']}") == [(150, 150)]
     versions = sql(stack, f"SELECT version_num FROM {names['schema']}.{STATE_VERSION_TABLE}")
     assert versions == [(known_state_version(),)]
-
-
-def _settings_arguments(stack: Endpoints, names: dict[str, str]) -> dict[str, Any]:
-    return {
-        "kafka": {"bootstrap_servers": stack.bootstrap_servers},
-        "postgres": {"dsn": stack.dsn},
-        "consumer": {
-            "group_id": names["group"],
-            "state_schema": names["schema"],
-            "routes": [{"topic": names["topic"], "table": f"public.{names['table']}"}],
-        },
-    }
 
 
 def _checkout(commit: str, into: Path) -> Path:
@@ -214,7 +209,7 @@ def _run_old_consumer(old: Path, stack: Endpoints, names: dict[str, str], *, row
             "-c",
             _OLD_CONSUMER,
             str(old),
-            json.dumps(_settings_arguments(stack, names)),
+            json.dumps(plain_config(stack, names)),
             stack.dsn,
             f"public.{names['table']}",
             str(rows),

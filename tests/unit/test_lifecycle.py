@@ -20,6 +20,7 @@ from consumers.batch.lifecycle import STAGES, BatchLifecycle, IllegalStage, Stag
 from consumers.batch.metrics import ConsumerMetrics
 from consumers.batch.partitions import PartitionTable
 from consumers.batch.planner import Planned, Planner
+from consumers.batch.work_log import WorkLog
 from consumers.database.db_session import DatabaseSession, Refusal
 from consumers.database.offsets import Lease, OffsetStore, PartitionKey
 from consumers.decoding.registry_schemas import RegistryUnavailable
@@ -150,6 +151,7 @@ class Pipeline:
             db=cast(DatabaseSession, _Database()),
             consumer=cast(Any, self.kafka),
             metrics=ConsumerMetrics("g"),
+            work_log=WorkLog(dead_letters_table="bridge.dead_letters", behind_at=100),
             refusals=self.refusals,
             registry=self.registry,
             mirror_offsets=False,
