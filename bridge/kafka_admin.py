@@ -137,9 +137,22 @@ class KafkaAdmin:
             f"{what}: no answer from {servers} in {self._timeout:.0f}s{cause}", retriable=True
         )
 
-    def create_topic(self, name: str, *, partitions: int, replication_factor: int) -> None:
-        """See `create_topic`."""
-        new = NewTopic(name, num_partitions=partitions, replication_factor=replication_factor)
+    def create_topic(
+        self,
+        name: str,
+        *,
+        partitions: int,
+        replication_factor: int,
+        topic_config: Mapping[str, str] | None = None,
+    ) -> bool:
+        """See `create_topic`; `topic_config`: the topic's own settings (`min.insync.replicas`,
+        `retention.ms`, ...). Returns False when the topic existed already (left as it is)."""
+        new = NewTopic(
+            name,
+            num_partitions=partitions,
+            replication_factor=replication_factor,
+            config=dict(topic_config or {}),
+        )
         futures = self._admin.create_topics(
             [new], operation_timeout=self._timeout, request_timeout=self._timeout
         )
@@ -149,8 +162,10 @@ class KafkaAdmin:
             error: KafkaError = exc.args[0]
             if error.code() != KafkaError.TOPIC_ALREADY_EXISTS:
                 raise self._error(f"cannot create topic {name!r}", exc) from exc
+            return False
         except concurrent.futures.TimeoutError as exc:
             raise self._error(f"cannot create topic {name!r}", exc) from None
+        return True
 
     def partitions(self, topic: str) -> list[int]:
         # describe_topics, unlike a metadata request, never creates the topic it asks about.

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 from confluent_kafka import KafkaException, TopicPartition
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 
 from bridge.kafka_admin import KafkaAdmin, create_topic, offset_range
 from spark_jobs.epoch_markers import MarkerReader, marker_position
@@ -111,6 +111,28 @@ def test_offsets_show_reports_positions_lag_and_the_live_member(
 
 
 @pytest.mark.secured
+def test_topics_create_makes_the_topic_with_its_settings_once(
+    stack: Endpoints, names: dict[str, str]
+) -> None:
+    topic = names["topic"]
+    made = bridge(stack, "topics", "create", topic, "--partitions", "3",
+                  "--topic-config", "retention.ms=3600000")  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    assert f"created topic {topic} with 3 partitions" in made.stdout
+    admin = KafkaAdmin(stack.properties() | {"bootstrap.servers": stack.bootstrap_servers})
+    assert admin.partitions(topic) == [0, 1, 2]
+    resource = ConfigResource(ResourceType.TOPIC, topic)
+    raw = AdminClient({**stack.properties(), "bootstrap.servers": stack.bootstrap_servers})
+    settings = raw.describe_configs([resource])[resource].result(30)
+    assert settings["retention.ms"].value == "3600000"
+    again = bridge(stack, "topics", "create", topic, "--partitions", "5")
+    assert again.returncode == 0, again.stderr
+    assert "exists already, with 3 partitions: left as it is" in again.stdout
+    refused = bridge(stack, "topics", "create", topic, "--topic-config", "retention.ms")
+    assert refused.returncode == 2, refused.stderr
+    assert "--topic-config: 'retention.ms' is not KEY=VALUE" in refused.stderr
+
+
 def test_the_tools_that_read_no_record_need_no_registry_for_a_typed_route(
     stack: Endpoints, names: dict[str, str], tmp_path: Path
 ) -> None:
