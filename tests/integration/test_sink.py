@@ -296,3 +296,55 @@ def test_a_record_larger_than_kafka_accepts_stops_the_query_with_a_clear_error(
         query.awaitTermination()
     assert "2000000 bytes of key and value" in str(failure.value)
     assert read_all(stack.bootstrap_servers, topic, partitions=PARTITIONS) == []
+
+
+def test_a_null_value_from_spark_is_a_tombstone_that_deletes_its_key(
+    spark: Any, stack: Endpoints, names: dict[str, str], tmp_path: Path
+) -> None:
+    """As docs/sink.md says: a row whose `value` is null and whose `key` is set becomes a
+    tombstone, and a keyed route deletes the row of that key."""
+    from pyspark.sql import functions as F
+
+    from tests.consumer_helpers import drained, running, settings_for, sql
+
+    create_topic(stack.bootstrap_servers, names["topic"], partitions=2, config=stack.properties())
+    table = f"public.{names['table']}"
+    sql(stack, f"CREATE TABLE {table} (id bigint PRIMARY KEY, amount int)")
+    stack.let_consumer_write(table, schema=names["schema"])
+    source = tmp_path / "in"
+    source.mkdir()
+    for number, rows in enumerate([
+        [{"id": 1, "amount": 5}, {"id": 2, "amount": 7}, {"id": 3, "amount": 9}],
+        [{"id": 1, "deleted": True}, {"id": 3, "amount": 10}],  # a later epoch
+    ]):  # fmt: skip
+        (source / f"f{number}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    frame = (
+        spark.readStream.schema("id BIGINT, amount INT, deleted BOOLEAN")
+        .option("maxFilesPerTrigger", 1)
+        .json(str(source))
+        .select(
+            F.col("id").cast("string").alias("key"),
+            F.when(F.col("deleted"), F.lit(None).cast("string"))
+            .otherwise(F.to_json(F.struct("id", "amount")))
+            .alias("value"),
+        )
+    )
+    writer = frame.writeStream.format("bridge-kafka")
+    for name, value in stack.properties("producer").items():
+        writer = writer.option(f"kafka.{name}", value)
+    query = (
+        writer.option("kafka.bootstrap.servers", stack.bootstrap_servers)
+        .option("topic", names["topic"])
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(300)
+    assert query.exception() is None, query.exception()
+
+    settings = settings_for(
+        stack, names, mode="upsert", key_columns=["id"], key_source="record_key"
+    )
+    with running(settings):
+        drained(stack, names, 2)
+    assert sql(stack, f"SELECT id, amount FROM {table} ORDER BY id") == [(2, 7), (3, 10)]
