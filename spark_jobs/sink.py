@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
+import shutil
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -165,5 +167,41 @@ def _log_to_stderr() -> None:
 
 
 def register(spark: Any) -> None:
-    """Make `format("bridge-kafka")` available in `spark`."""
+    """Make `format("bridge-kafka")` available in `spark`; in local mode its Python workers run
+    the interpreter this sink is installed in (`_local_worker_python`)."""
+    _local_worker_python(spark.sparkContext)
     spark.dataSource.register(BridgeKafkaSink)
+
+
+def _local_worker_python(context: Any) -> None:
+    """Spark starts its Python workers with $PYSPARK_PYTHON, else `python3` from PATH, not the
+    driver's interpreter: a job run as `.venv/bin/python job.py` without the virtualenv
+    activated gets another Python for its workers, without the sink's packages, and every task
+    fails with ModuleNotFoundError. In local mode the workers run on this machine, so, unless
+    the user chose (PYSPARK_PYTHON), they are given this interpreter, and a line says so when
+    that changes anything. On a cluster the executors' Python is theirs (docs/deploy.md).
+
+    `pythonExec` is the SparkContext's public attribute the Python functions and data sources
+    registered after this take their interpreter from."""
+    if not str(context.master).startswith("local") or os.environ.get("PYSPARK_PYTHON"):
+        return
+    chosen = shutil.which(context.pythonExec)
+    if chosen is not None and _same_python(chosen, sys.executable):
+        return  # an activated virtualenv's `python3`, say
+    _log_to_stderr()
+    log.info(
+        "Spark's Python workers would run %s (%s); they run %s, the interpreter the sink is "
+        "installed in (set PYSPARK_PYTHON to choose another)",
+        context.pythonExec,
+        chosen or "not found on PATH",
+        sys.executable,
+    )
+    context.pythonExec = sys.executable
+
+
+def _same_python(one: str, other: str) -> bool:
+    """The same interpreter with the same packages: a virtualenv's python is a link to its base
+    interpreter, and only its own directory makes it see the virtualenv's packages."""
+    return os.path.realpath(one) == os.path.realpath(other) and os.path.dirname(
+        os.path.abspath(one)
+    ) == os.path.dirname(os.path.abspath(other))

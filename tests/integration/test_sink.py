@@ -348,3 +348,57 @@ def test_a_null_value_from_spark_is_a_tombstone_that_deletes_its_key(
     with running(settings):
         drained(stack, names, 2)
     assert sql(stack, f"SELECT id, amount FROM {table} ORDER BY id") == [(2, 7), (3, 10)]
+
+
+def test_a_job_run_by_the_virtualenvs_python_without_activating_it_writes_its_rows(
+    stack: Endpoints, topic: str, tmp_path: Path
+) -> None:
+    """`.venv/bin/python job.py` with another `python3` first on PATH (the virtualenv's own
+    base interpreter, without its packages): Spark would start its workers with that one; the
+    sink's registration gives them the driver's interpreter instead, and says so."""
+    import os
+    import subprocess
+    import sys
+
+    expected = write_orders(tmp_path / "in", files=1, rows_per_file=200)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python3").symlink_to(os.path.realpath(sys.executable))
+    job = tmp_path / "job.py"
+    job.write_text(f"""
+from pyspark.sql import SparkSession
+from spark_jobs.sink import register
+
+spark = SparkSession.builder.master("local[1]").getOrCreate()
+register(spark)
+orders = spark.readStream.schema("id BIGINT, amount INT, note STRING").json(
+    {str(tmp_path / "in")!r}
+)
+query = (
+    orders.selectExpr("CAST(id AS STRING) AS key", "to_json(struct(*)) AS value")
+    .writeStream.format("bridge-kafka")
+    .option("kafka.bootstrap.servers", {stack.bootstrap_servers!r})
+    .option("topic", {topic!r})
+    .option("checkpointLocation", {str(tmp_path / "checkpoint")!r})
+    .trigger(availableNow=True)
+    .start()
+)
+query.awaitTermination()
+spark.stop()
+""")
+    env = {
+        k: v for k, v in os.environ.items()
+        if not k.startswith(("BRIDGE_", "PYSPARK_", "VIRTUAL_ENV"))
+    }  # fmt: skip
+    env["PATH"] = f"{bin_dir}:/usr/bin:/bin"
+    ran = subprocess.run(
+        [sys.executable, str(job)], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert "Spark's Python workers would run python3" in ran.stderr
+    written = read_all(
+        stack.bootstrap_servers, topic, partitions=PARTITIONS, config=stack.properties()
+    )
+    assert sorted(json.loads(v)["id"] for v in written) == sorted(
+        json.loads(line)["id"] for line in expected
+    )
