@@ -24,12 +24,14 @@ from typing import Any
 
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from confluent_kafka.schema_registry.error import SchemaRegistryError
+from pyspark.errors import AnalysisException
 from pyspark.sql import types as T
 
 from bridge.errors import BridgeError, ConfigError
 from spark_jobs.avro_schema import avro_schema
 from spark_jobs.json_schema import TO_JSON_OPTIONS, json_schema
 from spark_jobs.sink_options import SinkOptions, SubjectStrategy, ValueFormat
+from spark_jobs.spark_packages import spark_packages
 
 MAGIC = b"\x00"
 _TYPES = {ValueFormat.AVRO: "AVRO", ValueFormat.JSON_SCHEMA: "JSON"}  # the registry's schemaType
@@ -79,7 +81,20 @@ def encode(df: Any, options: Mapping[str, str]) -> Any:
             schema_id = register(
                 client, subject, schema, url=parsed.registry["url"], schema_type=_TYPES[wanted]
             )
-            encoded = encoded.withColumn(field.name, framed(field.name, schema, schema_id, wanted))
+            try:
+                encoded = encoded.withColumn(
+                    field.name, framed(field.name, schema, schema_id, wanted)
+                )
+            except AnalysisException as exc:
+                if exc.getCondition() != "AVRO_NOT_LOADED_SQL_FUNCTIONS_UNUSABLE":
+                    raise
+                raise ConfigError(
+                    [(f"{column}.format", "avro needs Spark's spark-avro package: start the "
+                      "session with .config(\"spark.jars.packages\", spark_packages()) "
+                      "(from spark_jobs.spark_packages), or --packages "
+                      f"{spark_packages()} with spark-submit")],
+                    source="the Spark session of the bridge-kafka sink",
+                ) from None  # fmt: skip
     return encoded
 
 

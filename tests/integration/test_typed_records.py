@@ -454,3 +454,46 @@ def test_a_registry_url_that_is_not_the_api_holds_records_back_and_dead_letters_
         assert sample(service, "bridge_consumer_dead_letters_total", topic=names["topic"]) == 0
     assert sql(stack, f"SELECT count(*) FROM {typed_table}") == [(0,)]
     assert sql(stack, f"SELECT count(*) FROM {names['schema']}.dead_letters") == [(0,)]
+
+
+@pytest.mark.parametrize("packages", [False, True], ids=["without-spark-avro", "spark_packages"])
+def test_a_users_own_session_gets_spark_avro_from_spark_packages_or_a_clear_refusal(
+    stack: Endpoints, topic_name: str, registry_url: str, tmp_path: Path, packages: bool
+) -> None:
+    """A session of the user's own, not bridge's: without spark-avro, `encode` refuses naming
+    the column and the fix; with `spark_packages()`, Spark fetches it and `encode` frames."""
+    import os
+    import subprocess
+    import sys
+
+    options = sink_options(stack, topic_name, registry_url)
+    config = '.config("spark.jars.packages", spark_packages())' if packages else ""
+    job = tmp_path / "job.py"
+    job.write_text(f"""
+import json, sys
+from pyspark.sql import SparkSession, functions as F
+from bridge.errors import ConfigError
+from spark_jobs.registry_frames import encode
+from spark_jobs.spark_packages import spark_packages
+
+spark = SparkSession.builder.master("local[1]"){config}.getOrCreate()
+frame = spark.range(3).select(F.struct(F.col("id")).alias("value"))
+try:
+    rows = encode(frame, json.loads({json.dumps(json.dumps(options))})).collect()
+except ConfigError as exc:
+    print("refused:", exc)
+    sys.exit(3)
+print("framed:", [bytes(r.value[:1]) for r in rows])
+spark.stop()
+""")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("BRIDGE_", "PYSPARK_"))}
+    ran = subprocess.run(
+        [sys.executable, str(job)], env=env, capture_output=True, text=True, timeout=300
+    )
+    if packages:
+        assert ran.returncode == 0, ran.stderr[-3000:]
+        assert "framed: [b'\\x00', b'\\x00', b'\\x00']" in ran.stdout  # the magic byte
+    else:
+        assert ran.returncode == 3, ran.stderr[-3000:]
+        assert "value.format: avro needs Spark's spark-avro package" in ran.stdout
+        assert "spark_packages()" in ran.stdout

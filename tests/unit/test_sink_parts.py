@@ -348,3 +348,21 @@ def test_a_typed_key_needs_its_field_and_the_registry() -> None:
                              "registry": {"url": "http://r"}}  # fmt: skip
     ProducerJob(source=Source.RATE, topic="t", checkpoint="/c", bootstrap_servers="b:9",
                 **typed).check()  # fmt: skip
+
+
+def test_spark_packages_name_the_installed_pysparks_version_as_the_pom_pins_it() -> None:
+    import re
+    from pathlib import Path
+
+    import pyspark
+
+    from spark_jobs.spark_packages import spark_packages
+
+    version = pyspark.__version__
+    assert spark_packages() == f"org.apache.spark:spark-avro_2.13:{version}"
+    assert spark_packages(avro=False, kafka_source=True) == (
+        f"org.apache.spark:spark-sql-kafka-0-10_2.13:{version}"
+    )
+    pom = (Path(__file__).parents[2] / "spark_jobs" / "jars" / "pom.xml").read_text()
+    pinned = re.search(r"<spark.version>([^<]+)</spark.version>", pom)
+    assert pinned is not None and pinned.group(1) == version
