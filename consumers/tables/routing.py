@@ -42,13 +42,28 @@ class Router:
         self._schemas = schemas
 
     def named(self, engine: Engine) -> dict[str, Routed]:
-        """At start-up: each topic a route names, checked against its table (ConfigError,
-        PermissionMissing when it cannot take the records)."""
-        return {
-            route.topic: self._routed(engine, index, route)
-            for index, route in enumerate(self._config.routes)
-            if route.topic is not None
-        }
+        """At start-up: each topic a route names, checked against its table. A table that
+        cannot take the records refuses the start: every route's problems in one ConfigError,
+        so that a configuration with three mistakes takes one run to see them (or
+        PermissionMissing, when a grant is all that is missing)."""
+        routed: dict[str, Routed] = {}
+        problems: list[tuple[str, str]] = []
+        missing: PermissionMissing | None = None
+        for index, route in enumerate(self._config.routes):
+            if route.topic is None:
+                continue
+            try:
+                routed[route.topic] = self._routed(engine, index, route)
+            except ConfigError as exc:
+                problems += exc.problems
+            except PermissionMissing as exc:
+                problems.append((f"consumer.routes.{index}.table", str(exc)))
+                missing = missing or exc
+        if len(problems) == 1 and missing is not None:
+            raise missing
+        if problems:
+            raise ConfigError(problems)
+        return routed
 
     def matched(self, topics: list[str]) -> dict[str, Routed]:
         """At start-up: the topics among `topics` a pattern matches, routed as the named ones
