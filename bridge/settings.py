@@ -383,11 +383,6 @@ class RouteSettings(_Section):
                 "records' writer schemas (a JSON route's table is its contract; JSON Schema "
                 "is not followed yet)"
             )
-        if (self.auto_create or self.auto_evolve) and not self.fields.default:
-            raise ValueError(
-                "fields (include, exclude, rename) need a table made by hand, not one that "
-                "follows the schema (auto_create, auto_evolve)"
-            )
         if self.auto_create and self.key_source != "value":
             raise ValueError(
                 f"key_source '{self.key_source}' needs a table that has the key columns: "

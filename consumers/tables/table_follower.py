@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import psycopg
@@ -249,7 +249,7 @@ class TableFollower:
             ):
                 continue  # its records are dead letters naming why (consumers.decoding.avro_rows)
             try:
-                self._take(writer, field_columns(schema))
+                self._take(writer, self._as_columns(field_columns(schema)))
             except TableMismatch:
                 self._stale = True
                 raise
@@ -281,6 +281,16 @@ class TableFollower:
         if self._columns is None:
             return None
         return target_of(self.route, self._schema, self._name, self._columns, self._schemas)
+
+    def _as_columns(self, fields: list[FieldColumn]) -> list[FieldColumn]:
+        """The schema's fields as the route's `fields` make them columns (Kafka Connect's
+        ReplaceField): those it takes, each under its column's name."""
+        chosen = self.route.fields
+        return [
+            replace(field, name=chosen.rename.get(field.name, field.name))
+            for field in fields
+            if chosen.takes(field.name)
+        ]
 
     def _take(self, writer: int, fields: list[FieldColumn]) -> None:
         """Check one writer schema; plan the change it needs, or raise TableMismatch."""
