@@ -383,10 +383,15 @@ class RouteSettings(_Section):
                 "records' writer schemas (a JSON route's table is its contract; JSON Schema "
                 "is not followed yet)"
             )
-        if self.auto_create and self.key_source != "value":
+        if self.auto_create and self.key_source == "kafka":
             raise ValueError(
-                f"key_source '{self.key_source}' needs a table that has the key columns: "
-                "create it by hand, not with auto_create"
+                "key_source 'kafka' needs a table that has the key columns: create it by "
+                "hand, not with auto_create"
+            )
+        if self.auto_create and self.key_source == "record_key" and self.key_format == "json":
+            raise ValueError(
+                "key_source 'record_key' with auto_create needs key_format avro: the key "
+                "columns' types come from the keys' writer schemas (a JSON key has none)"
             )
         if self.auto_create and self.metadata:
             raise ValueError(

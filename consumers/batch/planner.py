@@ -102,7 +102,10 @@ class Planner:
         for topic, of_topic in of_topics.items():  # step 2
             follower = self._followers.get(topic)
             if follower is not None:
-                follower.follow(list(filter(None, map(Message.value, of_topic))))
+                follower.follow(
+                    list(filter(None, map(Message.value, of_topic))),
+                    list(filter(None, map(Message.key, of_topic))),
+                )
                 if follower.target is not None:
                     self._targets[topic] = follower.target
         targets = {topic: self._targets[topic] for topic in of_topics}

@@ -23,7 +23,7 @@ without a column, by another member meanwhile) is refused as a whole, and the ta
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -203,6 +203,9 @@ class TableFollower:
         self._checked: set[int] = set()  # writer ids the table (with `pending`) takes
         self._changes: list[Step] = []  # this table's changes that no batch has committed yet
         self._stale = False  # a mismatch was found: read the table again before trusting it
+        # key_source record_key: the key columns as the keys' writer schemas type them.
+        self._keyed_by_record = route.key_source == "record_key"
+        self._key_fields: dict[str, FieldColumn] = {}
         self.target: Target | None = self._target()
 
     @property
@@ -231,11 +234,15 @@ class TableFollower:
             schemas=self._schemas,
         )
 
-    def follow(self, values: list[bytes]) -> list[Step]:
+    def follow(self, values: list[bytes], keys: Sequence[bytes] = ()) -> list[Step]:
         """Fetch the writer schemas of `values` (RegistryUnavailable when the registry cannot
         answer) and check them against the table; the changes a batch of them must make
-        first. Raises TableMismatch."""
+        first. Raises TableMismatch. With `key_source: record_key`, the key columns of a table
+        it creates come from the writer schemas of the records' `keys`."""
         self._schemas.prepare(values)
+        if self._keyed_by_record:
+            self._schemas.prepare(keys)
+            self._learn_keys(keys)
         # Not there yet as far as this member knows: another member may have created it since.
         if self._stale or self._columns is None:
             self._read_again()
@@ -292,12 +299,44 @@ class TableFollower:
             if chosen.takes(field.name)
         ]
 
+    def _learn_keys(self, keys: Sequence[bytes]) -> None:
+        """The key columns' types from the keys' writer schemas (an Avro record holding them,
+        or for one key column any Avro type), for a table still to be created."""
+        if self._columns is not None or len(self._key_fields) == len(self.route.key_columns):
+            return
+        for writer in sorted({i for i in map(schema_id, set(map(_head, keys))) if i is not None}):
+            schema = self._schemas.schemas.get(writer)
+            if self._schemas.types.get(writer) != AVRO or schema is None:
+                continue  # such keys are refused record by record (consumers.decoding.record_keys)
+            if isinstance(schema, dict) and schema.get("type") == "record":
+                found = {f.name: f for f in field_columns(schema)}
+            elif len(self.route.key_columns) == 1:
+                wrapped = {"type": "record", "name": "key", "fields": [
+                    {"name": self.route.key_columns[0], "type": schema}]}  # fmt: skip
+                found = {f.name: f for f in field_columns(wrapped)}
+            else:
+                continue
+            for column in self.route.key_columns:
+                if column in found:
+                    self._key_fields.setdefault(column, found[column])
+
     def _take(self, writer: int, fields: list[FieldColumn]) -> None:
         """Check one writer schema; plan the change it needs, or raise TableMismatch."""
         where = f"table {self.route.table}, schema id {writer}"
+        if self._keyed_by_record:  # the key columns come from the key, not the value
+            fields = [f for f in fields if f.name not in self.route.key_columns]
+            if self._columns is None:
+                missing = [k for k in self.route.key_columns if k not in self._key_fields]
+                if missing:
+                    raise TableMismatch(
+                        f"{where}: key column(s) {', '.join(missing)} are in no key's writer "
+                        "schema yet (key_source record_key): the table is created from the "
+                        "first records whose keys carry them"
+                    )
+                fields = [self._key_fields[k] for k in self.route.key_columns] + fields
         by_name = {f.name: f for f in fields}
         missing_keys = [k for k in self.route.key_columns if k not in by_name]
-        if missing_keys:
+        if missing_keys and not self._keyed_by_record:
             raise TableMismatch(
                 f"{where}: key column(s) {', '.join(missing_keys)} have no field in the schema"
             )
@@ -309,6 +348,8 @@ class TableFollower:
         table = {c.name: c for c in self._columns}
         for column in self._columns:
             field = by_name.get(column.name)
+            if field is None and self._keyed_by_record and column.name in self.route.key_columns:
+                continue  # filled from the record's key
             if field is None:
                 if column.not_null and not column.has_default and not column.generated:
                     raise TableMismatch(
@@ -332,11 +373,12 @@ class TableFollower:
         self._alter(writer, added)
 
     def _create(self, writer: int, fields: list[FieldColumn]) -> None:
+        keys = set(self.route.key_columns)
         definitions = [
             sql.SQL("{} {}{}").format(
                 sql.Identifier(f.name),
                 sql.SQL(f.sql_type),  # from consumers.tables.table_types' table, not from input
-                sql.SQL("" if f.nullable else " NOT NULL"),
+                sql.SQL("" if f.nullable and f.name not in keys else " NOT NULL"),
             )
             for f in fields
         ]
@@ -352,7 +394,7 @@ class TableFollower:
             sql.SQL("CREATE TABLE {} ({})").format(
                 self._identifier, sql.SQL(", ").join(definitions)
             ),
-            [_column(f, not_null=not f.nullable) for f in fields],
+            [_column(f, not_null=not f.nullable or f.name in keys) for f in fields],
             f"creates {self.route.table} from schema id {writer}",
         )
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -44,7 +45,7 @@ def test_every_routes_problem_is_refused_in_one_run(
 ) -> None:
     sql(stack, f"CREATE TABLE public.{names['table']} (id int, v text)")
     settings = settings_for(stack, names)
-    routes = [
+    routes: list[dict[str, Any]] = [
         {"topic": f"{names['topic']}-a", "table": f"public.{names['table']}_missing"},
         {"topic": f"{names['topic']}-b", "table": f"public.{names['table']}", "mode": "upsert",
          "key_columns": ["nope"]},

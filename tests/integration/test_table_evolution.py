@@ -182,6 +182,46 @@ def test_fields_choose_and_rename_the_columns_a_followed_table_is_made_and_evolv
     assert sql(stack, f"SELECT memo FROM {table} WHERE id = 3") == [("n3",)]
 
 
+KEY: dict[str, Any] = {"type": "record", "name": "PaymentKey", "namespace": "test",
+                       "fields": [{"name": "id", "type": "long"}]}  # fmt: skip
+# The value without the key's field, as Connect's pk.mode=record_key writers often have it.
+VALUE_WITHOUT_ID: dict[str, Any] = {**V1, "fields": [f for f in V1["fields"] if f["name"] != "id"]}
+
+
+def test_record_key_upserts_into_a_table_created_with_the_keys_schema_as_its_primary_key(
+    stack: Endpoints, names: dict[str, str], registry_url: str, table: str
+) -> None:
+    """Connect's pk.mode=record_key with auto.create: the key's writer schema types the key
+    columns and makes them the primary key; the value fills the rest; a tombstone deletes."""
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+
+    (value_id,) = _ids(stack, registry_url, names["topic"], VALUE_WITHOUT_ID)
+    with SchemaRegistryClient({"url": registry_url, **stack.registry_properties}) as client:
+        key_id = register(client, f"{names['topic']}-key", KEY)
+    settings = settings_for(stack, names, registry_url=registry_url, value_format="avro",
+                            key_format="avro", key_source="record_key", auto_create=True,
+                            mode="upsert", key_columns=["id"])  # fmt: skip
+
+    def keyed(i: int, value: bytes | None) -> tuple[bytes, bytes | None]:
+        return _framed(key_id, KEY, {"id": i}), value
+
+    def value(i: int, **more: Any) -> bytes:
+        record = {k: v for k, v in _record(i, **more).items() if k != "id"}
+        return _framed(value_id, VALUE_WITHOUT_ID, record)
+
+    with running(settings):
+        produce(stack, names["topic"], [keyed(i, value(i)) for i in range(20)])
+        produce(stack, names["topic"], [keyed(3, value(3, n=333)), keyed(4, None)])
+        drained(stack, names, PARTITIONS)
+    assert _columns(stack, table) == COLUMNS
+    primary = sql(stack, f"SELECT a.attname FROM pg_index i JOIN pg_attribute a ON "
+                         f"a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey) "
+                         f"WHERE i.indrelid = '{table}'::regclass AND i.indisprimary")  # fmt: skip
+    assert primary == [("id",)]
+    assert sql(stack, f"SELECT count(*), min(id), max(id) FROM {table}") == [(19, 0, 19)]
+    assert sql(stack, f"SELECT n FROM {table} WHERE id = 3") == [(333,)]
+
+
 @pytest.mark.parametrize(
     ("change", "names_in_readyz", "fix"),
     [
