@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 
 from bridge.errors import BridgeError
-from bridge_shell.cli import consume, demo, offsets, produce, stack, status, topics, txn
+from bridge_shell.cli import consume, demo, offsets, produce, routes, stack, status, topics, txn
 
 app = typer.Typer(
     name="bridge",
@@ -21,6 +21,7 @@ app.add_typer(stack.app, name="stack")
 app.add_typer(offsets.app, name="offsets")
 app.add_typer(txn.app, name="txn")
 app.add_typer(topics.app, name="topics")
+app.add_typer(routes.app, name="routes")
 app.command()(produce.produce)
 app.command(name="executor-env")(produce.executor_env)
 app.command()(consume.consume)

@@ -13,6 +13,7 @@ from typing import Any
 
 import fastavro
 import pytest
+import yaml
 
 from bridge.errors import ConfigError
 from bridge.kafka_admin import create_topic
@@ -351,3 +352,52 @@ def test_an_avro_route_renames_and_excludes_fields_and_keys_by_its_avro_record_k
     ]  # fmt: skip
     dead = sql(stack, f'SELECT "offset", error FROM {names["schema"]}.dead_letters')
     assert dead == [(5, "key is not in the schema registry's wire format (starts with 0x7b)")]
+
+
+def test_a_connect_jdbc_sink_config_translated_by_bridge_runs_as_connect_would(
+    stack: Endpoints, names: dict[str, str], tmp_path: Path
+) -> None:
+    """`bridge routes from-connect` on a Connect JDBC sink config with upserts by a value
+    field, ReplaceField, InsertField and a dead-letter queue: the route it prints runs against
+    the stack and leaves the rows Connect would, the refused record as a dead letter."""
+    from tests.cli import run_bridge
+
+    create_topic(stack.bootstrap_servers, names["topic"], partitions=1)
+    table = f"public.{names['table']}"
+    sql(stack, f"CREATE TABLE {table} (id bigint PRIMARY KEY, label text, amount int, "
+               "src_offset bigint)")  # fmt: skip
+    stack.let_consumer_write(table, schema=names["schema"])
+    connect = tmp_path / "orders-sink.properties"
+    connect.write_text(f"""\
+name=orders-sink
+connector.class=io.confluent.connect.jdbc.JdbcSinkConnector
+tasks.max=1
+topics={names["topic"]}
+table.name.format={table}
+connection.url=jdbc:postgresql://db:5432/shop
+insert.mode=upsert
+pk.mode=record_value
+pk.fields=id
+transforms=pick,meta
+transforms.pick.type=org.apache.kafka.connect.transforms.ReplaceField$Value
+transforms.pick.exclude=secret
+transforms.pick.renames=name:label
+transforms.meta.type=org.apache.kafka.connect.transforms.InsertField$Value
+transforms.meta.offset.field=src_offset
+errors.tolerance=all
+errors.deadletterqueue.topic.name=orders-dlq
+value.converter=org.apache.kafka.connect.json.JsonConverter
+value.converter.schemas.enable=false
+""")
+    printed = run_bridge("routes", "from-connect", str(connect), timeout=60)
+    assert printed.returncode == 0, printed.stderr
+    assert "note: errors.deadletterqueue.topic.name" in printed.stderr
+    (route,) = yaml.safe_load(printed.stdout)["consumer"]["routes"]
+    settings = settings_for(stack, names, **route)
+    value = {"id": 1, "name": "a", "amount": 5, "secret": "s"}
+    produce(stack, names["topic"], [(None, value), (None, b"not json"),
+                                    (None, {**value, "name": "b", "amount": 6})])  # fmt: skip
+    with running(settings):
+        drained(stack, names, 1)
+    assert sql(stack, f"SELECT id, label, amount, src_offset FROM {table}") == [(1, "b", 6, 2)]
+    assert sql(stack, f'SELECT "offset" FROM {names["schema"]}.dead_letters') == [(1,)]

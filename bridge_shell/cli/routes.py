@@ -1,0 +1,32 @@
+"""`bridge routes from-connect FILE`: a Kafka Connect JDBC sink's configuration as routes."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+import yaml
+
+from bridge_shell.connect_config import read_connect_config, translate
+
+app = typer.Typer(help="Consumer routes.")
+
+
+@app.command(name="from-connect")
+def from_connect(
+    file: Annotated[
+        Path,
+        typer.Argument(
+            exists=True, dir_okay=False, help="A .properties file, or the JSON of Connect's API."
+        ),
+    ],
+) -> None:
+    """Print the consumer configuration a Kafka Connect JDBC sink configuration translates to
+    (YAML, for bridge's configuration file); what cannot be translated is refused, every key
+    at once; notes go to stderr."""
+    translated = translate(read_connect_config(file))
+    for note in translated.notes:
+        print(f"note: {note}", file=sys.stderr)
+    print(yaml.safe_dump(translated.document(), sort_keys=False), end="")
