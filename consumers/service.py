@@ -156,12 +156,18 @@ class ConsumerService:
         planner = Planner(applier=applier, router=router, routed=named, metrics=self.metrics)
         consumer = Consumer(self._kafka_config())
         try:
-            self._route_existing_topics(consumer, router, planner)
-        except BaseException:  # refused: nothing is left open
+            self._join(consumer, router, planner, applier)
+        except BaseException:  # refused, or failed: nothing is left open (a client left
+            # behind would go on connecting, and its callbacks keep this service alive)
             consumer.close()
+            self._db.close()
             if self._schemas is not None:
                 self._schemas.close()
             raise
+
+    def _join(self, consumer: Consumer, router: Router, planner: Planner, applier: Applier) -> None:
+        """Route the topics patterns match now, connect, and join the group."""
+        self._route_existing_topics(consumer, router, planner)
         self._starting = "connecting to the database"
         self._db.connect()
         batches = BatchLifecycle(

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import shutil
+import sys
 import tempfile
 import uuid
 from collections.abc import Callable, Iterator
@@ -101,6 +103,26 @@ def stack(secure: bool) -> Iterator[Endpoints]:
     """Real Kafka and PostgreSQL for the session; see tests/harness.py for where they come from."""
     with endpoints(secure=secure) as found:
         yield found
+        _close_clients_left()
+
+
+def _close_clients_left() -> None:
+    """Before the stack stops: a Kafka client a test left open would go on reconnecting to it,
+    one librdkafka line every few milliseconds until the run ends. Each one still open is
+    closed here, and their count said, so that the test that left it can be found."""
+    from confluent_kafka import Consumer, Producer
+
+    gc.collect()
+    left = 0
+    for client in [o for o in gc.get_objects() if isinstance(o, Consumer | Producer)]:
+        try:
+            client.assignment() if isinstance(client, Consumer) else client.flush(0)
+        except RuntimeError:
+            continue  # closed already
+        left += 1
+        client.close()
+    if left and sys.__stderr__ is not None:
+        sys.__stderr__.write(f"\nclosed {left} Kafka client(s) the tests left open\n")
 
 
 @pytest.fixture
