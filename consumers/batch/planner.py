@@ -114,7 +114,7 @@ class Planner:
             if ignored:
                 self._ignored(targets[topic], topic, ignored)
         followers = [f for topic, f in self._followers.items() if topic in of_topics]
-        changes = [step for f in followers for step in f.pending if step not in in_flight]
+        changes = [step for f in followers for step in f.pending_after(in_flight)]
         plans = self._statements(targets, of_topics, conn)
         return Planned(targets, plans, changes, followed=bool(self._followers))
 

@@ -215,12 +215,18 @@ class TableFollower:
     @property
     def pending(self) -> list[Step]:
         """The changes no batch has committed yet, after the lock on the table's name."""
-        if not self._changes:
+        return self.pending_after([])
+
+    def pending_after(self, sent: Sequence[Step]) -> list[Step]:
+        """The changes no batch has committed yet but those among `sent` (a batch in flight
+        makes them), after the lock on the table's name whenever any is left."""
+        changes = [step for step in self._changes if step not in sent]
+        if not changes:
             return []
         lock = sql.SQL("SELECT pg_advisory_xact_lock({}, hashtext({}))").format(
             sql.Literal(DDL_LOCK_CLASS), sql.Literal(self.qualified)
         )
-        return [Step(lock), *self._changes]
+        return [Step(lock), *changes]
 
     def placeholder(self) -> Target:
         """The Target of a table not created yet: no record of a schema that creates it can be

@@ -190,6 +190,11 @@ def test_a_change_made_while_another_is_pending_keeps_its_lock(cache: SchemaCach
         'ALTER TABLE "public"."t" ADD COLUMN IF NOT EXISTS "a" bigint',
         'ALTER TABLE "public"."t" ADD COLUMN IF NOT EXISTS "b" bigint',
     ]
+    # Planned while the batch carrying the first change is in flight: the rest, locked too.
+    assert [s.statement.as_string() for s in follower.pending_after(first)] == [
+        first[0].statement.as_string(),
+        'ALTER TABLE "public"."t" ADD COLUMN IF NOT EXISTS "b" bigint',
+    ]
     follower.committed(first)  # the batch that carried the first change committed
     rest = follower.pending
     assert [s.statement.as_string() for s in rest] == [
