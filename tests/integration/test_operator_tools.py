@@ -110,7 +110,6 @@ def test_offsets_show_reports_positions_lag_and_the_live_member(
     assert all(p["live_owner"] is None and p["owner"] is None for p in after)
 
 
-@pytest.mark.secured
 def test_topics_create_makes_the_topic_with_its_settings_once(
     stack: Endpoints, names: dict[str, str]
 ) -> None:
@@ -150,6 +149,7 @@ def test_the_tools_that_read_no_record_need_no_registry_for_a_typed_route(
     assert status.returncode in (0, 1), status.stderr  # 1: nothing consumes the group now
 
 
+@pytest.mark.secured
 def test_offsets_reset_is_a_dry_run_refused_with_a_live_owner_and_forced_on_request(
     stack: Endpoints, names: dict[str, str]
 ) -> None:
