@@ -27,6 +27,13 @@ POSTGRES_USER: Final = "bridge"
 OFFSETS_TABLE: Final = "offsets"
 DEAD_LETTERS_TABLE: Final = "dead_letters"
 OFFSET_RESETS_TABLE: Final = "offset_resets"
+# Whole epochs (consumers.database.epoch_ledger): the ledger of a group's epochs, the manifest's
+# parts, the records staged until their epoch is whole, their counts, and the operators' actions.
+EPOCHS_TABLE: Final = "epochs"
+EPOCH_PARTS_TABLE: Final = "epoch_parts"
+EPOCH_RECORDS_TABLE: Final = "epoch_records"
+EPOCH_STAGED_TABLE: Final = "epoch_staged"
+EPOCH_ACTIONS_TABLE: Final = "epoch_actions"
 # Alembic's version table for the tables above: which version of their shape the schema holds.
 STATE_VERSION_TABLE: Final = "state_version"
 ADVANCE_OFFSETS_FUNCTION: Final = "advance_offsets"
@@ -58,6 +65,9 @@ METRIC_TABLE_MISMATCH: Final = "bridge_consumer_table_schema_mismatch"
 METRIC_IGNORED_FIELDS: Final = "bridge_consumer_ignored_fields"
 METRIC_DATABASE_REFUSALS: Final = "bridge_consumer_database_refusals"
 METRIC_INFO: Final = "bridge_consumer_info"
+METRIC_EPOCHS_PUBLISHED: Final = "bridge_consumer_epochs_published"
+METRIC_RECORDS_STAGED: Final = "bridge_consumer_records_staged"
+METRIC_OLDEST_INCOMPLETE_EPOCH: Final = "bridge_consumer_oldest_incomplete_epoch_seconds"
 
 # Prometheus metrics of the producer job's driver.
 METRIC_PRODUCER_EPOCHS: Final = "bridge_producer_epochs"

@@ -35,6 +35,7 @@ from pydantic_settings import (
 
 from bridge.errors import ConfigError
 from bridge.names import (
+    DEFAULT_EPOCHS_TOPIC,
     DEFAULT_STATE_SCHEMA,
     ENV_CONFIG_FILE,
     ENV_NESTED_DELIMITER,
@@ -297,6 +298,11 @@ class RouteSettings(_Section):
     # or text, or framed by the schema registry as values are (value_format).
     key_format: Literal["json", "avro", "json-schema"] = "json"
     fields: FieldSettings = Field(default_factory=FieldSettings)
+    # per-partition: each batch's records are visible once it commits, partition by partition.
+    # whole: a Spark epoch's records (sink option epochs=whole) wait in the state schema and are
+    # published in one transaction once the epoch manifest shows the epoch whole, so that a
+    # reader never sees part of one (docs/architecture.md, "Whole epochs").
+    epochs: Literal["per-partition", "whole"] = "per-partition"
 
     @field_validator("table")
     @classmethod
@@ -427,6 +433,11 @@ class ConsumerSettings(_Section):
     # Kafka's group protocol: `classic` (cooperative-sticky assignment on the client), or
     # `consumer` (KIP-848: the broker assigns; its session and heartbeat settings rule).
     group_protocol: Literal["classic", "consumer"] = "classic"
+    # The sink's epoch manifest, read by the group when a route wants whole epochs.
+    epochs_topic: str = Field(default=DEFAULT_EPOCHS_TOPIC, pattern=r"^[A-Za-z0-9._-]{1,249}$")
+    # An epoch incomplete for this long makes the member not ready, naming what is missing
+    # (its age is a metric all along): a query stopped for good, a manifest that never came.
+    epochs_incomplete_after_ms: int = Field(default=300_000, ge=1_000, le=7 * 86_400_000)
 
     @field_validator("state_schema")
     @classmethod
@@ -452,6 +463,26 @@ class ConsumerSettings(_Section):
                     )
         return value
 
+    @model_validator(mode="after")
+    def _manifest_apart(self) -> ConsumerSettings:
+        found = self.route_for(self.epochs_topic)
+        if self.whole_epochs and found is not None:
+            raise ValueError(
+                f"routes.{found[0]} reads {self.epochs_topic!r}, the epoch manifest "
+                "(epochs_topic): the manifest is the group's own, never a table's"
+            )
+        return self
+
+    @property
+    def whole_epochs(self) -> bool:
+        """Whether a route wants whole epochs: the group then reads the epoch manifest."""
+        return any(route.epochs == "whole" for route in self.routes)
+
+    def whole_topic(self, topic: str) -> bool:
+        """Whether `topic`'s records wait for their whole epoch."""
+        found = self.route_for(topic)
+        return found is not None and found[1].epochs == "whole"
+
     def route_for(self, topic: str) -> tuple[int, RouteSettings] | None:
         """The route that reads `topic` (at most one: `_routes_apart`), as it applies to it."""
         for index, route in enumerate(self.routes):
@@ -463,9 +494,10 @@ class ConsumerSettings(_Section):
 
     def subscription(self) -> list[str]:
         """What the consumer subscribes to: each named topic, and each pattern as a regex."""
-        return [
+        topics = [
             route.topic or subscription(cast(str, route.topic_pattern)) for route in self.routes
         ]
+        return [*topics, self.epochs_topic] if self.whole_epochs else topics
 
 
 def _common_topic(first: RouteSettings, second: RouteSettings) -> str | None:

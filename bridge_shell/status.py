@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import urllib.error
 import urllib.request
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -23,6 +24,7 @@ from bridge.errors import BridgeError
 from bridge.kafka_admin import KafkaAdmin, TopicError
 from bridge.kafka_client_log import ClientLog
 from bridge.names import MARKER_GROUP_INFIX
+from consumers.database.epoch_ledger import LedgerNames, age_s, database_now, open_epochs
 from consumers.database.positions import Position, read_positions
 from spark_jobs.txn_admin import PartitionEpoch, committed_epochs
 
@@ -104,7 +106,10 @@ def gather(
     prefixes: list[str] | None,
     marker_topic: str,
     stall_after: timedelta,
+    whole_topic: Callable[[str], bool] = lambda topic: True,
 ) -> Status:
+    """`whole_topic`: which topics wait for whole epochs (the configuration's routes); an
+    epoch open longer than `stall_after` is a group's problem, naming what it lacks."""
     status = Status()
     kafka_ok = _brokers(status, kafka_config)
     conn = _postgres(status, dsn)
@@ -120,6 +125,9 @@ def gather(
                     status.components.append(Component("consumer groups", False, str(exc)))
                 else:
                     status.groups = _groups(positions, stall_after)
+                    status.groups = _incomplete_epochs(
+                        conn, schema, status.groups, stall_after, whole_topic
+                    )
     if admin is not None:
         try:
             for prefix in prefixes if prefixes is not None else _prefixes(admin):
@@ -199,6 +207,30 @@ def _groups(positions: list[Position], stall_after: timedelta) -> list[GroupStat
             )
         )
     return groups
+
+
+def _incomplete_epochs(
+    conn: psycopg.Connection[Any],
+    schema: str,
+    groups: list[GroupStatus],
+    stall_after: timedelta,
+    whole_topic: Callable[[str], bool],
+) -> list[GroupStatus]:
+    """Each group's epochs open for longer than `stall_after`, added to its stalled lines."""
+    found = []
+    for group in groups:
+        try:
+            states = open_epochs(conn, LedgerNames(schema), group.group)
+        except psycopg.errors.UndefinedTable:  # a state schema of a release before the ledger
+            return groups
+        now = database_now(conn)
+        late = [
+            f"epoch incomplete for {age_s(s, now):.0f}s: {s.describe(whole_topic)}"
+            for s in states
+            if age_s(s, now) > stall_after.total_seconds()
+        ]
+        found.append(replace(group, stalled=(*group.stalled, *late)))
+    return found
 
 
 def _prefixes(admin: KafkaAdmin) -> list[str]:

@@ -22,6 +22,8 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 
 from bridge.settings import BridgeSettings, ConsumerSettings, LibrdkafkaValue
 from consumers.batch.committer import Committer
+from consumers.batch.epoch_publisher import EpochPublisher
+from consumers.batch.epoch_staging import EpochStager
 from consumers.batch.lifecycle import (
     BatchLifecycle,
     mismatch_backoff,
@@ -66,6 +68,7 @@ class _Member:
     consumer: Consumer
     batches: BatchLifecycle
     leases: LeaseKeeper
+    publisher: EpochPublisher | None  # with routes that want whole epochs
 
 
 class ConsumerService:
@@ -80,14 +83,7 @@ class ConsumerService:
         )
         self._stop = threading.Event()
         self.metrics = ConsumerMetrics(self._config.group_id)
-        self._db = DatabaseSession(
-            self._dsn,
-            group_id=self._config.group_id,
-            session_timeout_ms=self._config.db_session_timeout_ms,
-            stop=self._stop,
-            on_reconnect=self.metrics.reconnects.inc,
-            on_refusal=lambda refusal: self.metrics.refusals(refusal.sqlstate).inc(),
-        )
+        self._db = self._session()
         self._refusals = refusal_backoff()
         self._registry = registry_backoff()
         self._mismatches = mismatch_backoff()
@@ -153,7 +149,10 @@ class ConsumerService:
             engine.dispose()
         self._starting = "routing the topics that patterns match now"
         applier = Applier(tables=self._tables, group_id=self._config.group_id)
-        planner = Planner(applier=applier, router=router, routed=named, metrics=self.metrics)
+        stager = self._stager(applier)
+        planner = Planner(
+            applier=applier, router=router, routed=named, metrics=self.metrics, stager=stager
+        )
         consumer = Consumer(self._kafka_config())
         try:
             self._join(consumer, router, planner, applier)
@@ -173,7 +172,10 @@ class ConsumerService:
         batches = BatchLifecycle(
             planner=planner,
             committer=Committer(
-                store=self._store, applier=applier, timeout_s=self._db.reply_timeout_s
+                store=self._store,
+                applier=applier,
+                timeout_s=self._db.reply_timeout_s,
+                stager=planner.stager,
             ),
             table=self._partitions,
             store=self._store,
@@ -201,7 +203,8 @@ class ConsumerService:
             forget=self.metrics.forget,
             dead_letters_ends=applier.dead_letters_ends,
         )
-        self._member = _Member(consumer, batches, leases)
+        publisher = self._publisher(planner, applier)
+        self._member = _Member(consumer, batches, leases, publisher)
         consumer.subscribe(
             self._config.subscription(),
             on_assign=leases.on_assign,
@@ -215,6 +218,42 @@ class ConsumerService:
                 "topics": self._config.subscription(),
                 "http_port": self.http_port,
             },
+        )
+
+    def _session(self) -> DatabaseSession:
+        return DatabaseSession(
+            self._dsn,
+            group_id=self._config.group_id,
+            session_timeout_ms=self._config.db_session_timeout_ms,
+            stop=self._stop,
+            on_reconnect=self.metrics.reconnects.inc,
+            on_refusal=lambda refusal: self.metrics.refusals(refusal.sqlstate).inc(),
+        )
+
+    def _stager(self, applier: Applier) -> EpochStager | None:
+        if not self._config.whole_epochs:
+            return None
+        return EpochStager(
+            ledger=self._tables.ledger,
+            group_id=self._config.group_id,
+            manifest_topic=self._config.epochs_topic,
+            whole_topic=self._config.whole_topic,
+            applier=applier,
+        )
+
+    def _publisher(self, planner: Planner, applier: Applier) -> EpochPublisher | None:
+        if not self._config.whole_epochs:
+            return None
+        return EpochPublisher(
+            db=self._session(),  # its own: the batches' may have one in flight
+            ledger=self._tables.ledger,
+            group_id=self._config.group_id,
+            planner=planner,
+            applier=applier,
+            metrics=self.metrics,
+            whole_topic=self._config.whole_topic,
+            incomplete_after_s=self._config.epochs_incomplete_after_ms / 1000,
+            chunk_records=self._config.batch_max_records,
         )
 
     def _serve_http(self) -> None:
@@ -342,6 +381,8 @@ class ConsumerService:
                 batches.submit(messages)
             else:
                 batches.settle()
+            if member.publisher is not None:
+                member.publisher.look()
 
     def _kafka_error(self, message: Message) -> None:
         error = cast(KafkaError, message.error())  # the caller saw one
@@ -367,6 +408,8 @@ class ConsumerService:
             self._stop_http()
             if member is not None:
                 member.consumer.close()  # leaves the group: partitions are revoked and released
+                if member.publisher is not None:
+                    member.publisher.close()
             self._db.close()
             if self._schemas is not None:
                 self._schemas.close()
@@ -390,6 +433,7 @@ class ConsumerService:
             + self._stops.reasons()
             + self._unrouted.reasons()
             + self._partitions.not_progressing(stalled_after_s=stalled_after)
+            + (self._member.publisher.reasons() if self._member.publisher is not None else [])
         )
 
     def healthy(self) -> bool:

@@ -9,7 +9,18 @@ import typer
 from rich.console import Console
 
 from bridge.errors import BridgeError
-from bridge_shell.cli import consume, demo, offsets, produce, routes, stack, status, topics, txn
+from bridge_shell.cli import (
+    consume,
+    demo,
+    epochs,
+    offsets,
+    produce,
+    routes,
+    stack,
+    status,
+    topics,
+    txn,
+)
 
 app = typer.Typer(
     name="bridge",
@@ -19,6 +30,7 @@ app = typer.Typer(
 )
 app.add_typer(stack.app, name="stack")
 app.add_typer(offsets.app, name="offsets")
+app.add_typer(epochs.app, name="epochs")
 app.add_typer(txn.app, name="txn")
 app.add_typer(topics.app, name="topics")
 app.add_typer(routes.app, name="routes")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
@@ -12,44 +12,25 @@ from rich.table import Table
 from bridge.errors import BridgeError
 from bridge.kafka_admin import KafkaAdmin
 from bridge.names import DEFAULT_STACK_DIR
-from bridge.settings import BridgeSettings, load_settings, stack_env_files
 from bridge_shell.cli.options import (
     ConfigFile,
     Format,
+    Group,
     OutputFormat,
+    Schema,
     StackDir,
+    connect_postgres,
     output_console,
     state_schema,
+    tools_settings,
 )
 from bridge_shell.tables import or_dash, positions_table
 
 if TYPE_CHECKING:  # imported where used: every `bridge` command imports this module
-    import psycopg
+    pass
 
 app = typer.Typer(help="The consumer's stored positions: inspect them, move them safely.")
 console = output_console()
-
-Group = Annotated[
-    str | None,
-    typer.Option("--group", help="The consumer group; the configuration's consumer.group_id."),
-]
-Schema = Annotated[
-    str | None,
-    typer.Option("--schema", help="The state schema; the configuration's consumer.state_schema."),
-]
-
-
-def _settings(config: Path | None, stack_dir: Path) -> BridgeSettings:
-    return load_settings(config, env_file=stack_env_files(stack_dir, "tools"))
-
-
-def _connect(settings: BridgeSettings) -> psycopg.Connection[Any]:
-    import psycopg
-
-    try:
-        return psycopg.connect(settings.postgres.dsn.get_secret_value(), autocommit=True)
-    except psycopg.OperationalError as exc:
-        raise BridgeError(f"cannot reach PostgreSQL: {str(exc).strip()}") from None
 
 
 @app.command()
@@ -64,12 +45,12 @@ def show(
     its owner, and a flag where the stored offset is outside the log."""
     from consumers.database.positions import read_positions
 
-    settings = _settings(config, stack_dir)
+    settings = tools_settings(config, stack_dir)
     schema = state_schema(settings, schema)
     if group is None and settings.consumer is not None:
         group = settings.consumer.group_id
     admin = KafkaAdmin(settings.kafka.client_config())
-    with _connect(settings) as conn:
+    with connect_postgres(settings) as conn:
         positions = read_positions(conn, schema, admin, group)
     if output is Format.JSON:
         print(json.dumps([p.as_json() for p in positions], indent=2))
@@ -109,7 +90,7 @@ def reset(
     from consumers.database.offset_reset import execute_reset, parse_reset_target, plan_reset
     from consumers.database.state import ensure_state
 
-    settings = _settings(config, stack_dir)
+    settings = tools_settings(config, stack_dir)
     schema = state_schema(settings, schema)
     if group is None:
         if settings.consumer is None:
@@ -119,7 +100,7 @@ def reset(
     # A group may be positioned before it first runs.
     ensure_state(settings.postgres.dsn.get_secret_value(), schema)
     admin = KafkaAdmin(settings.kafka.client_config())
-    with _connect(settings) as conn:
+    with connect_postgres(settings) as conn:
         steps = plan_reset(
             conn, schema, admin, group=group, topic=topic, partition=partition, target=target
         )

@@ -5,14 +5,17 @@ from __future__ import annotations
 import sys
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 
-from bridge.errors import ConfigError
+from bridge.errors import BridgeError, ConfigError
 from bridge.names import DEFAULT_STATE_SCHEMA, ENV_STACK_DIR
-from bridge.settings import BridgeSettings, schema_name
+from bridge.settings import BridgeSettings, load_settings, schema_name, stack_env_files
+
+if TYPE_CHECKING:  # imported where used: every `bridge` command imports this module
+    import psycopg
 
 Brokers = Annotated[
     int | None,
@@ -56,6 +59,31 @@ StackDir = Annotated[
         help="A local stack whose stack.env fills in Kafka and PostgreSQL addresses.",
     ),
 ]
+
+
+Group = Annotated[
+    str | None,
+    typer.Option("--group", help="The consumer group; the configuration's consumer.group_id."),
+]
+Schema = Annotated[
+    str | None,
+    typer.Option("--schema", help="The state schema; the configuration's consumer.state_schema."),
+]
+
+
+def tools_settings(config: Path | None, stack_dir: Path) -> BridgeSettings:
+    """The settings an operator's command runs with: the file, the environment, and the
+    stack's files for the tools' principal."""
+    return load_settings(config, env_file=stack_env_files(stack_dir, "tools"))
+
+
+def connect_postgres(settings: BridgeSettings) -> psycopg.Connection[Any]:
+    import psycopg
+
+    try:
+        return psycopg.connect(settings.postgres.dsn.get_secret_value(), autocommit=True)
+    except psycopg.OperationalError as exc:
+        raise BridgeError(f"cannot reach PostgreSQL: {str(exc).strip()}") from None
 
 
 class Format(StrEnum):

@@ -80,6 +80,7 @@ def status(
         prefixes=list(prefix) if prefix else None,
         marker_topic=marker_topic,
         stall_after=timedelta(seconds=stall_after),
+        whole_topic=settings.consumer.whole_topic if settings.consumer else lambda topic: True,
     )
     if output is Format.JSON:
         print(json.dumps(found.as_json(), indent=2))

@@ -31,6 +31,7 @@ from typing import Any
 import psycopg
 
 from bridge.errors import BridgeError
+from consumers.batch.epoch_staging import EpochStager
 from consumers.batch.pipelined import PipelinedTransaction
 from consumers.batch.planner import Planned, by_topic
 from consumers.database.db_session import Refusal, is_lost, refusal_of
@@ -103,6 +104,8 @@ class CommitResult:
     drifted: bool = False
     # The dead letters written, for the log once committed.
     dead_letters: list[DeadLetterNote] = field(default_factory=list)
+    # Per topic: records staged until their epoch is whole (consumers.batch.epoch_staging).
+    staged: dict[str, int] = field(default_factory=dict)
 
     @property
     def whole(self) -> bool:
@@ -127,9 +130,17 @@ class InFlight:
 
 
 class Committer:
-    def __init__(self, *, store: OffsetStore, applier: Applier, timeout_s: float) -> None:
+    def __init__(
+        self,
+        *,
+        store: OffsetStore,
+        applier: Applier,
+        timeout_s: float,
+        stager: EpochStager | None = None,
+    ) -> None:
         self._store = store
         self._applier = applier
+        self._stager = stager
         self._timeout_s = timeout_s
 
     def send(self, conn: psycopg.Connection[Any], batch: Batch) -> InFlight | CommitResult:
@@ -154,10 +165,13 @@ class Committer:
         statement by statement, which tells which partition or record was refused."""
         batch = sent.batch
         assert batch.plans is not None  # noqa: S101 - only such batches are sent
-        applied = {
-            topic: (sum(len(step.rows) for step in plan if step.rows is not None), 0, 0)
+        rows = {
+            topic: sum(len(step.rows) for step in plan if step.rows is not None)
             for topic, plan in batch.plans.items()
         }
+        staging = batch.planned.staging
+        applied = {topic: (n, 0, 0) for topic, n in rows.items() if topic not in staging}
+        staged = {topic: n for topic, n in rows.items() if topic in staging}
         try:
             refusal = sent.transaction.finish()
             if refusal is None:
@@ -165,13 +179,18 @@ class Committer:
                     batch=batch,
                     committed=batch.next_offsets(),
                     applied=applied,
+                    staged=staged,
                     seconds=time.perf_counter() - sent.started,
                 )
             log.info("batch refused as a whole, writing it statement by statement: %s", refusal)
             sent.conn.execute("ROLLBACK")
         except psycopg.OperationalError as exc:
             return CommitResult(
-                batch=batch, applied=applied, unknown=list(batch.records), lost=str(exc)
+                batch=batch,
+                applied=applied,
+                staged=staged,
+                unknown=list(batch.records),
+                lost=str(exc),
             )
         return self.write(sent.conn, batch)
 
@@ -184,9 +203,10 @@ class Committer:
         while batch.records:
             started = time.perf_counter()
             applied: dict[str, tuple[int, int, int]] = {}
+            staged: dict[str, int] = {}
             dead_letters: list[DeadLetterNote] = []
             try:
-                self._write_once(conn, batch, applied, dead_letters)
+                self._write_once(conn, batch, applied, staged, dead_letters)
             except _LeaseRefused as exc:
                 log.warning("offset lease refused", extra={"partitions": exc.keys})
                 refused += exc.keys
@@ -215,6 +235,7 @@ class Committer:
                 return CommitResult(
                     batch=batch,
                     applied=applied,
+                    staged=staged,
                     dead_letters=dead_letters,
                     refused=refused,
                     unknown=list(batch.records),
@@ -226,6 +247,7 @@ class Committer:
                 batch=batch,
                 committed=batch.next_offsets(),
                 applied=applied,
+                staged=staged,
                 dead_letters=dead_letters,
                 seconds=time.perf_counter() - started,
                 refused=refused,
@@ -239,6 +261,7 @@ class Committer:
         conn: psycopg.Connection[Any],
         batch: Batch,
         applied: dict[str, tuple[int, int, int]],
+        staged_counts: dict[str, int],
         dead_letters: list[DeadLetterNote],
     ) -> None:
         with conn.transaction():
@@ -250,6 +273,13 @@ class Committer:
             # Step 2
             staged: set[str] = set()
             for topic, records in by_topic(batch.records).items():
+                if topic in batch.planned.staging:
+                    assert self._stager is not None  # noqa: S101 - it staged them
+                    done = self._stager.apply(conn, topic, records)
+                    staged_counts[topic] = done.staged
+                    applied[topic] = (0, len(done.dead_letters), 0)
+                    dead_letters += done.dead_letters
+                    continue
                 target = batch.planned.targets[topic]
                 counts = self._applier.apply(conn, target, records, staged)
                 applied[topic] = (counts.applied + counts.deleted, counts.dead, counts.skipped)

@@ -348,8 +348,12 @@ class BatchLifecycle:
             self._metrics.records_applied(topic).inc(rows)
             self._metrics.dead_letters(topic).inc(dead)
             self._metrics.records_skipped(topic).inc(skipped)
+        for topic, staged in result.staged.items():
+            self._metrics.records_staged(topic).inc(staged)
         self.applied_total += applied
-        self._metrics.committed(list(chain.from_iterable(records)), result.seconds)
+        staging = result.batch.planned.staging  # visible only once their epoch is published
+        visible = [of_key for of_key in records if of_key and of_key[0].topic() not in staging]
+        self._metrics.committed(list(chain.from_iterable(visible)), result.seconds)
         self._work_log.committed(
             applied,
             result.dead_letters,

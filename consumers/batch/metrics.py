@@ -27,12 +27,15 @@ from bridge.names import (
     METRIC_DATABASE_RECONNECTS,
     METRIC_DATABASE_REFUSALS,
     METRIC_DEAD_LETTERS,
+    METRIC_EPOCHS_PUBLISHED,
     METRIC_IGNORED_FIELDS,
     METRIC_INFO,
     METRIC_LAG,
     METRIC_LATENCY_SECONDS,
+    METRIC_OLDEST_INCOMPLETE_EPOCH,
     METRIC_PARTITIONS,
     METRIC_RECORDS_APPLIED,
+    METRIC_RECORDS_STAGED,
     METRIC_REGISTRY_UNAVAILABLE,
     METRIC_TABLE_MISMATCH,
 )
@@ -137,6 +140,24 @@ class ConsumerMetrics:
             "adding a column can mend (a type change, a required new field, a missing key).",
             registry=self.registry,
         )
+        self.records_staged = Counter(
+            METRIC_RECORDS_STAGED,
+            "Records of a route with whole epochs staged until their epoch is whole; they "
+            "count as applied once it is published.",
+            ["topic"],
+            registry=self.registry,
+        ).labels
+        self.epochs_published = Counter(
+            METRIC_EPOCHS_PUBLISHED,
+            "Spark epochs published whole, each in one transaction (by this member).",
+            registry=self.registry,
+        )
+        self.oldest_incomplete_epoch = Gauge(
+            METRIC_OLDEST_INCOMPLETE_EPOCH,
+            "Age of the group's oldest epoch not yet published (0: none), from its first "
+            "record or manifest entry.",
+            registry=self.registry,
+        )
         Gauge(METRIC_INFO, "The consumer group.", list(labels), registry=self.registry).labels(
             **labels
         ).set(1)
@@ -145,12 +166,21 @@ class ConsumerMetrics:
         """After a batch's commit: its duration, and the latency of a sample of its records."""
         self.batches.inc()
         self.batch_seconds.observe(seconds)
+        self._latencies(records)
+
+    def _latencies(self, records: Sequence[Record]) -> None:
         now_ms = time.time() * 1000
         stride = max(1, len(records) // _LATENCY_SAMPLES_PER_BATCH)
         for record in records[::stride]:
             sent_ms = timestamp_ms(record)
             if sent_ms is not None:
                 self.latency_seconds.observe(max(0.0, now_ms - sent_ms) / 1000)
+
+    def visible(self, records: Sequence[Record], seconds: float) -> None:
+        """After an epoch's publication: its duration, and the latency of a sample of its
+        records, which became visible only now."""
+        self.batch_seconds.observe(seconds)
+        self._latencies(records)
 
     def statistics(
         self, report: str, next_offsets: dict[tuple[str, int], int], caught_up: set[tuple[str, int]]

@@ -11,6 +11,10 @@ For the records of one poll, by topic:
 4. the statements of each topic (`consumers.tables.applier`), with each COPY's text formatted now
    (`consumers.batch.pipelined.formatted`) while the batch before is still in flight.
 
+The records of a topic whose route wants whole epochs, and those of the epoch manifest, skip
+steps 1 to 3: they are staged in the ledger (`consumers.batch.epoch_staging`), and planned as
+rows when their epoch is published (`plan(..., publishing=True)`).
+
 The three errors are infrastructure faults, never a record's: nothing is written or
 dead-lettered, and the records are fetched again after a wait. The planner keeps the routed
 targets and the followers; what a batch needs of them is handed to the committer as data
@@ -27,6 +31,7 @@ from typing import Any
 import psycopg
 from confluent_kafka import Message
 
+from consumers.batch.epoch_staging import EpochStager
 from consumers.batch.metrics import ConsumerMetrics
 from consumers.batch.pipelined import formatted
 from consumers.database.offsets import PartitionKey
@@ -50,6 +55,8 @@ class Planned:
     changes: list[Step]
     # The member follows tables: an error naming a missing column or table may be a drift.
     followed: bool
+    # Topics whose records are staged for whole epochs, or are the epoch manifest.
+    staging: frozenset[str] = frozenset()
 
 
 def by_topic(records: dict[PartitionKey, list[Record]]) -> dict[str, list[Record]]:
@@ -67,8 +74,10 @@ class Planner:
         router: Router,
         routed: dict[str, Routed],
         metrics: ConsumerMetrics,
+        stager: EpochStager | None = None,
     ) -> None:
         self._applier = applier
+        self.stager = stager
         self._router = router
         self._metrics = metrics
         self._targets: dict[str, Target] = {}
@@ -90,12 +99,20 @@ class Planner:
         conn: psycopg.Connection[Any] | None,
         *,
         in_flight: list[Step],
+        publishing: bool = False,
+        staged: set[str] | None = None,
     ) -> Planned:
         """Steps 1 to 4 for `records`. `conn`: the session's connection, even while a batch is
         in flight on it (formatting sends nothing); without it the COPY text is formatted when
         sent. `in_flight`: the table changes of the batch in flight, which it makes; should it
-        not commit whole, the positions rewind and this batch is dropped and planned again."""
+        not commit whole, the positions rewind and this batch is dropped and planned again.
+        `publishing`: the records are an epoch's, planned for their tables rather than staged;
+        `staged`: the upsert staging tables the transaction used before (see `Applier.plan`)."""
         of_topics = by_topic(records)
+        staging = {}
+        stager = self.stager
+        if stager is not None and not publishing:
+            staging = {t: of_topics.pop(t) for t in list(of_topics) if stager.stages(t)}
         for topic in of_topics:  # step 1
             if topic not in self._targets:
                 self.add({topic: self._router.route(topic)})
@@ -115,8 +132,17 @@ class Planner:
                 self._ignored(targets[topic], topic, ignored)
         followers = [f for topic, f in self._followers.items() if topic in of_topics]
         changes = [step for f in followers for step in f.pending_after(in_flight)]
-        plans = self._statements(targets, of_topics, conn)
-        return Planned(targets, plans, changes, followed=bool(self._followers))
+        plans = self._statements(targets, of_topics, conn, set() if staged is None else staged)
+        if staging:
+            plans = self._staged(plans, staging, conn)
+        return Planned(
+            targets, plans, changes, followed=bool(self._followers), staging=frozenset(staging)
+        )
+
+    @property
+    def follows(self) -> bool:
+        """Whether some table is followed: an error naming a missing column may be a drift."""
+        return bool(self._followers)
 
     def made(self, changes: list[Step]) -> None:
         """A batch making `changes` committed: the followed tables have them."""
@@ -134,22 +160,44 @@ class Planner:
         targets: dict[str, Target],
         of_topics: dict[str, list[Record]],
         conn: psycopg.Connection[Any] | None,
+        staged: set[str],
     ) -> dict[str, list[Step]] | None:
-        """Step 4: each topic's statements when every record is a row; else None."""
+        """Step 4: each topic's statements when every record is a row; else None. `staged`:
+        the upsert staging tables used before, in the transaction the plans go in."""
         plans = {}
-        staged: set[str] = set()  # the plans go in one transaction
         for topic, of_topic in of_topics.items():
             plan = self._applier.plan(targets[topic], of_topic, staged)
             if plan is None:
                 return None
-            if conn is not None:
-                try:
-                    plan = [s if s.rows is None else s._replace(data=formatted(conn, s.rows))
-                            for s in plan]  # fmt: skip
-                except psycopg.Error:  # no I/O here: a value psycopg will not send
-                    return None  # written statement by statement, which names the record
-            plans[topic] = plan
+            try:
+                plans[topic] = self._formatted(plan, conn)
+            except psycopg.Error:  # no I/O here: a value psycopg will not send
+                return None  # written statement by statement, which names the record
         return plans
+
+    def _staged(
+        self,
+        plans: dict[str, list[Step]] | None,
+        staging: dict[str, list[Record]],
+        conn: psycopg.Connection[Any] | None,
+    ) -> dict[str, list[Step]] | None:
+        """Step 4 for the topics staged for whole epochs: None when a record is a dead letter."""
+        assert self.stager is not None  # noqa: S101 - only with one is anything staged
+        for topic, of_topic in staging.items():
+            plan = self.stager.plan(topic, of_topic)
+            if plans is None or plan is None:
+                return None
+            try:
+                plans[topic] = self._formatted(plan, conn)
+            except psycopg.Error:  # a header psycopg will not send: the slow path names it
+                return None
+        return plans
+
+    @staticmethod
+    def _formatted(plan: list[Step], conn: psycopg.Connection[Any] | None) -> list[Step]:
+        if conn is None:
+            return plan
+        return [s if s.rows is None else s._replace(data=formatted(conn, s.rows)) for s in plan]
 
     def _ignored(self, target: Target, topic: str, fields: list[str]) -> None:
         """A producer's new fields are no longer dropped in silence: once each, a line and the

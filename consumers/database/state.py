@@ -41,6 +41,7 @@ from sqlalchemy.schema import CreateSchema
 
 from bridge.errors import PermissionMissing, StateSchemaTooNew
 from bridge.names import DEAD_LETTERS_TABLE, STATE_VERSION_TABLE
+from consumers.database import epoch_ledger
 from consumers.database.offsets import define_tables
 
 # Any constant works: it only has to be the same for every instance of bridge.
@@ -53,6 +54,7 @@ class StateTables:
     offsets: Table
     dead_letters: Table
     offset_resets: Table
+    ledger: epoch_ledger.LedgerNames  # whole epochs' tables
 
     def qualified(self, table: Table) -> sql.Identifier:
         return sql.Identifier(self.schema, table.name)
@@ -77,8 +79,13 @@ def state_tables(schema: str) -> StateTables:
         # A record is dead-lettered at most once: its offset moves past it in the same transaction.
         UniqueConstraint("group_id", "topic", "partition", "offset"),
     )
+    epoch_ledger.define_tables(metadata)
     return StateTables(
-        schema=schema, offsets=offsets, dead_letters=dead_letters, offset_resets=offset_resets
+        schema=schema,
+        offsets=offsets,
+        dead_letters=dead_letters,
+        offset_resets=offset_resets,
+        ledger=epoch_ledger.LedgerNames(schema),
     )
 
 

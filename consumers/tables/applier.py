@@ -349,11 +349,10 @@ class Applier:
         )
 
     def _dead_letter(self, conn: psycopg.Connection, record: Record, error: str) -> None:
-        self._noted.append(
-            DeadLetterNote(
-                str(record.topic()), cast(int, record.partition()), offset_of(record), error
-            )
-        )
+        self._noted.append(self.dead_letter(conn, record, error))
+
+    def dead_letter(self, conn: psycopg.Connection, record: Record, error: str) -> DeadLetterNote:
+        """Write `record` to the dead letters with `error`, in the caller's transaction."""
         # The conflict clause is a second guard: a range applied again clears its dead letters
         # first (`replayed`), so a record's earlier one is only ever replaced, never a failure.
         conn.execute(
@@ -374,6 +373,9 @@ class Applier:
                 headers_json(record),
                 error,
             ),
+        )
+        return DeadLetterNote(
+            str(record.topic()), cast(int, record.partition()), offset_of(record), error
         )
 
 

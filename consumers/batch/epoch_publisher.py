@@ -1,0 +1,289 @@
+"""Whole epochs, the second half: an epoch becomes visible in one transaction.
+
+Every member of a group with whole-epoch routes looks at the ledger (`epoch_ledger`) between
+batches, at most every `_LOOK_EVERY_S`, on a connection of its own (the session's may have a
+batch in flight). For each query, its first open epoch, when it is whole (or an operator forced
+it), is published:
+
+1. its `epochs` row is locked, FOR UPDATE SKIP LOCKED: a member that finds it locked leaves it
+   to the one publishing it;
+2. under the lock the ledger is read again, and the epoch must still be whole;
+3. its staged records are read in (topic, partition, offset) order, in chunks of a batch's
+   size, and each chunk is planned for its tables and written as any batch is
+   (`consumers.batch.planner` with `publishing=True`, `consumers.tables.applier`): followed
+   tables made or changed first, every write mode, tombstones, dead letters for what cannot be a
+   row, `on_record_error: stop` refusing the whole publication;
+4. the staged records and counts are deleted, the epoch marked published, and the transaction
+   commits: every table the epoch touched in this group changes at once.
+
+A fault on the way (the database lost, the registry out of reach, a table that does not fit, a
+record that stops) rolls the whole publication back: nothing of the epoch is visible, nothing is
+lost, and it is tried again after a growing wait, with `/readyz` naming it. An epoch that stays
+incomplete longer than `epochs_incomplete_after_ms` is named on `/readyz` too, with what it
+lacks, and the age of the oldest one is a metric all along.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+from itertools import chain
+from typing import Any
+
+import psycopg
+from confluent_kafka import Message
+from psycopg import sql
+
+from consumers.backoff import HoldBackoff
+from consumers.batch.metrics import ConsumerMetrics
+from consumers.batch.planner import Planned, Planner, by_topic
+from consumers.database.db_session import DatabaseSession
+from consumers.database.epoch_ledger import (
+    EpochKey,
+    EpochState,
+    LedgerNames,
+    age_s,
+    database_now,
+    lock_open,
+    open_epochs,
+    publishable,
+    published,
+)
+from consumers.database.offsets import PartitionKey
+from consumers.database.pg_errors import RECORD_FAULTS
+from consumers.decoding.records import Record
+from consumers.tables.applier import Applier, Step, run_steps
+from consumers.tables.table_follower import DRIFT
+
+log = logging.getLogger("bridge.consumer")
+
+_LOOK_EVERY_S = 0.2  # what whole epochs add to the end-to-end latency, at most, besides the work
+_PUBLISH_BUDGET_S = 2.0  # publications in one look: the poll loop turns in between
+_SELECT_STAGED = sql.SQL(
+    'SELECT topic, partition, "offset", key, value, headers, timestamp_type, timestamp_ms '
+    "FROM {} WHERE group_id = %s AND query = %s AND epoch = %s "
+    'ORDER BY topic, partition, "offset"'
+)
+
+
+@dataclass
+class _Published:
+    records: int = 0
+    applied: dict[str, tuple[int, int, int]] | None = None
+    changes: list[Step] | None = None
+
+
+class EpochPublisher:
+    def __init__(
+        self,
+        *,
+        db: DatabaseSession,
+        ledger: LedgerNames,
+        group_id: str,
+        planner: Planner,
+        applier: Applier,
+        metrics: ConsumerMetrics,
+        whole_topic: Callable[[str], bool],
+        incomplete_after_s: float,
+        chunk_records: int,
+    ) -> None:
+        self._db = db
+        self._ledger = ledger
+        self._group = group_id
+        self._planner = planner
+        self._applier = applier
+        self._metrics = metrics
+        self._whole_topic = whole_topic
+        self._incomplete_after_s = incomplete_after_s
+        self._chunk = chunk_records
+        self._next_look = 0.0
+        self._failures = HoldBackoff(
+            what="an epoch cannot be published",
+            consequence="none of it is visible, its records stay staged",
+            recovered="epochs are published again",
+        )
+        self._incomplete: list[str] = []
+        self.published_total = 0
+
+    def look(self) -> None:
+        """Publish what is whole, when a look is due; note what is incomplete for too long."""
+        now = time.monotonic()
+        if now < max(self._next_look, self._failures.retry_at):
+            return
+        self._next_look = now + _LOOK_EVERY_S
+        try:
+            conn = self._db.open_connection() or self._db.connect()
+            self._publish_whole(conn, until=now + _PUBLISH_BUDGET_S)
+            self._note_incomplete(conn)
+        except psycopg.OperationalError as exc:
+            self._db.close()
+            self._failures.failed(f"database: {exc}")
+        except Exception as exc:
+            if _is_bug(exc):
+                raise
+            self._failures.failed(str(exc))
+        else:
+            self._failures.cleared()
+
+    def reasons(self) -> list[str]:
+        """For `/readyz`: a publication that fails, and epochs incomplete for too long."""
+        return self._failures.reasons() + self._incomplete
+
+    def close(self) -> None:
+        self._db.close()
+
+    # -- publishing ---------------------------------------------------------------------------
+
+    def _publish_whole(self, conn: psycopg.Connection[Any], *, until: float) -> None:
+        while time.monotonic() < until:
+            ready = publishable(open_epochs(conn, self._ledger, self._group), self._whole_topic)
+            if not any([self._publish(conn, state) for state in ready]):
+                return  # nothing whole, or taken by other members
+
+    def _publish(self, conn: psycopg.Connection[Any], state: EpochState) -> bool:
+        """Steps 1 to 4 for one epoch; whether this member published it."""
+        started = time.perf_counter()
+        done = _Published(applied={}, changes=[])
+        records: list[Record] = []
+        try:
+            with conn.transaction():
+                if not lock_open(conn, self._ledger, self._group, state.key):  # step 1
+                    return False
+                now = {s.key: s for s in open_epochs(conn, self._ledger, self._group)}  # step 2
+                locked = now.get(state.key)
+                if locked is None or not (locked.forced or not locked.missing(self._whole_topic)):
+                    return False
+                records = self._apply_staged(conn, state.key, done)  # step 3
+                published(conn, self._ledger, self._group, state.key)  # step 4
+        except psycopg.Error as exc:
+            if _drifted(exc, self._planner):
+                self._planner.drifted()
+            raise EpochNotPublished(state, str(exc)) from exc
+        except Exception as exc:
+            if _is_bug(exc):
+                raise
+            raise EpochNotPublished(state, str(exc)) from exc
+        self._planner.made(done.changes or [])
+        self._counted(done, records, time.perf_counter() - started)
+        log.info(
+            "epoch published",
+            extra={"query": state.query, "epoch": state.epoch, "records": done.records,
+                   "forced": locked.forced},
+        )  # fmt: skip
+        return True
+
+    def _apply_staged(
+        self, conn: psycopg.Connection[Any], key: EpochKey, done: _Published
+    ) -> list[Record]:
+        """The epoch's staged records, chunk by chunk in offset order, written to their tables
+        in the caller's transaction. Returns a sample of them, for the latency."""
+        sample: list[Record] = []
+        staged: set[str] = set()  # the upsert staging tables this transaction used
+        with conn.cursor(name="bridge_epoch_records") as cursor:
+            cursor.execute(_SELECT_STAGED.format(self._ledger.records), (self._group, *key))
+            while rows := cursor.fetchmany(self._chunk):
+                records = list(map(_record, rows))
+                planned = self._planner.plan(
+                    _by_partition(records), conn, in_flight=[], publishing=True, staged=staged
+                )
+                run_steps(conn, planned.changes)
+                assert done.changes is not None  # noqa: S101
+                done.changes += planned.changes
+                self._write(conn, planned, records, staged, done)
+                done.records += len(records)
+                sample += records[:: max(1, len(records) // 100)]
+        return sample
+
+    def _write(
+        self,
+        conn: psycopg.Connection[Any],
+        planned: Planned,
+        records: list[Record],
+        staged: set[str],
+        done: _Published,
+    ) -> None:
+        applied = done.applied
+        assert applied is not None  # noqa: S101
+        if planned.plans is not None:  # every record a row: the planned statements
+            try:
+                with conn.transaction():
+                    run_steps(conn, list(chain.from_iterable(planned.plans.values())))
+            except psycopg.Error as exc:
+                if not isinstance(exc, RECORD_FAULTS):
+                    raise
+            else:
+                for topic, plan in planned.plans.items():
+                    rows = sum(len(s.rows) for s in plan if s.rows is not None)
+                    _add(applied, topic, (rows, 0, 0))
+                return
+        for topic, of_topic in by_topic(_by_partition(records)).items():
+            counts = self._applier.apply(conn, planned.targets[topic], of_topic, staged)
+            _add(applied, topic, (counts.applied + counts.deleted, counts.dead, counts.skipped))
+
+    def _counted(self, done: _Published, sample: list[Record], seconds: float) -> None:
+        self.published_total += 1
+        self._metrics.epochs_published.inc()
+        for topic, (rows, dead, skipped) in (done.applied or {}).items():
+            self._metrics.records_applied(topic).inc(rows)
+            self._metrics.dead_letters(topic).inc(dead)
+            self._metrics.records_skipped(topic).inc(skipped)
+        self._metrics.visible(sample, seconds)
+
+    # -- reporting ----------------------------------------------------------------------------
+
+    def _note_incomplete(self, conn: psycopg.Connection[Any]) -> None:
+        states = open_epochs(conn, self._ledger, self._group)
+        now = database_now(conn)
+        ages = [age_s(s, now) for s in states]
+        self._metrics.oldest_incomplete_epoch.set(max(ages, default=0.0))
+        self._incomplete = [
+            f"epoch incomplete for {age:.0f}s: {state.describe(self._whole_topic)}"
+            for state, age in zip(states, ages, strict=True)
+            if age >= self._incomplete_after_s
+        ][:10]
+
+
+class EpochNotPublished(Exception):
+    def __init__(self, state: EpochState, why: str) -> None:
+        super().__init__(f"query {state.query} epoch {state.epoch}: {why}")
+
+
+def _record(row: tuple[Any, ...]) -> Record:
+    topic, partition, offset, key, value, headers, kind, stamp = row
+    return Message(
+        topic=topic,
+        partition=partition,
+        offset=offset,
+        key=key,
+        value=value,
+        headers=[
+            (name, None if hexed is None else bytes.fromhex(hexed)) for name, hexed in headers
+        ],
+        timestamp=(kind, stamp),
+    )
+
+
+def _by_partition(records: list[Record]) -> dict[PartitionKey, list[Record]]:
+    found: dict[PartitionKey, list[Record]] = defaultdict(list)
+    for record in records:
+        found[(record.topic(), record.partition())].append(record)  # type: ignore[index]
+    return dict(found)
+
+
+def _add(
+    applied: dict[str, tuple[int, int, int]], topic: str, counts: tuple[int, int, int]
+) -> None:
+    before = applied.get(topic, (0, 0, 0))
+    applied[topic] = (before[0] + counts[0], before[1] + counts[1], before[2] + counts[2])
+
+
+def _drifted(exc: psycopg.Error, planner: Planner) -> bool:
+    return planner.follows and isinstance(exc, DRIFT)
+
+
+def _is_bug(exc: BaseException) -> bool:
+    """Errors no fault outside explains: raised, not retried."""
+    return isinstance(exc, (AssertionError, TypeError, AttributeError, NameError, KeyError))

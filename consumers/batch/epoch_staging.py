@@ -1,0 +1,233 @@
+"""Whole epochs, the first half: a batch stages what it cannot publish yet.
+
+For a group whose routes want whole epochs, two kinds of topic are written to the ledger
+(`consumers.database.epoch_ledger`) instead of a table, in the batch's own transaction, so that
+they commit with their offsets exactly as rows do:
+
+- a **whole topic**'s records (a route with `epochs: whole`) are staged as Kafka gave them
+  (coordinates, key, value, headers, timestamp), and counted per (query, epoch, Spark partition,
+  topic, Kafka partition). Their epoch comes from the sink's provenance headers; a record
+  without them cannot belong to an epoch, so it is a dead letter naming why (it would otherwise
+  wait for a manifest that can never name it). Nothing is decoded here: a record that cannot
+  be a row is found, and dead-lettered, when its epoch is published, and never holds it back;
+- the **manifest topic**'s records (`bridge.epoch_manifest`) become the ledger's rows: a part,
+  or the epoch's record. A record that is not one is a dead letter, its error naming the field.
+
+A batch whose records all fit goes as statements (`plan`), in the one message of the pipelined
+path; one that holds a dead letter goes statement by statement (`apply`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple, cast
+
+import psycopg
+from psycopg import sql
+from psycopg.types.json import Jsonb
+
+from bridge.epoch_manifest import Epoch, ManifestError, Part, parse
+from bridge.names import PROVENANCE_EPOCH, PROVENANCE_PARTITION, PROVENANCE_QUERY
+from consumers.database.epoch_ledger import LedgerNames
+from consumers.decoding.records import Record, offset_of
+from consumers.tables.applier import Applier, DeadLetterNote, Step, run_steps
+
+_MAX_QUERY_ID = 200  # as the manifest bounds it
+_MAX_INT64 = (1 << 63) - 1
+_STAGED_COLUMNS = (
+    "group_id", "topic", "partition", "offset", "query", "epoch", "spark_partition", "key",
+    "value", "headers", "timestamp_type", "timestamp_ms",
+)  # fmt: skip
+
+
+def _headers(record: Record) -> list[tuple[str, bytes | None]]:
+    """A consumed record's headers: a list of pairs (never the dict a producer may pass)."""
+    return cast(list[tuple[str, bytes | None]], record.headers() or [])
+
+
+def _headers_json(headers: list[tuple[str, bytes | None]]) -> Jsonb:
+    """Headers as jsonb can hold any of them: [[name, value in hex or null], ...]; a NUL in a
+    name, which jsonb refuses, made visible."""
+    return Jsonb([[n.replace("\x00", "\\x00"), None if v is None else v.hex()] for n, v in headers])
+
+
+class Provenance(NamedTuple):
+    query: str
+    epoch: int
+    spark_partition: int
+
+
+def provenance(record: Record) -> Provenance | str:
+    """The Spark query, epoch and partition the sink's headers give a record, or why not."""
+    found: dict[str, bytes | None] = {}
+    for name, value in _headers(record):
+        if name in (PROVENANCE_QUERY, PROVENANCE_EPOCH, PROVENANCE_PARTITION):
+            found.setdefault(name, value)
+    if len(found) < 3:
+        absent = sorted({PROVENANCE_QUERY, PROVENANCE_EPOCH, PROVENANCE_PARTITION} - set(found))
+        return (
+            f"no {', '.join(absent)} header: the route publishes whole epochs, and only records "
+            "of bridge's sink carry the epoch they belong to"
+        )
+    try:
+        query = (found[PROVENANCE_QUERY] or b"").decode()
+        epoch = int(found[PROVENANCE_EPOCH] or b"")
+        part = int(found[PROVENANCE_PARTITION] or b"")
+    except ValueError:  # UnicodeDecodeError is one
+        return "the sink's provenance headers are not a query id and two integers"
+    if not 0 < len(query) <= _MAX_QUERY_ID or not 0 <= epoch <= _MAX_INT64 or not 0 <= part < 2**31:
+        return "the sink's provenance headers are out of range"
+    return Provenance(query, epoch, part)
+
+
+@dataclass
+class Staged:
+    """What a statement-by-statement staging wrote."""
+
+    staged: int = 0
+    dead_letters: list[DeadLetterNote] = field(default_factory=list)
+
+
+class EpochStager:
+    def __init__(
+        self,
+        *,
+        ledger: LedgerNames,
+        group_id: str,
+        manifest_topic: str,
+        whole_topic: Callable[[str], bool],
+        applier: Applier,
+    ) -> None:
+        self._ledger = ledger
+        self._group = group_id
+        self.manifest_topic = manifest_topic
+        self._whole_topic = whole_topic
+        self._applier = applier  # for the dead letters, written as every route writes them
+
+    def stages(self, topic: str) -> bool:
+        """Whether `topic`'s records go to the ledger rather than a table."""
+        return topic == self.manifest_topic or self._whole_topic(topic)
+
+    def plan(self, topic: str, records: Sequence[Record]) -> list[Step] | None:
+        """The statements that stage `records`, or None when one of them is a dead letter."""
+        if topic == self.manifest_topic:
+            try:
+                return self._manifest_steps([parse(r.value()) for r in records])
+            except ManifestError:
+                return None
+        found = list(map(provenance, records))
+        if any(isinstance(p, str) for p in found):
+            return None
+        return self._staging_steps(topic, records, found)  # type: ignore[arg-type]
+
+    def apply(self, conn: psycopg.Connection[Any], topic: str, records: Sequence[Record]) -> Staged:
+        """Stage `records` in the caller's transaction; a record that cannot be staged is
+        dead-lettered with why."""
+        done = Staged()
+
+        def dead(record: Record, error: str) -> None:
+            done.dead_letters.append(self._applier.dead_letter(conn, record, error))
+
+        if topic == self.manifest_topic:
+            for record in records:
+                try:
+                    run_steps(conn, self._manifest_steps([parse(record.value())]))
+                except ManifestError as exc:
+                    dead(record, f"not an epoch manifest record: {exc}")
+            return done
+        kept, found = [], []
+        for record in records:
+            origin = provenance(record)
+            if isinstance(origin, str):
+                dead(record, origin)
+            else:
+                kept.append(record)
+                found.append(origin)
+        if kept:
+            run_steps(conn, self._staging_steps(topic, kept, found))
+        done.staged = len(kept)
+        return done
+
+    def _staging_steps(
+        self, topic: str, records: Sequence[Record], found: list[Provenance]
+    ) -> list[Step]:
+        group = self._group
+        rows = []
+        for record, origin in zip(records, found, strict=True):
+            headers = _headers(record)
+            kind, stamp = record.timestamp()
+            rows.append(
+                (
+                    group, topic, record.partition(), offset_of(record), *origin, record.key(),
+                    record.value(), _headers_json(headers),
+                    kind, stamp,
+                )
+            )  # fmt: skip
+        counts = Counter(
+            (p.query, p.epoch, p.spark_partition, r.partition())
+            for r, p in zip(records, found, strict=True)
+        )
+        columns = sql.SQL(", ").join(map(sql.Identifier, _STAGED_COLUMNS))
+        copy = Step(sql.SQL("COPY {} ({}) FROM STDIN").format(self._ledger.records, columns), rows)
+        values = sql.SQL(", ").join(
+            sql.SQL("({})").format(
+                sql.SQL(", ").join(map(sql.Literal, (group, query, epoch, part, topic, kafka, n)))
+            )
+            for (query, epoch, part, kafka), n in sorted(counts.items())
+        )
+        count = Step(
+            sql.SQL(
+                "INSERT INTO {} AS s (group_id, query, epoch, spark_partition, topic, partition, "
+                "records) VALUES {} ON CONFLICT (group_id, query, epoch, spark_partition, topic, "
+                "partition) DO UPDATE SET records = s.records + EXCLUDED.records"
+            ).format(self._ledger.staged, values)
+        )
+        return [copy, count]
+
+    def _manifest_steps(self, documents: list[Part | Epoch]) -> list[Step]:
+        group = sql.Literal(self._group)
+        steps = []
+        for document in documents:
+            query, epoch = sql.Literal(document.query), sql.Literal(document.epoch)
+            if isinstance(document, Part):
+                steps.append(
+                    Step(
+                        sql.SQL(
+                            "INSERT INTO {} (group_id, query, epoch) VALUES ({}, {}, {}) "
+                            "ON CONFLICT DO NOTHING"
+                        ).format(self._ledger.epochs, group, query, epoch)
+                    )
+                )
+                steps.append(
+                    Step(
+                        sql.SQL(
+                            "INSERT INTO {} (group_id, query, epoch, spark_partition, records) "
+                            "VALUES ({}, {}, {}, {}, {}::jsonb) ON CONFLICT DO NOTHING"
+                        ).format(
+                            self._ledger.parts,
+                            group,
+                            query,
+                            epoch,
+                            sql.Literal(document.partition),
+                            sql.Literal(json.dumps(dict(document.records))),
+                        )
+                    )
+                )
+                continue
+            # The same epoch record twice (a replayed commit hook) changes nothing.
+            steps.append(
+                Step(
+                    sql.SQL(
+                        "INSERT INTO {} AS e (group_id, query, epoch, parts, manifest_at) "
+                        "VALUES ({}, {}, {}, {}::integer[], now()) ON CONFLICT (group_id, query, "
+                        "epoch) DO UPDATE SET parts = coalesce(e.parts, EXCLUDED.parts), "
+                        "manifest_at = coalesce(e.manifest_at, EXCLUDED.manifest_at)"
+                    ).format(
+                        self._ledger.epochs, group, query, epoch, sql.Literal(list(document.parts))
+                    )
+                )
+            )
+        return steps

@@ -1,0 +1,418 @@
+"""The ledger of whole epochs, in bridge's state schema: what each group knows of each Spark epoch,
+and the records it holds back until the epoch is whole.
+
+A group whose routes want whole epochs (`epochs: whole`) keeps, per (query, epoch):
+
+- `epochs`: the epoch's row, made by the first manifest record of it; the Spark partitions the
+  driver's epoch record names (`parts`, NULL until it comes); whether an operator forced it; and
+  its outcome (`published`, `discarded`) once settled. Rows stay after publication: a driver
+  that replays its commit hook writes the same epoch record again, and the row says it is done;
+- `epoch_parts`: each write task's part, the records it wrote per topic;
+- `epoch_records`: the records themselves, as Kafka gave them, staged in the batch that advances
+  their offsets, until the epoch is published in one transaction;
+- `epoch_staged`: how many records of each (Spark partition, topic) each Kafka partition staged.
+  Keyed by the Kafka partition, so that only the member holding it ever writes a row: members
+  staging the same epoch never wait on each other's locks;
+- `epoch_actions`: the audit trail of `bridge epochs publish` and `discard`.
+
+The members coordinate through these rows only: an epoch is published by whichever member first
+locks its `epochs` row (FOR UPDATE SKIP LOCKED) and finds it whole under the lock.
+
+This module is the tables' one home and the one judge of an epoch's state (`EpochState.missing`),
+for the consumer and the command line alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Column,
+    DateTime,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    PrimaryKeyConstraint,
+    SmallInteger,
+    Table,
+    Text,
+    func,
+    text,
+)
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
+
+from bridge.names import (
+    EPOCH_ACTIONS_TABLE,
+    EPOCH_PARTS_TABLE,
+    EPOCH_RECORDS_TABLE,
+    EPOCH_STAGED_TABLE,
+    EPOCHS_TABLE,
+)
+
+PUBLISHED = "published"
+DISCARDED = "discarded"
+
+
+def define_tables(metadata: MetaData) -> list[Table]:
+    """The ledger's tables, as this release reads and writes them."""
+    epochs = Table(
+        EPOCHS_TABLE,
+        metadata,
+        Column("group_id", Text, nullable=False),
+        Column("query", Text, nullable=False),
+        Column("epoch", BigInteger, nullable=False),
+        Column("parts", ARRAY(Integer)),  # NULL until the driver's epoch record comes
+        Column("seen_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+        Column("manifest_at", DateTime(timezone=True)),
+        Column("forced", Boolean, nullable=False, server_default=text("false")),
+        Column("outcome", Text),  # NULL while open; published, discarded
+        Column("settled_at", DateTime(timezone=True)),
+        PrimaryKeyConstraint("group_id", "query", "epoch"),
+    )
+    Index("epochs_open", epochs.c.group_id, postgresql_where=epochs.c.outcome.is_(None))
+    parts = Table(
+        EPOCH_PARTS_TABLE,
+        metadata,
+        Column("group_id", Text, nullable=False),
+        Column("query", Text, nullable=False),
+        Column("epoch", BigInteger, nullable=False),
+        Column("spark_partition", Integer, nullable=False),
+        Column("records", JSONB, nullable=False),  # {topic: records}
+        PrimaryKeyConstraint("group_id", "query", "epoch", "spark_partition"),
+    )
+    records = Table(
+        EPOCH_RECORDS_TABLE,
+        metadata,
+        Column("group_id", Text, nullable=False),
+        Column("topic", Text, nullable=False),
+        Column("partition", Integer, nullable=False),
+        Column("offset", BigInteger, nullable=False),
+        Column("query", Text, nullable=False),
+        Column("epoch", BigInteger, nullable=False),
+        Column("spark_partition", Integer, nullable=False),
+        Column("key", LargeBinary),
+        Column("value", LargeBinary),
+        Column("headers", JSONB, nullable=False),  # [[name, value in hex or null], ...]
+        Column("timestamp_type", SmallInteger, nullable=False),
+        Column("timestamp_ms", BigInteger, nullable=False),
+        PrimaryKeyConstraint("group_id", "topic", "partition", "offset"),
+    )
+    Index("epoch_records_of_epoch", records.c.group_id, records.c.query, records.c.epoch)
+    staged = Table(
+        EPOCH_STAGED_TABLE,
+        metadata,
+        Column("group_id", Text, nullable=False),
+        Column("query", Text, nullable=False),
+        Column("epoch", BigInteger, nullable=False),
+        Column("spark_partition", Integer, nullable=False),
+        Column("topic", Text, nullable=False),
+        Column("partition", Integer, nullable=False),
+        Column("records", BigInteger, nullable=False),
+        Column(
+            "first_staged_at", DateTime(timezone=True), nullable=False, server_default=func.now()
+        ),
+        PrimaryKeyConstraint("group_id", "query", "epoch", "spark_partition", "topic", "partition"),
+    )
+    actions = Table(
+        EPOCH_ACTIONS_TABLE,
+        metadata,
+        Column("id", BigInteger, primary_key=True, autoincrement=True),
+        Column("group_id", Text, nullable=False),
+        Column("query", Text, nullable=False),
+        Column("epoch", BigInteger, nullable=False),
+        Column("action", Text, nullable=False),  # publish, discard
+        Column("missing", Text, nullable=False),  # what the epoch lacked when it was acted on
+        Column("records", BigInteger, nullable=False),  # staged records it published or discarded
+        Column("requested_by", Text, nullable=False),
+        Column("acted_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    )
+    return [epochs, parts, records, staged, actions]
+
+
+@dataclass(frozen=True)
+class LedgerNames:
+    """The ledger's tables in one state schema, for SQL."""
+
+    schema: str
+
+    def __getattr__(self, name: str) -> sql.Identifier:
+        tables = {
+            "epochs": EPOCHS_TABLE,
+            "parts": EPOCH_PARTS_TABLE,
+            "records": EPOCH_RECORDS_TABLE,
+            "staged": EPOCH_STAGED_TABLE,
+            "actions": EPOCH_ACTIONS_TABLE,
+        }
+        if name not in tables:
+            raise AttributeError(name)
+        return sql.Identifier(self.schema, tables[name])
+
+
+EpochKey = tuple[str, int]  # (query, epoch)
+
+
+@dataclass
+class EpochState:
+    """What a group's ledger says of one epoch that is open (or holds records staged after it
+    was settled: a partition reset below it)."""
+
+    group: str
+    query: str
+    epoch: int
+    parts: tuple[int, ...] | None = None  # from the driver's epoch record
+    seen_at: datetime | None = None
+    forced: bool = False
+    outcome: str | None = None
+    written: dict[int, dict[str, int]] = field(default_factory=dict)  # part: {topic: records}
+    staged: dict[tuple[int, str], int] = field(default_factory=dict)  # (part, topic): records
+
+    @property
+    def key(self) -> EpochKey:
+        return self.query, self.epoch
+
+    @property
+    def staged_records(self) -> int:
+        return sum(self.staged.values())
+
+    def missing(self, whole_topic: Callable[[str], bool]) -> list[str]:
+        """What the epoch lacks to be whole for a group whose `whole_topic` records wait for
+        it; empty when it is whole. Topics the group does not hold back are not waited for."""
+        if self.parts is None:
+            return ["no epoch record in the manifest: the driver has not committed the epoch"]
+        lacking = []
+        for part in self.parts:
+            written = self.written.get(part)
+            if written is None:
+                lacking.append(f"Spark partition {part}: its part is not in the manifest")
+                continue
+            for topic, records in sorted(written.items()):
+                if not whole_topic(topic):
+                    continue
+                staged = self.staged.get((part, topic), 0)
+                if staged != records:
+                    lacking.append(
+                        f"Spark partition {part}, topic {topic}: {staged} of {records} "
+                        "records staged"
+                    )
+        named = set(self.parts)
+        strays = sorted({part for part, _ in self.staged if part not in named})
+        if strays:
+            lacking.append(
+                "records staged from Spark partitions the epoch record does not name: "
+                + ", ".join(map(str, strays))
+            )
+        return lacking
+
+    def describe(self, whole_topic: Callable[[str], bool]) -> str:
+        what = "; ".join(self.missing(whole_topic)) or "whole"
+        return f"query {self.query} epoch {self.epoch} ({self.staged_records} staged): {what}"
+
+
+def open_epochs(conn: psycopg.Connection[Any], names: LedgerNames, group: str) -> list[EpochState]:
+    """Every epoch of `group` not settled, or holding staged records, in (query, epoch) order."""
+    states: dict[EpochKey, EpochState] = {}
+
+    def state(query: str, epoch: int) -> EpochState:
+        return states.setdefault((query, epoch), EpochState(group, query, epoch))
+
+    for query, epoch, parts, seen_at, forced, outcome in conn.execute(
+        sql.SQL(
+            "SELECT query, epoch, parts, seen_at, forced, outcome FROM {} WHERE group_id = %s "
+            "AND (outcome IS NULL OR (query, epoch) IN "
+            "(SELECT query, epoch FROM {} WHERE group_id = %s))"
+        ).format(names.epochs, names.staged),
+        (group, group),
+    ):
+        found = state(query, epoch)
+        found.parts = None if parts is None else tuple(sorted(parts))
+        found.seen_at, found.forced, found.outcome = seen_at, forced, outcome
+    for query, epoch, part, records in conn.execute(
+        sql.SQL(
+            "SELECT p.query, p.epoch, p.spark_partition, p.records FROM {} AS p JOIN {} AS e "
+            "USING (group_id, query, epoch) WHERE p.group_id = %s AND e.outcome IS NULL"
+        ).format(names.parts, names.epochs),
+        (group,),
+    ):
+        state(query, epoch).written[part] = dict(records)
+    for query, epoch, part, topic, records, first in conn.execute(
+        sql.SQL(
+            "SELECT query, epoch, spark_partition, topic, sum(records), min(first_staged_at) "
+            "FROM {} WHERE group_id = %s GROUP BY query, epoch, spark_partition, topic"
+        ).format(names.staged),
+        (group,),
+    ):
+        found = state(query, epoch)
+        found.staged[(part, topic)] = int(records)
+        if found.seen_at is None or first < found.seen_at:
+            found.seen_at = first
+    return [states[key] for key in sorted(states)]
+
+
+def publishable(
+    states: Iterable[EpochState], whole_topic: Callable[[str], bool]
+) -> list[EpochState]:
+    """Of each query's open epochs, the first, when it is whole or forced: epochs of a query
+    publish in epoch order, so a later one waits for the one before."""
+    first: dict[str, EpochState] = {}
+    for found in states:
+        if found.outcome is None or found.staged:
+            first.setdefault(found.query, found)
+    return [s for s in first.values() if s.forced or not s.missing(whole_topic)]
+
+
+def age_s(found: EpochState, now: datetime) -> float:
+    return 0.0 if found.seen_at is None else max(0.0, (now - found.seen_at).total_seconds())
+
+
+def database_now(conn: psycopg.Connection[Any]) -> datetime:
+    """The database's clock: the ledger's times are its own."""
+    row = conn.execute("SELECT now()").fetchone()
+    assert row is not None  # noqa: S101 - SELECT returns its row
+    return row[0]  # type: ignore[no-any-return]
+
+
+def discard(
+    conn: psycopg.Connection[Any],
+    names: LedgerNames,
+    dead_letters: sql.Identifier,
+    *,
+    group: str,
+    key: EpochKey,
+    missing: str,
+    requested_by: str,
+) -> int:
+    """In the caller's transaction: the epoch's staged records go to the dead letters (nothing
+    is lost: they can be replayed from there), the epoch is settled as discarded, and the audit
+    row names who asked and what the epoch lacked. Returns how many records it held."""
+    query, epoch = key
+    _lock(conn, names, group, key)
+    moved = conn.execute(
+        sql.SQL(
+            'INSERT INTO {dead} (group_id, topic, partition, "offset", key, value, headers, error) '
+            'SELECT group_id, topic, partition, "offset", key, value, '
+            "coalesce((SELECT jsonb_agg(jsonb_build_array(h->>0, "
+            "encode(decode(h->>1, 'hex'), 'escape'))) FROM jsonb_array_elements(headers) AS h), "
+            "'[]'::jsonb), %s "
+            "FROM {records} WHERE group_id = %s AND query = %s AND epoch = %s "
+            'ON CONFLICT (group_id, topic, partition, "offset") DO UPDATE SET '
+            "error = EXCLUDED.error, failed_at = now()"
+        ).format(dead=dead_letters, records=names.records),
+        (
+            f"epoch {epoch} of query {query} discarded by {requested_by}: {missing}",
+            group,
+            query,
+            epoch,
+        ),
+    ).rowcount
+    _clear(conn, names, group, key)
+    _settle(conn, names, group, key, DISCARDED)
+    _audit(conn, names, group, key, "discard", missing, moved, requested_by)
+    return moved
+
+
+def force(
+    conn: psycopg.Connection[Any],
+    names: LedgerNames,
+    *,
+    group: str,
+    key: EpochKey,
+    missing: str,
+    staged: int,
+    requested_by: str,
+) -> None:
+    """In the caller's transaction: the epoch is marked to be published as it is, by the next
+    member that looks (whole or not), with the audit row."""
+    _lock(conn, names, group, key)
+    conn.execute(
+        sql.SQL(
+            "UPDATE {} SET forced = true WHERE group_id = %s AND query = %s AND epoch = %s"
+        ).format(names.epochs),
+        (group, *key),
+    )
+    _audit(conn, names, group, key, "publish", missing, staged, requested_by)
+
+
+def _lock(conn: psycopg.Connection[Any], names: LedgerNames, group: str, key: EpochKey) -> None:
+    """The epoch's row, made if only staged records knew it, and locked: a member publishing
+    it is waited for."""
+    conn.execute(
+        sql.SQL(
+            "INSERT INTO {} (group_id, query, epoch) VALUES (%s, %s, %s) ON CONFLICT DO NOTHING"
+        ).format(names.epochs),
+        (group, *key),
+    )
+    conn.execute(
+        sql.SQL(
+            "SELECT 1 FROM {} WHERE group_id = %s AND query = %s AND epoch = %s FOR UPDATE"
+        ).format(names.epochs),
+        (group, *key),
+    )
+
+
+def _clear(conn: psycopg.Connection[Any], names: LedgerNames, group: str, key: EpochKey) -> None:
+    for table in (names.records, names.staged):
+        conn.execute(
+            sql.SQL("DELETE FROM {} WHERE group_id = %s AND query = %s AND epoch = %s").format(
+                table
+            ),
+            (group, *key),
+        )
+
+
+def _settle(
+    conn: psycopg.Connection[Any], names: LedgerNames, group: str, key: EpochKey, outcome: str
+) -> None:
+    conn.execute(
+        sql.SQL(
+            "UPDATE {} SET outcome = %s, settled_at = now(), forced = false "
+            "WHERE group_id = %s AND query = %s AND epoch = %s"
+        ).format(names.epochs),
+        (outcome, group, *key),
+    )
+
+
+def _audit(
+    conn: psycopg.Connection[Any],
+    names: LedgerNames,
+    group: str,
+    key: EpochKey,
+    action: str,
+    missing: str,
+    records: int,
+    requested_by: str,
+) -> None:
+    conn.execute(
+        sql.SQL(
+            "INSERT INTO {} (group_id, query, epoch, action, missing, records, requested_by) "
+            "VALUES (%s, %s, %s, %s, %s, %s, %s)"
+        ).format(names.actions),
+        (group, *key, action, missing, records, requested_by),
+    )
+
+
+def published(conn: psycopg.Connection[Any], names: LedgerNames, group: str, key: EpochKey) -> None:
+    """In the publishing transaction, after the records are applied: the staged rows go and
+    the epoch is settled."""
+    _clear(conn, names, group, key)
+    _settle(conn, names, group, key, PUBLISHED)
+
+
+def lock_open(conn: psycopg.Connection[Any], names: LedgerNames, group: str, key: EpochKey) -> bool:
+    """In the publishing transaction: the epoch's row locked, unless another member holds it
+    (it is publishing it, or an operator is acting on it): then False, and it is left alone."""
+    row = conn.execute(
+        sql.SQL(
+            "SELECT 1 FROM {} WHERE group_id = %s AND query = %s AND epoch = %s "
+            "FOR UPDATE SKIP LOCKED"
+        ).format(names.epochs),
+        (group, *key),
+    ).fetchone()
+    return row is not None

@@ -1,0 +1,63 @@
+"""The ledger's judgement of an epoch: whole, or what it lacks; and which epochs may publish."""
+
+from __future__ import annotations
+
+from consumers.database.epoch_ledger import EpochState, publishable
+
+
+def whole(topic: str) -> bool:
+    return topic != "audit"  # "audit" is routed per partition: never waited for
+
+
+def state(epoch: int = 1, **fields: object) -> EpochState:
+    found = EpochState("g", "q", epoch)
+    for name, value in fields.items():
+        setattr(found, name, value)
+    return found
+
+
+def test_an_epoch_is_whole_when_every_named_part_came_with_its_records_staged() -> None:
+    found = state(
+        parts=(0, 1),
+        written={0: {"a": 3, "audit": 9}, 1: {"a": 1, "b": 2}},
+        staged={(0, "a"): 3, (1, "a"): 1, (1, "b"): 2},
+    )
+    assert found.missing(whole) == []
+
+
+def test_what_an_epoch_lacks_is_named_part_by_part() -> None:
+    assert state().missing(whole) == [
+        "no epoch record in the manifest: the driver has not committed the epoch"
+    ]
+    found = state(parts=(0, 1, 2), written={0: {"a": 3}, 1: {"b": 2}}, staged={(0, "a"): 1})
+    assert found.missing(whole) == [
+        "Spark partition 0, topic a: 1 of 3 records staged",
+        "Spark partition 1, topic b: 0 of 2 records staged",
+        "Spark partition 2: its part is not in the manifest",
+    ]
+    stray = state(parts=(0,), written={0: {}}, staged={(5, "a"): 1})
+    assert stray.missing(whole) == [
+        "records staged from Spark partitions the epoch record does not name: 5"
+    ]
+
+
+def test_an_empty_epoch_is_whole() -> None:
+    assert state(parts=()).missing(whole) == []
+
+
+def test_a_query_publishes_in_epoch_order_and_queries_do_not_wait_for_each_other() -> None:
+    incomplete = state(1, parts=(0,), written={})
+    complete = state(2, parts=(0,), written={0: {"a": 1}}, staged={(0, "a"): 1})
+    other = EpochState("g", "r", 7, parts=())
+    assert publishable([incomplete, complete, other], whole) == [other]
+    assert publishable([complete, other], whole) == [complete, other]
+
+
+def test_a_forced_epoch_publishes_as_it_is() -> None:
+    assert publishable([state(1, forced=True)], whole) == [state(1, forced=True)]
+
+
+def test_records_staged_after_an_epoch_was_settled_keep_it_open() -> None:
+    settled = state(1, outcome="published", parts=(0,), written={}, staged={(0, "a"): 2})
+    later = state(2, parts=())
+    assert publishable([settled, later], whole) == []

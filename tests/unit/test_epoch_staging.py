@@ -1,0 +1,76 @@
+"""Staging for whole epochs: which epoch a record belongs to, read from hostile headers, and
+what a batch with a record that cannot be staged becomes."""
+
+from __future__ import annotations
+
+from confluent_kafka import Message
+from hypothesis import given
+from hypothesis import strategies as st
+
+from bridge.epoch_manifest import Epoch, Part
+from consumers.batch.epoch_staging import EpochStager, Provenance, provenance
+from consumers.database.epoch_ledger import LedgerNames
+from consumers.database.state import state_tables
+from consumers.tables.applier import Applier
+
+Headers = list[tuple[str, str | bytes | None]]
+SPARK: Headers = [("bridge.query", b"q-1"), ("bridge.partition", b"3"), ("bridge.epoch", b"17")]
+
+
+def record(headers: Headers | None, value: bytes = b"{}") -> Message:
+    return Message(topic="a", partition=0, offset=5, value=value, headers=headers)
+
+
+def stager() -> EpochStager:
+    tables = state_tables("s")
+    return EpochStager(
+        ledger=LedgerNames("s"),
+        group_id="g",
+        manifest_topic="bridge-epochs",
+        whole_topic=lambda topic: topic == "a",
+        applier=Applier(tables=tables, group_id="g"),
+    )
+
+
+def test_the_sinks_headers_name_the_epoch() -> None:
+    assert provenance(record([("other", b"x"), *SPARK])) == Provenance("q-1", 17, 3)
+
+
+def test_a_record_without_them_is_told_why() -> None:
+    why = provenance(record(None))
+    assert isinstance(why, str)
+    assert "bridge.epoch, bridge.partition, bridge.query" in why
+    assert "only records of bridge's sink" in why
+    assert provenance(record([*SPARK[:2], ("bridge.epoch", b"-1")])) == (
+        "the sink's provenance headers are out of range"
+    )
+    assert provenance(record([*SPARK[:2], ("bridge.epoch", None)])) == (
+        "the sink's provenance headers are not a query id and two integers"
+    )
+
+
+@given(st.lists(st.tuples(st.sampled_from(["bridge.query", "bridge.epoch", "bridge.partition",
+                                           "x"]), st.none() | st.binary(max_size=30)),
+                max_size=8))  # fmt: skip
+def test_any_headers_give_an_epoch_or_a_reason_and_nothing_else(
+    headers: Headers,
+) -> None:
+    found = provenance(record(headers))
+    assert isinstance(found, Provenance | str)
+
+
+def test_a_batch_with_a_record_that_cannot_be_staged_goes_statement_by_statement() -> None:
+    staging = stager()
+    assert staging.stages("a") and staging.stages("bridge-epochs") and not staging.stages("b")
+    good = staging.plan("a", [record(SPARK), record(SPARK)])
+    assert good is not None and good[0].rows is not None and len(good[0].rows) == 2
+    assert staging.plan("a", [record(SPARK), record(None)]) is None
+
+
+def test_manifest_records_become_ledger_statements_and_a_bad_one_a_dead_letter() -> None:
+    staging = stager()
+    part = Part(query="q", epoch=1, partition=0, records={"a": 2}).encode()
+    epoch = Epoch(query="q", epoch=1, parts=(0,)).encode()
+    steps = staging.plan("bridge-epochs", [record(None, part), record(None, epoch)])
+    assert steps is not None and len(steps) == 3  # the epoch's row, the part, the epoch record
+    assert staging.plan("bridge-epochs", [record(None, b"not json")]) is None
