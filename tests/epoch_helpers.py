@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -112,16 +112,25 @@ class Reader:
 
 @contextmanager
 def reading(reader: Reader, every_s: float = 0.01) -> Iterator[Reader]:
-    """`reader` polling on a thread of its own for as long as the block runs, and once more
-    at its end."""
+    """`reader` polling on a thread of its own for as long as the block runs."""
+    with polling(reader.dsn, reader.poll, every_s):
+        yield reader
+
+
+@contextmanager
+def polling(
+    dsn: str, poll: Callable[[psycopg.Connection[Any]], None], every_s: float = 0.01
+) -> Iterator[None]:
+    """`poll` called on a thread of its own, with a connection of its own, for as long as the
+    block runs; what it raises is raised in the test's thread at the end."""
     stop = threading.Event()
     failure: list[BaseException] = []
 
     def loop() -> None:
         try:
-            with psycopg.connect(reader.dsn, autocommit=True) as conn:
+            with psycopg.connect(dsn, autocommit=True) as conn:
                 while not stop.is_set():
-                    reader.poll(conn)
+                    poll(conn)
                     stop.wait(every_s)
         except BaseException as exc:  # noqa: BLE001 - handed to the test's thread
             failure.append(exc)
@@ -129,7 +138,7 @@ def reading(reader: Reader, every_s: float = 0.01) -> Iterator[Reader]:
     thread = threading.Thread(target=loop, daemon=True)
     thread.start()
     try:
-        yield reader
+        yield
     finally:
         stop.set()
         thread.join(30)

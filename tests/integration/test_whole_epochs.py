@@ -6,15 +6,30 @@ mode, the same run otherwise. Every record lands exactly once either way."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import uuid
+from pathlib import Path
 from typing import Any
 
+import psutil
 import psycopg
 import pytest
+import yaml
 
 from bridge.kafka_admin import create_topic
-from tests.consumer_helpers import eventually, http_get, running, sample, settings_for, sql
-from tests.epoch_helpers import HandSink, Reader, published, reading, staged
+from bridge.names import CONSUMER_APPLICATION_PREFIX
+from tests.consumer_helpers import (
+    eventually,
+    http_get,
+    plain_config,
+    running,
+    sample,
+    settings_for,
+    sql,
+)
+from tests.epoch_helpers import HandSink, Reader, polling, published, reading, staged
 from tests.harness import Endpoints
 from tests.integration.test_operator_tools import bridge
 from tests.integration.test_status import status
@@ -202,3 +217,183 @@ def test_an_epoch_that_cannot_complete_is_reported_then_settled_by_the_operator(
                   "ORDER BY id")  # fmt: skip
     assert actions == [(1, "discard", 2 * per_task), (3, "publish", 2 * per_task)]
     assert counts(stack, pipeline) == ((TASKS + 2) * per_task,) * 2
+
+
+class Member:
+    """One `python -m consumers` process of the group."""
+
+    def __init__(self, config: Path, log: Path) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("BRIDGE_")}
+        with log.open("ab") as out:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "consumers", "--config", str(config)],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+            )
+
+    def holds_port(self, port: int) -> bool:
+        connections = psutil.Process(self.process.pid).net_connections(kind="tcp")
+        return any(c.laddr and c.laddr.port == port for c in connections)
+
+    def kill(self) -> None:
+        self.process.kill()
+        self.process.wait(30)
+
+
+def client_port_waiting_on(dsn: str, group: str, statement: str) -> int | None:
+    """The client port of the group's session that waits for a lock inside `statement`."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT client_port FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+            "AND application_name = %s AND query ILIKE %s",
+            (f"{CONSUMER_APPLICATION_PREFIX}{group}", f"%{statement}%"),
+        ).fetchone()
+    return None if row is None else int(row[0])
+
+
+def test_members_killed_while_staging_and_while_publishing_lose_double_and_show_nothing_partial(
+    stack: Endpoints, names: dict[str, str], pipeline: dict[str, Any], tmp_path: Path
+) -> None:
+    """Two member processes. One is SIGKILLed with its staging transaction inside the COPY into
+    the ledger, one with its publishing transaction inside the COPY into a table; each time
+    another member finishes the work, and the reader never sees part of an epoch."""
+    query = f"q-{uuid.uuid4()}"
+    sink = HandSink(stack, manifest_topic=pipeline["manifest"], query=query)
+    per_task, epochs = 40, 4
+    config = tmp_path / "consumer.yaml"
+    routes = [
+        {"topic": topic, "table": table, "epochs": "whole"}
+        for topic, table in zip(pipeline["topics"], pipeline["tables"], strict=True)
+    ]
+    plain = plain_config(stack, names, routes=routes, epochs_topic=pipeline["manifest"],
+                         batch_max_wait_ms=50, db_session_timeout_ms=5000)  # fmt: skip
+    # A killed member's partitions move on after its session: a short one.
+    plain["kafka"]["properties"] = {"session.timeout.ms": 6000, "heartbeat.interval.ms": 1000}
+    config.write_text(yaml.safe_dump(plain))
+    reader = Reader(stack.dsn, pipeline["tables"], dict.fromkeys(range(epochs), TASKS * per_task))
+    members = [Member(config, tmp_path / f"member-{i}.log") for i in range(2)]
+    try:
+        with reading(reader):
+            ledger = f"{names['schema']}.epoch_records"
+            eventually(lambda: _exists(stack, ledger))
+            for task in range(TASKS):
+                sink.task(0, task, epoch_records(pipeline, 0, task, per_task))
+            sink.commit(0, list(range(TASKS)))
+            eventually(lambda: published(stack.dsn, names["schema"], query) == 1)
+
+            # Killed while staging: epoch 1's records wait for a COPY into the ledger.
+            with psycopg.connect(stack.dsn) as holder:
+                holder.execute(f"LOCK TABLE {ledger} IN ACCESS EXCLUSIVE MODE")
+                for task in range(TASKS):
+                    sink.task(1, task, epoch_records(pipeline, 1, task, per_task))
+                sink.commit(1, list(range(TASKS)))
+                port: list[int] = []
+
+                def staging() -> bool:
+                    found = client_port_waiting_on(stack.dsn, names["group"], "COPY")
+                    port[:] = [] if found is None else [found]
+                    return found is not None
+
+                eventually(staging)
+                (victim,) = [m for m in members if m.holds_port(port[0])]
+                victim.kill()
+                holder.rollback()
+            members[members.index(victim)] = Member(config, tmp_path / "member-restarted-1.log")
+            eventually(lambda: published(stack.dsn, names["schema"], query) == 2, timeout=120)
+
+            # Killed while publishing: epoch 2 is whole, its publisher waits inside the COPY
+            # into the first table.
+            with psycopg.connect(stack.dsn) as holder:
+                holder.execute(f"LOCK TABLE {pipeline['tables'][0]} IN ACCESS EXCLUSIVE MODE")
+                for task in range(TASKS):
+                    sink.task(2, task, epoch_records(pipeline, 2, task, per_task))
+                sink.commit(2, list(range(TASKS)))
+                eventually(staging)
+                (victim,) = [m for m in members if m.holds_port(port[0])]
+                victim.kill()
+                holder.rollback()
+            eventually(lambda: published(stack.dsn, names["schema"], query) == 3, timeout=120)
+            for task in range(TASKS):
+                sink.task(3, task, epoch_records(pipeline, 3, task, per_task))
+            sink.commit(3, list(range(TASKS)))
+            eventually(lambda: published(stack.dsn, names["schema"], query) == epochs)
+    finally:
+        for member in members:
+            if member.process.poll() is None:
+                member.kill()
+    assert reader.partial == [], f"part of an epoch seen: {reader.partial[:5]}"
+    assert counts(stack, pipeline) == (epochs * TASKS * per_task,) * 2
+
+
+def _exists(stack: Endpoints, table: str) -> bool:
+    with psycopg.connect(stack.dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT to_regclass(%s)", (table,)).fetchone()
+    return row is not None and row[0] is not None
+
+
+Row = tuple[int, str, int]  # id, v, epoch_no
+
+
+@pytest.mark.parametrize("mode", ["upsert", "replace", "insert_if_absent", "update"])
+def test_every_keyed_mode_publishes_whole_and_ends_as_its_records_say(
+    stack: Endpoints, names: dict[str, str], pipeline: dict[str, Any], mode: str
+) -> None:
+    """Keys written again in later epochs and within one, and deleted by tombstones: the table
+    a reader sees is always the table after some whole epoch, and at the end the one the
+    records say, mode by mode."""
+    topic, table = pipeline["topics"][0], f"public.{names['table']}"
+    with psycopg.connect(stack.dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE {table} (id bigint PRIMARY KEY, v text, epoch_no int)")
+        conn.execute(f"GRANT ALL ON {table} TO PUBLIC")
+        if mode == "update":  # update mode only changes rows that are there
+            conn.execute(f"INSERT INTO {table} SELECT i, 'seed', -1 FROM generate_series(0, 29) i")
+    model: dict[int, Row] = {i: (i, "seed", -1) for i in range(30)} if mode == "update" else {}
+    states = [dict(model)]  # the table after each whole epoch
+    query = f"q-{uuid.uuid4()}"
+    sink = HandSink(stack, manifest_topic=pipeline["manifest"], query=query)
+    epochs = 5
+    plan: list[list[list[tuple[int, Row | None]]]] = []  # epoch -> task -> (key, row or delete)
+    for epoch in range(epochs):
+        tasks = []
+        for task in range(TASKS):
+            writes: list[tuple[int, Row | None]] = []
+            for key in range(task * 7 + epoch * 3, task * 7 + epoch * 3 + 12):
+                key %= 30
+                deleted = (key + epoch) % 11 == 0
+                writes.append((key, None if deleted else (key, f"e{epoch}t{task}", epoch)))
+            tasks.append(writes)
+        plan.append(tasks)
+        for writes in tasks:
+            for key, row in writes:
+                if row is None:
+                    model.pop(key, None)
+                elif mode in ("upsert", "replace") or (mode == "insert_if_absent") != (
+                    key in model
+                ):
+                    model[key] = row
+        states.append(dict(model))
+    snapshots = [frozenset(state.values()) for state in states]
+    seen_partial: list[int] = []
+
+    def poll(conn: psycopg.Connection[Any]) -> None:
+        rows = frozenset(conn.execute(f"SELECT id, v, epoch_no FROM {table}").fetchall())
+        if rows not in snapshots:
+            seen_partial.append(len(rows))
+
+    route = {"topic": topic, "table": table, "epochs": "whole", "mode": mode, "key_columns": ["id"]}
+    manifest = pipeline["manifest"]
+    config = settings_for(stack, names, consumer={"routes": [route], "epochs_topic": manifest})
+    with running(config), polling(stack.dsn, poll):
+        for epoch, tasks in enumerate(plan):
+            for task, writes in enumerate(tasks):
+                sink.task(epoch, task, [
+                    (topic, key % PARTITIONS, json.dumps({"id": key}).encode(),
+                     None if row is None else json.dumps(
+                         {"id": row[0], "v": row[1], "epoch_no": row[2]}).encode())
+                    for key, row in writes
+                ])  # fmt: skip
+            sink.commit(epoch, list(range(TASKS)))
+        eventually(lambda: published(stack.dsn, names["schema"], query) == epochs)
+    assert seen_partial == [], f"{len(seen_partial)} polls saw a table no whole epoch makes"
+    assert set(sql(stack, f"SELECT id, v, epoch_no FROM {table}")) == set(model.values())
