@@ -54,6 +54,7 @@ rdkafka_log = logging.getLogger("bridge.rdkafka")
 # default, before it fetches again, although the loop drains that queue in a fraction of it:
 # catching up after downtime crawled at about 170k records/s with the process mostly idle.
 CONSUMER_FETCH_DEFAULTS: dict[str, LibrdkafkaValue] = {"fetch.queue.backoff.ms": 10}
+_METADATA_REFRESH_MS = 10_000
 _STATISTICS_INTERVAL_MS = 5_000  # how often librdkafka reports the last stable offsets (lag)
 _RECONCILE_INTERVAL_S = 1.0  # how often leases are compared with the offsets table
 _STALLED_AFTER_S = 60.0  # /healthz fails when the poll loop has not turned for this long
@@ -296,6 +297,10 @@ class ConsumerService:
             "auto.offset.reset": "error",
             "statistics.interval.ms": _STATISTICS_INTERVAL_MS,
         }
+        if self._config.whole_epochs:
+            # The manifest topic may come after the member (the sink makes it on its first
+            # run): a subscribed topic that does not exist yet is looked for at this interval.
+            overrides["topic.metadata.refresh.interval.ms"] = _METADATA_REFRESH_MS
         # Both protocols hand partitions over incrementally, which the leases rely on: a member
         # keeps what it is not asked to give up, with its batch in flight.
         if self._config.group_protocol == "consumer":

@@ -188,46 +188,66 @@ class EpochStager:
         return [copy, count]
 
     def _manifest_steps(self, documents: list[Part | Epoch]) -> list[Step]:
+        """The ledger's rows of the manifest's records. Other queries, and other groups', share
+        the manifest topic: an epoch is kept only once a part of it names a topic this group
+        holds back (parts precede their epoch's record in the log, a replayed task writing
+        none); the record of an epoch the group does not keep clears its parts."""
         group = sql.Literal(self._group)
         steps = []
         for document in documents:
-            query, epoch = sql.Literal(document.query), sql.Literal(document.epoch)
+            where = sql.SQL("group_id = {} AND query = {} AND epoch = {}").format(
+                group, sql.Literal(document.query), sql.Literal(document.epoch)
+            )
             if isinstance(document, Part):
-                steps.append(
-                    Step(
-                        sql.SQL(
-                            "INSERT INTO {} (group_id, query, epoch) VALUES ({}, {}, {}) "
-                            "ON CONFLICT DO NOTHING"
-                        ).format(self._ledger.epochs, group, query, epoch)
-                    )
-                )
-                steps.append(
-                    Step(
-                        sql.SQL(
-                            "INSERT INTO {} (group_id, query, epoch, spark_partition, records) "
-                            "VALUES ({}, {}, {}, {}, {}::jsonb) ON CONFLICT DO NOTHING"
-                        ).format(
-                            self._ledger.parts,
-                            group,
-                            query,
-                            epoch,
-                            sql.Literal(document.partition),
-                            sql.Literal(json.dumps(dict(document.records))),
+                steps.append(self._part_step(document))
+                if any(n and self._whole_topic(t) for t, n in document.records.items()):
+                    steps.append(
+                        Step(
+                            sql.SQL(
+                                "INSERT INTO {} (group_id, query, epoch) VALUES ({}, {}, {}) "
+                                "ON CONFLICT DO NOTHING"
+                            ).format(
+                                self._ledger.epochs,
+                                group,
+                                sql.Literal(document.query),
+                                sql.Literal(document.epoch),
+                            )
                         )
                     )
-                )
                 continue
             # The same epoch record twice (a replayed commit hook) changes nothing.
+            parts = sql.Literal(list(document.parts))
             steps.append(
                 Step(
                     sql.SQL(
-                        "INSERT INTO {} AS e (group_id, query, epoch, parts, manifest_at) "
-                        "VALUES ({}, {}, {}, {}::integer[], now()) ON CONFLICT (group_id, query, "
-                        "epoch) DO UPDATE SET parts = coalesce(e.parts, EXCLUDED.parts), "
-                        "manifest_at = coalesce(e.manifest_at, EXCLUDED.manifest_at)"
-                    ).format(
-                        self._ledger.epochs, group, query, epoch, sql.Literal(list(document.parts))
-                    )
+                        "UPDATE {} SET parts = coalesce(parts, {}::integer[]), "
+                        "manifest_at = coalesce(manifest_at, now()) WHERE "
+                    ).format(self._ledger.epochs, parts)
+                    + where
+                )
+            )
+            steps.append(
+                Step(
+                    sql.SQL("DELETE FROM {} WHERE ").format(self._ledger.parts)
+                    + where
+                    + sql.SQL(" AND NOT EXISTS (SELECT FROM {} WHERE ").format(self._ledger.epochs)
+                    + where
+                    + sql.SQL(")")
                 )
             )
         return steps
+
+    def _part_step(self, part: Part) -> Step:
+        return Step(
+            sql.SQL(
+                "INSERT INTO {} (group_id, query, epoch, spark_partition, records) "
+                "VALUES ({}, {}, {}, {}, {}::jsonb) ON CONFLICT DO NOTHING"
+            ).format(
+                self._ledger.parts,
+                sql.Literal(self._group),
+                sql.Literal(part.query),
+                sql.Literal(part.epoch),
+                sql.Literal(part.partition),
+                sql.Literal(json.dumps(dict(part.records))),
+            )
+        )

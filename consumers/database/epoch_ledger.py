@@ -3,9 +3,9 @@ and the records it holds back until the epoch is whole.
 
 A group whose routes want whole epochs (`epochs: whole`) keeps, per (query, epoch):
 
-- `epochs`: the epoch's row, made by the first manifest record of it; the Spark partitions the
-  driver's epoch record names (`parts`, NULL until it comes); whether an operator forced it; and
-  its outcome (`published`, `discarded`) once settled. Rows stay after publication: a driver
+- `epochs`: the epoch's row, made by its first part that names a topic the group holds back;
+  the Spark partitions the driver's epoch record names (`parts`, NULL until it comes); whether
+  an operator forced it; and its outcome (`published`, `discarded`) once settled. Rows stay after publication: a driver
   that replays its commit hook writes the same epoch record again, and the row says it is done;
 - `epoch_parts`: each write task's part, the records it wrote per topic;
 - `epoch_records`: the records themselves, as Kafka gave them, staged in the batch that advances
@@ -358,7 +358,7 @@ def _lock(conn: psycopg.Connection[Any], names: LedgerNames, group: str, key: Ep
 
 
 def _clear(conn: psycopg.Connection[Any], names: LedgerNames, group: str, key: EpochKey) -> None:
-    for table in (names.records, names.staged):
+    for table in (names.records, names.staged, names.parts):
         conn.execute(
             sql.SQL("DELETE FROM {} WHERE group_id = %s AND query = %s AND epoch = %s").format(
                 table

@@ -1,6 +1,7 @@
 """The epoch manifest on real Spark and the real broker: every epoch's record names the parts
-that count its records, through an empty epoch, several topics, tasks without input, and a
-driver killed before, inside and after its commit hook."""
+that count its records, through an empty epoch, several topics, tasks without input, a driver
+killed before, inside and after its commit hook, and an executor's worker killed mid-task; and
+through the kills, a consumer group with whole epochs shows a reader only whole epochs."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ import pytest
 from bridge.epoch_manifest import Epoch, Part, parse
 from bridge.kafka_admin import create_topic
 from bridge.names import DEFAULT_EPOCHS_TOPIC
+from tests.consumer_helpers import eventually, running, settings_for, sql
+from tests.epoch_helpers import Reader, reading
 from tests.harness import Endpoints
 from tests.integration.test_producer_faults import (
     assert_exactly,
@@ -139,25 +142,45 @@ def test_each_epoch_is_named_whole_across_topics_empty_tasks_and_an_empty_epoch(
         ({"point": "manifest-before-commit", "epoch": 1, "action": "hang"}, 1),
         # After it: the record is in Kafka; the replay writes the same record again.
         ({"point": "manifest-after-commit", "epoch": 1, "action": "hang"}, 2),
+        # An executor's Python worker dies in the middle of a task: Spark retries the task.
+        ({"point": "mid-produce", "partition": 1, "epoch": 1, "after_rows": 300,
+          "action": "exit"}, 1),
     ],
-    ids=["before-the-hook", "inside-the-hook", "after-the-hook"],
-)
+    ids=["before-the-hook", "inside-the-hook", "after-the-hook", "executor-killed-mid-task"],
+)  # fmt: skip
 def test_a_driver_killed_around_its_commit_hook_leaves_every_epoch_whole(
     stack: Endpoints,
+    names: dict[str, str],
     topic_name: str,
     tmp_path: Path,
     rule: dict[str, object],
     records_of_epoch_1: int,
 ) -> None:
-    producer, process, expected = started_to_fault(
-        stack, tmp_path, topic_name, rule, "--epochs", "whole"
-    )
-    if rule["point"] == "after-commit":
-        wait_for_marker(stack, producer, partition=1, epoch=1)  # another task of it committed
-    kill_group(process)
-    assert not (producer.checkpoint / "commits" / "1").exists()  # Spark will replay epoch 1
-
-    producer.run_to_end()
+    """The manifest stays whole through each kill; and a consumer group with whole epochs,
+    running all along, shows a reader of its table each epoch at once, never part of one."""
+    table = f"public.{names['table']}"
+    sql(stack, f"CREATE TABLE {table} (id bigint PRIMARY KEY, amount int, note text, "
+               "epoch_no bigint)")  # fmt: skip
+    route = {"topic": topic_name, "table": table, "epochs": "whole",
+             "metadata": {"epoch_no": "spark.epoch"}}  # fmt: skip
+    reader = Reader(stack.dsn, [table], {0: 4000, 1: 4000})  # 2 files of 2,000 an epoch
+    for topic, partitions in ((topic_name, 3), (DEFAULT_EPOCHS_TOPIC, 1)):
+        create_topic(stack.bootstrap_servers, topic, partitions=partitions)  # before the group
+    with running(settings_for(stack, names, consumer={"routes": [route]})), reading(reader):
+        producer, process, expected = started_to_fault(
+            stack, tmp_path, topic_name, rule, "--epochs", "whole"
+        )
+        if rule["point"] == "after-commit":
+            wait_for_marker(stack, producer, partition=1, epoch=1)  # another task of it committed
+        if rule["action"] == "hang":
+            kill_group(process)
+            assert not (producer.checkpoint / "commits" / "1").exists()  # Spark replays epoch 1
+            producer.run_to_end()
+        else:
+            assert process.wait(240) == 0, producer.log.read_text()[-3000:]
+        eventually(lambda: sql(stack, f"SELECT count(*) FROM {table}")[0][0] == 8000)
+    assert reader.partial == [], f"part of an epoch seen: {reader.partial[:5]}"
+    assert sql(stack, f"SELECT count(DISTINCT id), count(*) FROM {table}") == [(8000, 8000)]
 
     assert_exactly(stack, topic_name, 3, expected)
     query = _query_of(producer.checkpoint)

@@ -71,6 +71,10 @@ def test_manifest_records_become_ledger_statements_and_a_bad_one_a_dead_letter()
     staging = stager()
     part = Part(query="q", epoch=1, partition=0, records={"a": 2}).encode()
     epoch = Epoch(query="q", epoch=1, parts=(0,)).encode()
+    other = Part(query="r", epoch=1, partition=0, records={"b": 5}).encode()
     steps = staging.plan("bridge-epochs", [record(None, part), record(None, epoch)])
-    assert steps is not None and len(steps) == 3  # the epoch's row, the part, the epoch record
+    # The part, the epoch's row; the epoch record, and the clearing of parts of epochs not kept.
+    assert steps is not None and len(steps) == 4
+    ignored = staging.plan("bridge-epochs", [record(None, other)])
+    assert ignored is not None and len(ignored) == 1  # its part only: no topic of this group
     assert staging.plan("bridge-epochs", [record(None, b"not json")]) is None
