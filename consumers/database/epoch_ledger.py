@@ -5,8 +5,9 @@ A group whose routes want whole epochs (`epochs: whole`) keeps, per (query, epoc
 
 - `epochs`: the epoch's row, made by its first part that names a topic the group holds back;
   the Spark partitions the driver's epoch record names (`parts`, NULL until it comes); whether
-  an operator forced it; and its outcome (`published`, `discarded`) once settled. Rows stay after publication: a driver
-  that replays its commit hook writes the same epoch record again, and the row says it is done;
+  an operator forced it; and its outcome (`published`, `discarded`) once settled. Rows stay
+  after publication: a driver that replays its commit hook writes the same epoch record again,
+  and the row says it is done;
 - `epoch_parts`: each write task's part, the records it wrote per topic;
 - `epoch_records`: the records themselves, as Kafka gave them, staged in the batch that advances
   their offsets, until the epoch is published in one transaction;
