@@ -281,6 +281,7 @@ class Service:
         group: str | None = None,  # several instances of one group share it
         http_port: int | None = None,  # serve /metrics there
         value_format: str = "json",  # avro: through the stack's schema registry
+        route_options: dict[str, Any] | None = None,  # more of the route: epochs, metadata
     ) -> None:
         self.stack, self.group = stack, group or f"bench-{uuid.uuid4().hex[:8]}"
         self._watcher: psycopg.Connection[Any] | None = None
@@ -289,6 +290,7 @@ class Service:
             route["key_columns"] = ["id"]
         if value_format != "json":
             route["value_format"] = value_format
+        route |= route_options or {}
         consumer: dict[str, Any] = {"group_id": self.group, "routes": [route]}
         if batch_max_wait_ms is not None:
             consumer["batch_max_wait_ms"] = batch_max_wait_ms
@@ -312,25 +314,30 @@ class Service:
                 stdout=out, stderr=subprocess.STDOUT, env=env, cwd=tree,
             )  # fmt: skip
 
-    def position(self) -> int:
+    def watcher(self) -> psycopg.Connection[Any]:
         # One connection for all the polls: a new one every 50 ms would fork a PostgreSQL
         # backend each time, CPU taken from the database the service is measured against.
         if self._watcher is None:
             self._watcher = psycopg.connect(self.stack.dsn, autocommit=True)
-        return applied_position(self._watcher, self.group, DEFAULT_STATE_SCHEMA)
+        return self._watcher
+
+    def position(self) -> int:
+        return applied_position(self.watcher(), self.group, DEFAULT_STATE_SCHEMA)
 
     def held_partitions(self) -> int:
         """Partitions whose row in the offsets table names an owner: the claim the service
         writes when it is assigned them, before it reads a record."""
-        if self._watcher is None:
-            self._watcher = psycopg.connect(self.stack.dsn, autocommit=True)
         try:
-            row = self._watcher.execute(
-                sql_ident.SQL(
-                    "SELECT count(*) FROM {} WHERE group_id = %s AND owner IS NOT NULL"
-                ).format(sql_ident.Identifier(DEFAULT_STATE_SCHEMA, OFFSETS_TABLE)),
-                (self.group,),
-            ).fetchone()
+            row = (
+                self.watcher()
+                .execute(
+                    sql_ident.SQL(
+                        "SELECT count(*) FROM {} WHERE group_id = %s AND owner IS NOT NULL"
+                    ).format(sql_ident.Identifier(DEFAULT_STATE_SCHEMA, OFFSETS_TABLE)),
+                    (self.group,),
+                )
+                .fetchone()
+            )
         except psycopg.errors.UndefinedTable:
             return 0
         return int(row[0]) if row else 0

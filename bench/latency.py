@@ -62,19 +62,31 @@ def trigger_seconds(trigger: str) -> float:
 
 
 def run_pipeline(
-    stack: Endpoints, trigger: str, *, rate: int, seconds: float, scratch: Path
+    stack: Endpoints,
+    trigger: str,
+    *,
+    rate: int,
+    seconds: float,
+    scratch: Path,
+    whole_epochs: bool = False,
 ) -> dict[str, Any]:
+    """One run; with `whole_epochs`, the sink writes the epoch manifest and the route waits for
+    whole epochs (bench/epochs.py)."""
     name = f"lat-{uuid.uuid4().hex[:8]}"
     new_topic(stack, name, partitions=PARTITIONS)
     table = name.replace("-", "_")
     new_table(stack, table, 'value bigint, "timestamp" timestamptz, '
                             "applied_at timestamptz DEFAULT clock_timestamp()")  # fmt: skip
-    consumer = Service(stack, name, table, "insert", scratch, batch_max_wait_ms=None)
+    route = {"epochs": "whole"} if whole_epochs else {}
+    consumer = Service(
+        stack, name, table, "insert", scratch, batch_max_wait_ms=None, route_options=route
+    )
     checkpoint = scratch / f"checkpoint-{name}"
     command = [
         str(Path(sys.executable).with_name("bridge")), "produce", "--source", "rate",
         "--rows-per-second", str(rate), "--trigger", trigger, "--topic", name,
         "--checkpoint", str(checkpoint), "--bootstrap-servers", stack.bootstrap_servers,
+        *(["--epochs", "whole"] if whole_epochs else []),
     ]  # fmt: skip
     log = scratch / f"{name}-producer.log"
     try:

@@ -37,6 +37,7 @@ import psycopg
 from confluent_kafka import Message
 from psycopg import sql
 
+from bridge.names import PROVENANCE_EPOCH, PROVENANCE_PARTITION, PROVENANCE_QUERY
 from consumers.backoff import HoldBackoff
 from consumers.batch.metrics import ConsumerMetrics
 from consumers.batch.planner import Planned, Planner, by_topic
@@ -63,8 +64,8 @@ log = logging.getLogger("bridge.consumer")
 _LOOK_EVERY_S = 0.2  # what whole epochs add to the end-to-end latency, at most, besides the work
 _PUBLISH_BUDGET_S = 2.0  # publications in one look: the poll loop turns in between
 _SELECT_STAGED = sql.SQL(
-    'SELECT topic, partition, "offset", key, value, headers, timestamp_type, timestamp_ms '
-    "FROM {} WHERE group_id = %s AND query = %s AND epoch = %s "
+    'SELECT topic, partition, "offset", key, value, spark_partition, headers, timestamp_type, '
+    "timestamp_ms FROM {} WHERE group_id = %s AND query = %s AND epoch = %s "
     'ORDER BY topic, partition, "offset"'
 )
 
@@ -182,10 +183,12 @@ class EpochPublisher:
         in the caller's transaction. Returns a sample of them, for the latency."""
         sample: list[Record] = []
         staged: set[str] = set()  # the upsert staging tables this transaction used
-        with conn.cursor(name="bridge_epoch_records") as cursor:
+        as_kafka_gave = _Records(*key)
+        # Binary: the keys and values come back as the bytes they are, unparsed.
+        with conn.cursor(name="bridge_epoch_records", binary=True) as cursor:
             cursor.execute(_SELECT_STAGED.format(self._ledger.records), (self._group, *key))
             while rows := cursor.fetchmany(self._chunk):
-                records = list(map(_record, rows))
+                records = as_kafka_gave(rows)
                 planned = self._planner.plan(
                     _by_partition(records), conn, in_flight=[], publishing=True, staged=staged
                 )
@@ -251,19 +254,33 @@ class EpochNotPublished(Exception):
         super().__init__(f"query {state.query} epoch {state.epoch}: {why}")
 
 
-def _record(row: tuple[Any, ...]) -> Record:
-    topic, partition, offset, key, value, headers, kind, stamp = row
-    return Message(
-        topic=topic,
-        partition=partition,
-        offset=offset,
-        key=key,
-        value=value,
-        headers=[
-            (name, None if hexed is None else bytes.fromhex(hexed)) for name, hexed in headers
-        ],
-        timestamp=(kind, stamp),
-    )
+class _Records:
+    """Staged rows of one epoch made the records Kafka gave again, provenance headers and all,
+    for the planner and the applier, which take records."""
+
+    def __init__(self, query: str, epoch: int) -> None:
+        self._query = query.encode()
+        self._epoch = str(epoch).encode()
+        self._provenance: dict[int, list[tuple[str, bytes | None]]] = {}
+
+    def __call__(self, rows: list[tuple[Any, ...]]) -> list[Record]:
+        return [
+            Message(topic, partition, offset, key, value, self._headers(part, others), None,
+                    (kind, stamp))
+            for topic, partition, offset, key, value, part, others, kind, stamp in rows
+        ]  # fmt: skip
+
+    def _headers(self, part: int, others: list[list[str | None]] | None) -> list[Any]:
+        headers = self._provenance.get(part)
+        if headers is None:
+            headers = self._provenance[part] = [
+                (PROVENANCE_QUERY, self._query),
+                (PROVENANCE_PARTITION, str(part).encode()),
+                (PROVENANCE_EPOCH, self._epoch),
+            ]
+        if not others:
+            return headers
+        return [*headers, *((n, None if v is None else bytes.fromhex(v)) for n, v in others)]
 
 
 def _by_partition(records: list[Record]) -> dict[PartitionKey, list[Record]]:

@@ -21,18 +21,20 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import groupby, repeat
+from operator import itemgetter
 from typing import Any, NamedTuple, cast
 
 import psycopg
+from confluent_kafka import Message
 from psycopg import sql
-from psycopg.types.json import Jsonb
 
 from bridge.epoch_manifest import Epoch, ManifestError, Part, parse
 from bridge.names import PROVENANCE_EPOCH, PROVENANCE_PARTITION, PROVENANCE_QUERY
 from consumers.database.epoch_ledger import LedgerNames
-from consumers.decoding.records import Record, offset_of
+from consumers.decoding.records import Record
 from consumers.tables.applier import Applier, DeadLetterNote, Step, run_steps
 
 _MAX_QUERY_ID = 200  # as the manifest bounds it
@@ -43,15 +45,8 @@ _STAGED_COLUMNS = (
 )  # fmt: skip
 
 
-def _headers(record: Record) -> list[tuple[str, bytes | None]]:
-    """A consumed record's headers: a list of pairs (never the dict a producer may pass)."""
-    return cast(list[tuple[str, bytes | None]], record.headers() or [])
-
-
-def _headers_json(headers: list[tuple[str, bytes | None]]) -> Jsonb:
-    """Headers as jsonb can hold any of them: [[name, value in hex or null], ...]; a NUL in a
-    name, which jsonb refuses, made visible."""
-    return Jsonb([[n.replace("\x00", "\\x00"), None if v is None else v.hex()] for n, v in headers])
+Headers = list[tuple[str, bytes | None]]
+PROVENANCE_HEADERS = (PROVENANCE_QUERY, PROVENANCE_EPOCH, PROVENANCE_PARTITION)
 
 
 class Provenance(NamedTuple):
@@ -62,12 +57,17 @@ class Provenance(NamedTuple):
 
 def provenance(record: Record) -> Provenance | str:
     """The Spark query, epoch and partition the sink's headers give a record, or why not."""
+    return provenance_of(cast(Headers, record.headers() or []))
+
+
+def provenance_of(headers: Headers) -> Provenance | str:
+    """The Spark query, epoch and partition in a record's headers, or why they are not there."""
     found: dict[str, bytes | None] = {}
-    for name, value in _headers(record):
-        if name in (PROVENANCE_QUERY, PROVENANCE_EPOCH, PROVENANCE_PARTITION):
+    for name, value in headers:
+        if name in PROVENANCE_HEADERS:
             found.setdefault(name, value)
     if len(found) < 3:
-        absent = sorted({PROVENANCE_QUERY, PROVENANCE_EPOCH, PROVENANCE_PARTITION} - set(found))
+        absent = sorted(set(PROVENANCE_HEADERS) - set(found))
         return (
             f"no {', '.join(absent)} header: the route publishes whole epochs, and only records "
             "of bridge's sink carry the epoch they belong to"
@@ -81,6 +81,25 @@ def provenance(record: Record) -> Provenance | str:
     if not 0 < len(query) <= _MAX_QUERY_ID or not 0 <= epoch <= _MAX_INT64 or not 0 <= part < 2**31:
         return "the sink's provenance headers are out of range"
     return Provenance(query, epoch, part)
+
+
+def other_headers(headers: Headers) -> str | None:
+    """The headers besides the provenance, as the JSON the ledger keeps them in (the
+    provenance is in columns of its own): [[name, value in hex or null], ...], a NUL in a name,
+    which jsonb refuses, made visible; None when there are none, as for most records."""
+    others = [
+        [n.replace("\x00", "\\x00"), None if v is None else v.hex()]
+        for n, v in headers
+        if n not in PROVENANCE_HEADERS
+    ]
+    return json.dumps(others) if others else None
+
+
+def runs(records: Sequence[Record]) -> Iterator[tuple[Headers, list[Record]]]:
+    """The records in runs that carry the same headers, as a task's records come: the headers
+    are read once a run, and compared in C."""
+    for headers, run in groupby(records, Message.headers):
+        yield cast(Headers, headers or []), list(run)
 
 
 @dataclass
@@ -118,10 +137,10 @@ class EpochStager:
                 return self._manifest_steps([parse(r.value()) for r in records])
             except ManifestError:
                 return None
-        found = list(map(provenance, records))
-        if any(isinstance(p, str) for p in found):
+        found = [(provenance_of(headers), headers, run) for headers, run in runs(records)]
+        if any(isinstance(origin, str) for origin, _, _ in found):
             return None
-        return self._staging_steps(topic, records, found)  # type: ignore[arg-type]
+        return self._staging_steps(topic, found)  # type: ignore[arg-type]
 
     def apply(self, conn: psycopg.Connection[Any], topic: str, records: Sequence[Record]) -> Staged:
         """Stage `records` in the caller's transaction; a record that cannot be staged is
@@ -138,38 +157,38 @@ class EpochStager:
                 except ManifestError as exc:
                     dead(record, f"not an epoch manifest record: {exc}")
             return done
-        kept, found = [], []
-        for record in records:
-            origin = provenance(record)
+        kept: list[tuple[Provenance, Headers, list[Record]]] = []
+        for headers, run in runs(records):
+            origin = provenance_of(headers)
             if isinstance(origin, str):
-                dead(record, origin)
+                for record in run:
+                    dead(record, origin)
             else:
-                kept.append(record)
-                found.append(origin)
+                kept.append((origin, headers, run))
         if kept:
-            run_steps(conn, self._staging_steps(topic, kept, found))
-        done.staged = len(kept)
+            run_steps(conn, self._staging_steps(topic, kept))
+        done.staged = sum(len(run) for _, _, run in kept)
         return done
 
     def _staging_steps(
-        self, topic: str, records: Sequence[Record], found: list[Provenance]
+        self, topic: str, found: list[tuple[Provenance, Headers, list[Record]]]
     ) -> list[Step]:
+        """The COPY of the records into the ledger, and the counts they add, built by C loops
+        over each run's records (every record of a batch passes here)."""
         group = self._group
-        rows = []
-        for record, origin in zip(records, found, strict=True):
-            headers = _headers(record)
-            kind, stamp = record.timestamp()
-            rows.append(
-                (
-                    group, topic, record.partition(), offset_of(record), *origin, record.key(),
-                    record.value(), _headers_json(headers),
-                    kind, stamp,
-                )
+        rows: list[tuple[Any, ...]] = []
+        counts: Counter[tuple[str, int, int, int]] = Counter()
+        for (query, epoch, part), headers, run in found:
+            stamps = list(map(Message.timestamp, run))
+            partitions = cast(list[int], list(map(Message.partition, run)))
+            rows += zip(
+                repeat(group), repeat(topic), partitions, map(Message.offset, run),
+                repeat(query), repeat(epoch), repeat(part), map(Message.key, run),
+                map(Message.value, run), repeat(other_headers(headers)),
+                map(itemgetter(0), stamps), map(itemgetter(1), stamps),
             )  # fmt: skip
-        counts = Counter(
-            (p.query, p.epoch, p.spark_partition, r.partition())
-            for r, p in zip(records, found, strict=True)
-        )
+            for kafka, n in Counter(partitions).items():
+                counts[query, epoch, part, kafka] += n
         columns = sql.SQL(", ").join(map(sql.Identifier, _STAGED_COLUMNS))
         copy = Step(sql.SQL("COPY {} ({}) FROM STDIN").format(self._ledger.records, columns), rows)
         values = sql.SQL(", ").join(

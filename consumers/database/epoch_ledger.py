@@ -56,6 +56,9 @@ from bridge.names import (
     EPOCH_RECORDS_TABLE,
     EPOCH_STAGED_TABLE,
     EPOCHS_TABLE,
+    PROVENANCE_EPOCH,
+    PROVENANCE_PARTITION,
+    PROVENANCE_QUERY,
 )
 
 PUBLISHED = "published"
@@ -101,7 +104,8 @@ def define_tables(metadata: MetaData) -> list[Table]:
         Column("spark_partition", Integer, nullable=False),
         Column("key", LargeBinary),
         Column("value", LargeBinary),
-        Column("headers", JSONB, nullable=False),  # [[name, value in hex or null], ...]
+        # Besides the provenance: [[name, value in hex or null], ...], NULL when none.
+        Column("headers", JSONB),
         Column("timestamp_type", SmallInteger, nullable=False),
         Column("timestamp_ms", BigInteger, nullable=False),
         PrimaryKeyConstraint("group_id", "topic", "partition", "offset"),
@@ -299,13 +303,22 @@ def discard(
         sql.SQL(
             'INSERT INTO {dead} (group_id, topic, partition, "offset", key, value, headers, error) '
             'SELECT group_id, topic, partition, "offset", key, value, '
+            "jsonb_build_array(jsonb_build_array({query_header}, query), "
+            "jsonb_build_array({partition_header}, spark_partition::text), "
+            "jsonb_build_array({epoch_header}, epoch::text)) || "
             "coalesce((SELECT jsonb_agg(jsonb_build_array(h->>0, "
             "encode(decode(h->>1, 'hex'), 'escape'))) FROM jsonb_array_elements(headers) AS h), "
             "'[]'::jsonb), %s "
             "FROM {records} WHERE group_id = %s AND query = %s AND epoch = %s "
             'ON CONFLICT (group_id, topic, partition, "offset") DO UPDATE SET '
             "error = EXCLUDED.error, failed_at = now()"
-        ).format(dead=dead_letters, records=names.records),
+        ).format(
+            dead=dead_letters,
+            records=names.records,
+            query_header=sql.Literal(PROVENANCE_QUERY),
+            partition_header=sql.Literal(PROVENANCE_PARTITION),
+            epoch_header=sql.Literal(PROVENANCE_EPOCH),
+        ),
         (
             f"epoch {epoch} of query {query} discarded by {requested_by}: {missing}",
             group,

@@ -389,6 +389,9 @@ def run_steps(conn: psycopg.Connection, steps: list[Step]) -> int:
             counted += cursor.rowcount if step.counted else 0
             continue
         with row_cursor(conn).copy(step.statement) as copy:
+            if step.data is not None:  # formatted ahead (`Step.data`)
+                copy.write(step.data)
+                continue
             # Rows go to psycopg's C formatting as they are, without a Python loop per row.
             deque(map(copy.write_row, step.rows), maxlen=0)
     return counted

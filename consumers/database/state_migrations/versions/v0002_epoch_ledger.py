@@ -68,7 +68,7 @@ def upgrade(schema: str) -> None:
         Column("spark_partition", Integer, nullable=False),
         Column("key", LargeBinary),
         Column("value", LargeBinary),
-        Column("headers", JSONB, nullable=False),
+        Column("headers", JSONB),
         Column("timestamp_type", SmallInteger, nullable=False),
         Column("timestamp_ms", BigInteger, nullable=False),
         PrimaryKeyConstraint("group_id", "topic", "partition", "offset"),

@@ -1,0 +1,198 @@
+"""Whole epochs' cost: the consumer's throughput, and the end-to-end latency at a 1 s trigger,
+with `epochs: whole` against the per-partition mode, in one run.
+
+    .venv/bin/python -m bench.epochs [--epochs 100] [--tasks 4] [--rows-per-task 2500]
+        [--rounds 3] [--latency-seconds 90] [--latency-rounds 2]
+
+(a) Throughput. One topic of 4 partitions, written before any clock as bridge's sink writes it
+    with `epochs=whole`: each task's records with their provenance headers and its part of the
+    manifest in one transaction, then the epoch's record (`--epochs` epochs of `--tasks` tasks).
+    The service (`python -m consumers`, a process of its own, defaults but a 20 ms batch wait as
+    bench.consumer's runs) reads the same rows into a new table with each route mode, insert and
+    upsert: per-partition, timed from the claim of its partitions to the offsets table at the
+    topic's end; whole, to the ledger showing the last epoch published, which is when a reader
+    sees it. The four runs alternate, `--rounds` rounds; the figures are the medians of each
+    round's ratio whole / per-partition.
+(b) Latency at a 1 s trigger: bench.latency's pipeline (`bridge produce --source rate` on real
+    Spark, the service with default settings) with the sink's and the route's whole epochs,
+    against the same pipeline per partition, alternated `--latency-rounds` times; p50 / p99 from
+    the rows' event time to their insertion (applied_at), each row checked exactly once.
+Writes bench/results/epochs-*.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+from statistics import median
+from typing import Any
+
+from confluent_kafka import Producer
+
+from bench.common import Endpoints, new_table, new_topic, running_stack, scratch_dir, write_results
+from bench.consumer import COLUMNS, PARTITIONS, Service, caught_up, checkpoint, record, sql
+from bench.latency import run_pipeline
+from bridge.epoch_manifest import Epoch, Part, key_of
+from bridge.names import (
+    DEFAULT_EPOCHS_TOPIC,
+    DEFAULT_STATE_SCHEMA,
+    EPOCHS_TABLE,
+    PROVENANCE_EPOCH,
+    PROVENANCE_PARTITION,
+    PROVENANCE_QUERY,
+)
+
+
+def fill_epochs(
+    stack: Endpoints, topic: str, *, epochs: int, tasks: int, rows_per_task: int
+) -> str:
+    """The topic and the manifest as the sink writes them with whole epochs; the query id."""
+    new_topic(stack, topic, partitions=PARTITIONS)
+    new_topic(stack, DEFAULT_EPOCHS_TOPIC, partitions=1)
+    query = f"bench-{uuid.uuid4().hex[:8]}"
+    producer = Producer({"bootstrap.servers": stack.bootstrap_servers, "linger.ms": 20,
+                         "transactional.id": f"bench-{uuid.uuid4().hex}"})  # fmt: skip
+    producer.init_transactions(30)
+    now_ms = int(time.time() * 1000)
+    record_id = 0
+    for epoch in range(epochs):
+        for task in range(tasks):
+            headers: list[tuple[str, str | bytes | None]] = [
+                (PROVENANCE_QUERY, query.encode()),
+                (PROVENANCE_PARTITION, str(task).encode()),
+                (PROVENANCE_EPOCH, str(epoch).encode()),
+            ]
+            producer.begin_transaction()
+            for _ in range(rows_per_task):
+                value = json.dumps(record(record_id, now_ms)).encode()
+                while True:
+                    try:
+                        producer.produce(topic, value, None, record_id % PARTITIONS,
+                                         headers=headers)  # fmt: skip
+                        break
+                    except BufferError:
+                        producer.poll(0.05)
+                record_id += 1
+            part = Part(query=query, epoch=epoch, partition=task,
+                        records=Counter({topic: rows_per_task}))  # fmt: skip
+            producer.produce(DEFAULT_EPOCHS_TOPIC, part.encode(), key_of(query), 0)
+            producer.commit_transaction(60)
+        producer.begin_transaction()
+        whole = Epoch(query=query, epoch=epoch, parts=tuple(range(tasks)))
+        producer.produce(DEFAULT_EPOCHS_TOPIC, whole.encode(), key_of(query), 0)
+        producer.commit_transaction(60)
+    return query
+
+
+def published(service: Service) -> int:
+    rows = (
+        service.watcher()
+        .execute(
+            f"SELECT count(*) FROM {DEFAULT_STATE_SCHEMA}.{EPOCHS_TABLE} "
+            "WHERE group_id = %s AND outcome = 'published'",
+            (service.group,),
+        )
+        .fetchall()
+    )
+    return int(rows[0][0])
+
+
+def throughput_run(
+    stack: Endpoints, topic: str, records: int, epochs: int, mode: str, whole: bool, scratch: Path
+) -> dict[str, Any]:
+    table = f"ep_{mode}_{uuid.uuid4().hex[:8]}"
+    new_table(stack, table, f"{COLUMNS}{', PRIMARY KEY (id)' if mode == 'upsert' else ''}")
+    target = caught_up(stack, topic)
+    checkpoint(stack.dsn)
+    route = {"epochs": "whole"} if whole else {}
+    service = Service(stack, topic, table, mode, scratch, route_options=route)
+    try:
+        held = PARTITIONS + (1 if whole else 0)  # and the manifest's partition
+        service.wait_until(lambda: service.held_partitions() >= held)
+        joined = time.perf_counter()
+        if whole:
+            service.wait_until(lambda: published(service) >= epochs)
+        else:
+            service.wait_for(target)
+        seconds = time.perf_counter() - joined
+        rss = service.peak_rss_mb()
+    finally:
+        service.stop()
+    rows = sql(stack.dsn, f"SELECT count(*), count(DISTINCT id) FROM public.{table}")[0]
+    if tuple(rows) != (records, records):
+        raise RuntimeError(f"{table}: {rows[0]} rows, {rows[1]} distinct, {records} written")
+    return {"mode": mode, "epochs": "whole" if whole else "per-partition",
+            "seconds": round(seconds, 2), "rows_per_second": round(records / seconds),
+            "peak_rss_mb": round(rss, 1)}  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--epochs", type=int, default=100)
+    parser.add_argument("--tasks", type=int, default=4)
+    parser.add_argument("--rows-per-task", type=int, default=2500)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--latency-seconds", type=float, default=90)
+    parser.add_argument("--latency-rounds", type=int, default=2)
+    parser.add_argument("--rate", type=int, default=10_000)
+    args = parser.parse_args()
+    records = args.epochs * args.tasks * args.rows_per_task
+    figures: dict[str, Any] = {"records": records, "epochs": args.epochs, "tasks": args.tasks}
+    with scratch_dir("bridge-bench-epochs-") as scratch, running_stack() as stack:
+        topic = f"ep-{uuid.uuid4().hex[:8]}"
+        fill_epochs(stack, topic, epochs=args.epochs, tasks=args.tasks,
+                    rows_per_task=args.rows_per_task)  # fmt: skip
+        rounds: list[list[dict[str, Any]]] = []
+        for number in range(args.rounds):
+            order = [(m, w) for m in ("insert", "upsert") for w in (False, True)]
+            if number % 2:
+                order = [(m, not w) for m, w in order]  # each mode first in every other round
+            runs = [throughput_run(stack, topic, records, args.epochs, m, w, scratch)
+                    for m, w in order]  # fmt: skip
+            rounds.append(runs)
+            print(" | ".join(f"{r['mode']} {r['epochs']} {r['rows_per_second']:,}/s"
+                             for r in runs), flush=True)  # fmt: skip
+        figures["throughput_rounds"] = rounds
+        for mode in ("insert", "upsert"):
+            ratios = []
+            for runs in rounds:
+                rate = {r["epochs"]: r["rows_per_second"] for r in runs if r["mode"] == mode}
+                ratios.append(rate["whole"] / rate["per-partition"])
+            figures[f"{mode}_ratio"] = round(median(ratios), 3)
+            figures[f"{mode}_ratios"] = [round(r, 3) for r in ratios]
+            for kind in ("per-partition", "whole"):
+                figures[f"{mode}_{kind}_rows_per_second"] = median(
+                    r["rows_per_second"] for runs in rounds for r in runs
+                    if r["mode"] == mode and r["epochs"] == kind
+                )  # fmt: skip
+            print(f"{mode}: whole epochs at {figures[f'{mode}_ratio']}x the per-partition mode "
+                  f"(rounds {figures[f'{mode}_ratios']})", flush=True)  # fmt: skip
+        latency: list[dict[str, Any]] = []
+        for number in range(args.latency_rounds):
+            for whole in (False, True) if number % 2 == 0 else (True, False):
+                run = run_pipeline(stack, "1 second", rate=args.rate,
+                                   seconds=args.latency_seconds, scratch=scratch,
+                                   whole_epochs=whole)  # fmt: skip
+                run["epochs"] = "whole" if whole else "per-partition"
+                latency.append(run)
+                print(f"1 s trigger, {run['epochs']}: p50 {run['p50_ms']} ms, p99 "
+                      f"{run['p99_ms']} ms", flush=True)  # fmt: skip
+        figures["latency_runs"] = latency
+        if latency:
+            for kind in ("per-partition", "whole"):
+                figures[f"latency_{kind}_p99_ms"] = median(
+                    r["p99_ms"] for r in latency if r["epochs"] == kind
+                )
+            added = figures["latency_whole_p99_ms"] - figures["latency_per-partition_p99_ms"]
+            figures["latency_p99_added_ms"] = round(added, 1)
+            print(f"p99 at a 1 s trigger: {added:+.0f} ms with whole epochs", flush=True)
+        figures["goals"] = {"insert_ratio": 0.7, "upsert_ratio": 0.8, "p99_added_ms": 1000}
+    print(f"figures: {write_results('epochs', figures)}")
+
+
+if __name__ == "__main__":
+    main()
