@@ -28,10 +28,11 @@ OFFSETS_TABLE: Final = "offsets"
 DEAD_LETTERS_TABLE: Final = "dead_letters"
 OFFSET_RESETS_TABLE: Final = "offset_resets"
 # Whole epochs (consumers.database.epoch_ledger): the ledger of a group's epochs, the manifest's
-# parts, the records staged until their epoch is whole, their counts, and the operators' actions.
+# parts, the chunks of records staged until their epoch is whole, their counts, and the
+# operators' actions.
 EPOCHS_TABLE: Final = "epochs"
 EPOCH_PARTS_TABLE: Final = "epoch_parts"
-EPOCH_RECORDS_TABLE: Final = "epoch_records"
+EPOCH_CHUNKS_TABLE: Final = "epoch_chunks"
 EPOCH_STAGED_TABLE: Final = "epoch_staged"
 EPOCH_ACTIONS_TABLE: Final = "epoch_actions"
 # Alembic's version table for the tables above: which version of their shape the schema holds.

@@ -171,7 +171,7 @@ class Committer:
         }
         staging = batch.planned.staging
         applied = {topic: (n, 0, 0) for topic, n in rows.items() if topic not in staging}
-        staged = {topic: n for topic, n in rows.items() if topic in staging}
+        staged = batch.planned.staged_records
         try:
             refusal = sent.transaction.finish()
             if refusal is None:

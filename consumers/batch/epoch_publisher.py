@@ -29,19 +29,18 @@ import logging
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import chain
 from typing import Any
 
 import psycopg
-from confluent_kafka import Message
 from psycopg import sql
 
-from bridge.names import PROVENANCE_EPOCH, PROVENANCE_PARTITION, PROVENANCE_QUERY
 from consumers.backoff import HoldBackoff
 from consumers.batch.metrics import ConsumerMetrics
 from consumers.batch.planner import Planned, Planner, by_topic
-from consumers.database.db_session import DatabaseSession
+from consumers.database.db_session import DatabaseSession, is_lost, refusal_of
+from consumers.database.epoch_chunks import stamps_of, unpack_plan, unpack_records
 from consumers.database.epoch_ledger import (
     EpochKey,
     EpochState,
@@ -56,25 +55,25 @@ from consumers.database.epoch_ledger import (
 from consumers.database.offsets import PartitionKey
 from consumers.database.pg_errors import RECORD_FAULTS
 from consumers.decoding.records import Record
-from consumers.tables.applier import Applier, Step, run_steps
+from consumers.tables.applier import Applier, EveryStage, Step, run_steps
 from consumers.tables.table_follower import DRIFT
 
 log = logging.getLogger("bridge.consumer")
 
 _LOOK_EVERY_S = 0.2  # what whole epochs add to the end-to-end latency, at most, besides the work
 _PUBLISH_BUDGET_S = 2.0  # publications in one look: the poll loop turns in between
-_SELECT_STAGED = sql.SQL(
-    'SELECT topic, partition, "offset", key, value, spark_partition, headers, timestamp_type, '
-    "timestamp_ms FROM {} WHERE group_id = %s AND query = %s AND epoch = %s "
-    'ORDER BY topic, partition, "offset"'
+_CHUNK_IDS = sql.SQL(
+    "SELECT id FROM {} WHERE group_id = %s AND query = %s AND epoch = %s ORDER BY id"
 )
+_CHUNK_PLAN = sql.SQL("SELECT topic, records, rows, plan, stamps FROM {} WHERE id = %s")
+_CHUNK_RAW = sql.SQL("SELECT raw FROM {} WHERE id = %s")
 
 
 @dataclass
 class _Published:
     records: int = 0
-    applied: dict[str, tuple[int, int, int]] | None = None
-    changes: list[Step] | None = None
+    applied: dict[str, tuple[int, int, int]] = field(default_factory=dict)
+    changes: list[Step] = field(default_factory=list)
 
 
 class EpochPublisher:
@@ -147,8 +146,8 @@ class EpochPublisher:
     def _publish(self, conn: psycopg.Connection[Any], state: EpochState) -> bool:
         """Steps 1 to 4 for one epoch; whether this member published it."""
         started = time.perf_counter()
-        done = _Published(applied={}, changes=[])
-        records: list[Record] = []
+        done = _Published()
+        records: list[int] = []
         try:
             with conn.transaction():
                 if not lock_open(conn, self._ledger, self._group, state.key):  # step 1
@@ -167,7 +166,7 @@ class EpochPublisher:
             if _is_bug(exc):
                 raise
             raise EpochNotPublished(state, str(exc)) from exc
-        self._planner.made(done.changes or [])
+        self._planner.made(done.changes)
         self._counted(done, records, time.perf_counter() - started)
         log.info(
             "epoch published",
@@ -178,26 +177,36 @@ class EpochPublisher:
 
     def _apply_staged(
         self, conn: psycopg.Connection[Any], key: EpochKey, done: _Published
-    ) -> list[Record]:
-        """The epoch's staged records, chunk by chunk in offset order, written to their tables
-        in the caller's transaction. Returns a sample of them, for the latency."""
-        sample: list[Record] = []
-        staged: set[str] = set()  # the upsert staging tables this transaction used
-        as_kafka_gave = _Records(*key)
-        # Binary: the keys and values come back as the bytes they are, unparsed.
-        with conn.cursor(name="bridge_epoch_records", binary=True) as cursor:
-            cursor.execute(_SELECT_STAGED.format(self._ledger.records), (self._group, *key))
-            while rows := cursor.fetchmany(self._chunk):
-                records = as_kafka_gave(rows)
-                planned = self._planner.plan(
-                    _by_partition(records), conn, in_flight=[], publishing=True, staged=staged
-                )
-                run_steps(conn, planned.changes)
-                assert done.changes is not None  # noqa: S101
-                done.changes += planned.changes
-                self._write(conn, planned, records, staged, done)
-                done.records += len(records)
-                sample += records[:: max(1, len(records) // 100)]
+    ) -> list[int]:
+        """The epoch's chunks, in the order they were staged (each Kafka partition's in offset
+        order), written to their tables in the caller's transaction: by the plan a chunk was
+        staged with, or, without one or when the table refuses it, as any batch is. Returns a
+        sample of the records' timestamps, for the latency."""
+        sample: list[int] = []
+        staged = EveryStage()  # each plan empties the upsert staging table it uses first
+        query, epoch = key
+        ids = conn.execute(
+            _CHUNK_IDS.format(self._ledger.chunks), (self._group, query, epoch)
+        ).fetchall()
+        # Binary: the chunks' bytes come as they are, not in hex.
+        read = conn.cursor(binary=True)
+        for (chunk,) in ids:  # one chunk's bytes in memory at a time
+            row = read.execute(_CHUNK_PLAN.format(self._ledger.chunks), (chunk,)).fetchone()
+            assert row is not None  # noqa: S101 - the epoch's row is locked: nothing deletes it
+            topic, records, rows, plan, stamps = row
+            done.records += records
+            sample += stamps_of(stamps)
+            if plan is not None and _ran(conn, plan):
+                _add(done.applied, topic, (rows, 0, 0))
+                continue
+            (raw,) = read.execute(_CHUNK_RAW.format(self._ledger.chunks), (chunk,)).fetchall()[0]
+            unpacked = unpack_records(raw, topic=topic, query=query, epoch=epoch)
+            planned = self._planner.plan(
+                _by_partition(unpacked), conn, in_flight=[], publishing=True, staged=staged
+            )
+            run_steps(conn, planned.changes)
+            done.changes += planned.changes
+            self._write(conn, planned, unpacked, staged, done)
         return sample
 
     def _write(
@@ -209,7 +218,6 @@ class EpochPublisher:
         done: _Published,
     ) -> None:
         applied = done.applied
-        assert applied is not None  # noqa: S101
         if planned.plans is not None:  # every record a row: the planned statements
             try:
                 with conn.transaction():
@@ -226,10 +234,10 @@ class EpochPublisher:
             counts = self._applier.apply(conn, planned.targets[topic], of_topic, staged)
             _add(applied, topic, (counts.applied + counts.deleted, counts.dead, counts.skipped))
 
-    def _counted(self, done: _Published, sample: list[Record], seconds: float) -> None:
+    def _counted(self, done: _Published, sample: list[int], seconds: float) -> None:
         self.published_total += 1
         self._metrics.epochs_published.inc()
-        for topic, (rows, dead, skipped) in (done.applied or {}).items():
+        for topic, (rows, dead, skipped) in done.applied.items():
             self._metrics.records_applied(topic).inc(rows)
             self._metrics.dead_letters(topic).inc(dead)
             self._metrics.records_skipped(topic).inc(skipped)
@@ -254,33 +262,24 @@ class EpochNotPublished(Exception):
         super().__init__(f"query {state.query} epoch {state.epoch}: {why}")
 
 
-class _Records:
-    """Staged rows of one epoch made the records Kafka gave again, provenance headers and all,
-    for the planner and the applier, which take records."""
-
-    def __init__(self, query: str, epoch: int) -> None:
-        self._query = query.encode()
-        self._epoch = str(epoch).encode()
-        self._provenance: dict[int, list[tuple[str, bytes | None]]] = {}
-
-    def __call__(self, rows: list[tuple[Any, ...]]) -> list[Record]:
-        return [
-            Message(topic, partition, offset, key, value, self._headers(part, others), None,
-                    (kind, stamp))
-            for topic, partition, offset, key, value, part, others, kind, stamp in rows
-        ]  # fmt: skip
-
-    def _headers(self, part: int, others: list[list[str | None]] | None) -> list[Any]:
-        headers = self._provenance.get(part)
-        if headers is None:
-            headers = self._provenance[part] = [
-                (PROVENANCE_QUERY, self._query),
-                (PROVENANCE_PARTITION, str(part).encode()),
-                (PROVENANCE_EPOCH, self._epoch),
-            ]
-        if not others:
-            return headers
-        return [*headers, *((n, None if v is None else bytes.fromhex(v)) for n, v in others)]
+def _ran(conn: psycopg.Connection[Any], plan: bytes) -> bool:
+    """Run a chunk's plan under a savepoint; False, with nothing of it written, when the
+    database refuses it for its rows or its table (the chunk's records are then written as any
+    batch's are, which finds the record to dead-letter or plans against the table as it is)."""
+    try:
+        with conn.transaction():
+            for statement, data in unpack_plan(plan):
+                if data is None:
+                    conn.execute(statement)
+                    continue
+                with conn.cursor().copy(statement) as copy:
+                    copy.write(data)
+    except psycopg.Error as exc:
+        if is_lost(exc) or refusal_of(exc) is not None:
+            raise  # not the records': the publication fails, and is tried again
+        log.info("a staged plan was refused at publication, writing its records again: %s", exc)
+        return False
+    return True
 
 
 def _by_partition(records: list[Record]) -> dict[PartitionKey, list[Record]]:

@@ -23,8 +23,7 @@ import json
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from itertools import groupby, repeat
-from operator import itemgetter
+from itertools import groupby
 from typing import Any, NamedTuple, cast
 
 import psycopg
@@ -33,16 +32,23 @@ from psycopg import sql
 
 from bridge.epoch_manifest import Epoch, ManifestError, Part, parse
 from bridge.names import PROVENANCE_EPOCH, PROVENANCE_PARTITION, PROVENANCE_QUERY
+from consumers.database.epoch_chunks import (
+    CHUNK_COLUMNS,
+    Chunk,
+    Run,
+    copy_binary,
+    pack_records,
+    sample_stamps,
+)
 from consumers.database.epoch_ledger import LedgerNames
 from consumers.decoding.records import Record
 from consumers.tables.applier import Applier, DeadLetterNote, Step, run_steps
 
 _MAX_QUERY_ID = 200  # as the manifest bounds it
 _MAX_INT64 = (1 << 63) - 1
-_STAGED_COLUMNS = (
-    "group_id", "topic", "partition", "offset", "query", "epoch", "spark_partition", "key",
-    "value", "headers", "timestamp_type", "timestamp_ms",
-)  # fmt: skip
+# Plans one epoch's records of a batch for their table, at staging: the plan packed
+# (`consumers.database.epoch_chunks.pack_plan`) and the rows it writes; None when it cannot.
+EpochPlanner = Callable[[list[Record]], tuple[bytes, int] | None]
 
 
 Headers = list[tuple[str, bytes | None]]
@@ -83,16 +89,10 @@ def provenance_of(headers: Headers) -> Provenance | str:
     return Provenance(query, epoch, part)
 
 
-def other_headers(headers: Headers) -> str | None:
-    """The headers besides the provenance, as the JSON the ledger keeps them in (the
-    provenance is in columns of its own): [[name, value in hex or null], ...], a NUL in a name,
-    which jsonb refuses, made visible; None when there are none, as for most records."""
-    others = [
-        [n.replace("\x00", "\\x00"), None if v is None else v.hex()]
-        for n, v in headers
-        if n not in PROVENANCE_HEADERS
-    ]
-    return json.dumps(others) if others else None
+def other_headers(headers: Headers) -> Headers:
+    """The headers besides the provenance (which a chunk keeps as its query and epoch and each
+    run's Spark partition): none, for most records."""
+    return [(n, v) for n, v in headers if n not in PROVENANCE_HEADERS]
 
 
 def runs(records: Sequence[Record]) -> Iterator[tuple[Headers, list[Record]]]:
@@ -130,8 +130,11 @@ class EpochStager:
         """Whether `topic`'s records go to the ledger rather than a table."""
         return topic == self.manifest_topic or self._whole_topic(topic)
 
-    def plan(self, topic: str, records: Sequence[Record]) -> list[Step] | None:
-        """The statements that stage `records`, or None when one of them is a dead letter."""
+    def plan(
+        self, topic: str, records: Sequence[Record], plan_epoch: EpochPlanner | None = None
+    ) -> list[Step] | None:
+        """The statements that stage `records`, each epoch's with its plan by `plan_epoch`
+        when there is one; None when a record is a dead letter."""
         if topic == self.manifest_topic:
             try:
                 return self._manifest_steps([parse(r.value()) for r in records])
@@ -140,7 +143,7 @@ class EpochStager:
         found = [(provenance_of(headers), headers, run) for headers, run in runs(records)]
         if any(isinstance(origin, str) for origin, _, _ in found):
             return None
-        return self._staging_steps(topic, found)  # type: ignore[arg-type]
+        return self._staging_steps(topic, found, plan_epoch)  # type: ignore[arg-type]
 
     def apply(self, conn: psycopg.Connection[Any], topic: str, records: Sequence[Record]) -> Staged:
         """Stage `records` in the caller's transaction; a record that cannot be staged is
@@ -166,31 +169,40 @@ class EpochStager:
             else:
                 kept.append((origin, headers, run))
         if kept:
-            run_steps(conn, self._staging_steps(topic, kept))
+            run_steps(conn, self._staging_steps(topic, kept, None))  # planned when published
         done.staged = sum(len(run) for _, _, run in kept)
         return done
 
     def _staging_steps(
-        self, topic: str, found: list[tuple[Provenance, Headers, list[Record]]]
+        self,
+        topic: str,
+        found: list[tuple[Provenance, Headers, list[Record]]],
+        plan_epoch: EpochPlanner | None,
     ) -> list[Step]:
-        """The COPY of the records into the ledger, and the counts they add, built by C loops
-        over each run's records (every record of a batch passes here)."""
+        """A chunk per epoch of the records, and the counts they add: C loops over each run of
+        a task's records (every record of a batch passes here)."""
         group = self._group
-        rows: list[tuple[Any, ...]] = []
+        epochs: dict[tuple[str, int], list[Run]] = {}
         counts: Counter[tuple[str, int, int, int]] = Counter()
         for (query, epoch, part), headers, run in found:
-            stamps = list(map(Message.timestamp, run))
-            partitions = cast(list[int], list(map(Message.partition, run)))
-            rows += zip(
-                repeat(group), repeat(topic), partitions, map(Message.offset, run),
-                repeat(query), repeat(epoch), repeat(part), map(Message.key, run),
-                map(Message.value, run), repeat(other_headers(headers)),
-                map(itemgetter(0), stamps), map(itemgetter(1), stamps),
+            epochs.setdefault((query, epoch), []).append(Run(run, part, other_headers(headers)))
+            for kafka, n in Counter(map(Message.partition, run)).items():
+                counts[query, epoch, part, cast(int, kafka)] += n
+        chunks: list[Any] = []  # Chunk tuples: rows of the COPY
+        for (query, epoch), of_epoch in epochs.items():
+            records = [record for run in of_epoch for record in run.records]
+            planned = plan_epoch(records) if plan_epoch is not None else None
+            plan, rows = planned if planned is not None else (None, None)
+            chunks.append(
+                Chunk(group, query, epoch, topic, len(records), rows, pack_records(of_epoch),
+                      plan, sample_stamps(records))
             )  # fmt: skip
-            for kafka, n in Counter(partitions).items():
-                counts[query, epoch, part, kafka] += n
-        columns = sql.SQL(", ").join(map(sql.Identifier, _STAGED_COLUMNS))
-        copy = Step(sql.SQL("COPY {} ({}) FROM STDIN").format(self._ledger.records, columns), rows)
+        columns = sql.SQL(", ").join(map(sql.Identifier, CHUNK_COLUMNS))
+        copy = Step(
+            sql.SQL("COPY {} ({}) FROM STDIN (FORMAT binary)").format(self._ledger.chunks, columns),
+            chunks,
+            copy_binary(chunks),
+        )
         values = sql.SQL(", ").join(
             sql.SQL("({})").format(
                 sql.SQL(", ").join(map(sql.Literal, (group, query, epoch, part, topic, kafka, n)))

@@ -176,11 +176,14 @@ class ConsumerMetrics:
             if sent_ms is not None:
                 self.latency_seconds.observe(max(0.0, now_ms - sent_ms) / 1000)
 
-    def visible(self, records: Sequence[Record], seconds: float) -> None:
+    def visible(self, timestamps_ms: Sequence[int], seconds: float) -> None:
         """After an epoch's publication: its duration, and the latency of a sample of its
-        records, which became visible only now."""
+        records (their Kafka timestamps), which became visible only now."""
         self.batch_seconds.observe(seconds)
-        self._latencies(records)
+        now_ms = time.time() * 1000
+        for sent_ms in timestamps_ms:
+            if sent_ms > 0:
+                self.latency_seconds.observe(max(0.0, now_ms - sent_ms) / 1000)
 
     def statistics(
         self, report: str, next_offsets: dict[tuple[str, int], int], caught_up: set[tuple[str, int]]

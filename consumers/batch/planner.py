@@ -25,18 +25,19 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
 from confluent_kafka import Message
 
-from consumers.batch.epoch_staging import EpochStager
+from consumers.batch.epoch_staging import EpochPlanner, EpochStager
 from consumers.batch.metrics import ConsumerMetrics
 from consumers.batch.pipelined import formatted
+from consumers.database.epoch_chunks import PlannedStep, pack_plan
 from consumers.database.offsets import PartitionKey
 from consumers.decoding.records import Record
-from consumers.tables.applier import Applier, Step
+from consumers.tables.applier import Applier, EveryStage, Step
 from consumers.tables.routing import Routed, Router
 from consumers.tables.table_follower import TableFollower
 from consumers.tables.targets import Target
@@ -55,8 +56,10 @@ class Planned:
     changes: list[Step]
     # The member follows tables: an error naming a missing column or table may be a drift.
     followed: bool
-    # Topics whose records are staged for whole epochs, or are the epoch manifest.
+    # Topics whose records are staged for whole epochs, or are the epoch manifest, and how
+    # many records of each are staged.
     staging: frozenset[str] = frozenset()
+    staged_records: dict[str, int] = field(default_factory=dict)
 
 
 def by_topic(records: dict[PartitionKey, list[Record]]) -> dict[str, list[Record]]:
@@ -113,7 +116,11 @@ class Planner:
         stager = self.stager
         if stager is not None and not publishing:
             staging = {t: of_topics.pop(t) for t in list(of_topics) if stager.stages(t)}
-        for topic in of_topics:  # step 1
+        # A whole epoch's records are routed and decoded now too, and each epoch's are planned
+        # for their table (the plan runs when the epoch is published); a followed table's are
+        # planned when published, against the table as it is then.
+        whole = [t for t in staging if stager is not None and t != stager.manifest_topic]
+        for topic in [*of_topics, *whole]:  # step 1
             if topic not in self._targets:
                 self.add({topic: self._router.route(topic)})
         for topic, of_topic in of_topics.items():  # step 2
@@ -126,17 +133,23 @@ class Planner:
                 if follower.target is not None:
                     self._targets[topic] = follower.target
         targets = {topic: self._targets[topic] for topic in of_topics}
-        for topic, of_topic in of_topics.items():  # step 3, before anything is planned
-            ignored = targets[topic].prepare(of_topic)
+        planned_whole = {t: self._targets[t] for t in whole if t not in self._followers}
+        for topic, target in [*targets.items(), *planned_whole.items()]:  # step 3
+            ignored = target.prepare(of_topics.get(topic) or staging[topic])
             if ignored:
-                self._ignored(targets[topic], topic, ignored)
+                self._ignored(target, topic, ignored)
         followers = [f for topic, f in self._followers.items() if topic in of_topics]
         changes = [step for f in followers for step in f.pending_after(in_flight)]
         plans = self._statements(targets, of_topics, conn, set() if staged is None else staged)
         if staging:
-            plans = self._staged(plans, staging, conn)
+            plans = self._staged(plans, staging, conn, planned_whole)
         return Planned(
-            targets, plans, changes, followed=bool(self._followers), staging=frozenset(staging)
+            targets,
+            plans,
+            changes,
+            followed=bool(self._followers),
+            staging=frozenset(staging),
+            staged_records={topic: len(staging[topic]) for topic in whole},
         )
 
     @property
@@ -180,11 +193,15 @@ class Planner:
         plans: dict[str, list[Step]] | None,
         staging: dict[str, list[Record]],
         conn: psycopg.Connection[Any] | None,
+        planned: dict[str, Target],
     ) -> dict[str, list[Step]] | None:
-        """Step 4 for the topics staged for whole epochs: None when a record is a dead letter."""
+        """Step 4 for the topics staged for whole epochs, each epoch's records with their plan
+        where `planned` has their target: None when a record is a dead letter."""
         assert self.stager is not None  # noqa: S101 - only with one is anything staged
         for topic, of_topic in staging.items():
-            plan = self.stager.plan(topic, of_topic)
+            target = planned.get(topic)
+            plan_epoch = None if target is None else self._epoch_planner(target, conn)
+            plan = self.stager.plan(topic, of_topic, plan_epoch)
             if plans is None or plan is None:
                 return None
             try:
@@ -193,11 +210,39 @@ class Planner:
                 return None
         return plans
 
+    def _epoch_planner(
+        self, target: Target, conn: psycopg.Connection[Any] | None
+    ) -> EpochPlanner | None:
+        """An epoch's records of this batch planned for `target`, packed for the ledger, with
+        the rows they write; None where `Applier.plan` has no plan (a record that is not a row,
+        a mode that counts what it skips), and the records are planned when published."""
+        if conn is None:
+            return None
+
+        def planned(records: list[Record]) -> tuple[bytes, int] | None:
+            steps = self._applier.plan(target, records, EveryStage())
+            if steps is None:
+                return None
+            try:
+                packed = pack_plan([
+                    PlannedStep(s.statement.as_bytes(conn),
+                                None if s.rows is None else formatted(conn, s.rows))
+                    for s in steps
+                ])  # fmt: skip
+            except psycopg.Error:  # a value psycopg will not send: planned when published
+                return None
+            return packed, sum(len(s.rows) for s in steps if s.rows is not None)
+
+        return planned
+
     @staticmethod
     def _formatted(plan: list[Step], conn: psycopg.Connection[Any] | None) -> list[Step]:
         if conn is None:
             return plan
-        return [s if s.rows is None else s._replace(data=formatted(conn, s.rows)) for s in plan]
+        return [
+            s if s.rows is None or s.data is not None else s._replace(data=formatted(conn, s.rows))
+            for s in plan
+        ]
 
     def _ignored(self, target: Target, topic: str, fields: list[str]) -> None:
         """A producer's new fields are no longer dropped in silence: once each, a line and the

@@ -9,8 +9,9 @@ A group whose routes want whole epochs (`epochs: whole`) keeps, per (query, epoc
   after publication: a driver that replays its commit hook writes the same epoch record again,
   and the row says it is done;
 - `epoch_parts`: each write task's part, the records it wrote per topic;
-- `epoch_records`: the records themselves, as Kafka gave them, staged in the batch that advances
-  their offsets, until the epoch is published in one transaction;
+- `epoch_chunks`: the records themselves, a chunk per batch, topic and epoch
+  (`consumers.database.epoch_chunks`), staged in the batch that advances their offsets, until
+  the epoch is published in one transaction;
 - `epoch_staged`: how many records of each (Spark partition, topic) each Kafka partition staged.
   Keyed by the Kafka partition, so that only the member holding it ever writes a row: members
   staging the same epoch never wait on each other's locks;
@@ -25,12 +26,14 @@ for the consumer and the command line alike.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 import psycopg
+from confluent_kafka import Message
 from psycopg import sql
 from sqlalchemy import (
     BigInteger,
@@ -42,7 +45,6 @@ from sqlalchemy import (
     LargeBinary,
     MetaData,
     PrimaryKeyConstraint,
-    SmallInteger,
     Table,
     Text,
     func,
@@ -52,14 +54,12 @@ from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 
 from bridge.names import (
     EPOCH_ACTIONS_TABLE,
+    EPOCH_CHUNKS_TABLE,
     EPOCH_PARTS_TABLE,
-    EPOCH_RECORDS_TABLE,
     EPOCH_STAGED_TABLE,
     EPOCHS_TABLE,
-    PROVENANCE_EPOCH,
-    PROVENANCE_PARTITION,
-    PROVENANCE_QUERY,
 )
+from consumers.database.epoch_chunks import unpack_records
 
 PUBLISHED = "published"
 DISCARDED = "discarded"
@@ -92,25 +92,22 @@ def define_tables(metadata: MetaData) -> list[Table]:
         Column("records", JSONB, nullable=False),  # {topic: records}
         PrimaryKeyConstraint("group_id", "query", "epoch", "spark_partition"),
     )
-    records = Table(
-        EPOCH_RECORDS_TABLE,
+    chunks = Table(
+        EPOCH_CHUNKS_TABLE,
         metadata,
+        Column("id", BigInteger, primary_key=True, autoincrement=True),  # staging order
         Column("group_id", Text, nullable=False),
-        Column("topic", Text, nullable=False),
-        Column("partition", Integer, nullable=False),
-        Column("offset", BigInteger, nullable=False),
         Column("query", Text, nullable=False),
         Column("epoch", BigInteger, nullable=False),
-        Column("spark_partition", Integer, nullable=False),
-        Column("key", LargeBinary),
-        Column("value", LargeBinary),
-        # Besides the provenance: [[name, value in hex or null], ...], NULL when none.
-        Column("headers", JSONB),
-        Column("timestamp_type", SmallInteger, nullable=False),
-        Column("timestamp_ms", BigInteger, nullable=False),
-        PrimaryKeyConstraint("group_id", "topic", "partition", "offset"),
+        Column("topic", Text, nullable=False),
+        Column("records", Integer, nullable=False),
+        Column("rows", Integer),  # what the plan writes; NULL without one
+        Column("raw", LargeBinary, nullable=False),  # consumers.database.epoch_chunks
+        Column("plan", LargeBinary),
+        # Timestamps (ms) of up to 100 of its records, for the latency once published.
+        Column("stamps", LargeBinary, nullable=False),
     )
-    Index("epoch_records_of_epoch", records.c.group_id, records.c.query, records.c.epoch)
+    Index("epoch_chunks_of_epoch", chunks.c.group_id, chunks.c.query, chunks.c.epoch, chunks.c.id)
     staged = Table(
         EPOCH_STAGED_TABLE,
         metadata,
@@ -139,7 +136,7 @@ def define_tables(metadata: MetaData) -> list[Table]:
         Column("requested_by", Text, nullable=False),
         Column("acted_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     )
-    return [epochs, parts, records, staged, actions]
+    return [epochs, parts, chunks, staged, actions]
 
 
 @dataclass(frozen=True)
@@ -152,7 +149,7 @@ class LedgerNames:
         tables = {
             "epochs": EPOCHS_TABLE,
             "parts": EPOCH_PARTS_TABLE,
-            "records": EPOCH_RECORDS_TABLE,
+            "chunks": EPOCH_CHUNKS_TABLE,
             "staged": EPOCH_STAGED_TABLE,
             "actions": EPOCH_ACTIONS_TABLE,
         }
@@ -299,37 +296,56 @@ def discard(
     row names who asked and what the epoch lacked. Returns how many records it held."""
     query, epoch = key
     _lock(conn, names, group, key)
-    moved = conn.execute(
+    error = f"epoch {epoch} of query {query} discarded by {requested_by}: {missing}"
+    moved = 0
+    chunks = conn.execute(
         sql.SQL(
-            'INSERT INTO {dead} (group_id, topic, partition, "offset", key, value, headers, error) '
-            'SELECT group_id, topic, partition, "offset", key, value, '
-            "jsonb_build_array(jsonb_build_array({query_header}, query), "
-            "jsonb_build_array({partition_header}, spark_partition::text), "
-            "jsonb_build_array({epoch_header}, epoch::text)) || "
-            "coalesce((SELECT jsonb_agg(jsonb_build_array(h->>0, "
-            "encode(decode(h->>1, 'hex'), 'escape'))) FROM jsonb_array_elements(headers) AS h), "
-            "'[]'::jsonb), %s "
-            "FROM {records} WHERE group_id = %s AND query = %s AND epoch = %s "
-            'ON CONFLICT (group_id, topic, partition, "offset") DO UPDATE SET '
-            "error = EXCLUDED.error, failed_at = now()"
-        ).format(
-            dead=dead_letters,
-            records=names.records,
-            query_header=sql.Literal(PROVENANCE_QUERY),
-            partition_header=sql.Literal(PROVENANCE_PARTITION),
-            epoch_header=sql.Literal(PROVENANCE_EPOCH),
-        ),
-        (
-            f"epoch {epoch} of query {query} discarded by {requested_by}: {missing}",
-            group,
-            query,
-            epoch,
-        ),
-    ).rowcount
+            "SELECT topic, raw FROM {} WHERE group_id = %s AND query = %s AND epoch = %s "
+            "ORDER BY id"
+        ).format(names.chunks),
+        (group, *key),
+    ).fetchall()
+    for topic, raw in chunks:
+        records = unpack_records(bytes(raw), topic=topic, query=query, epoch=epoch)
+        with conn.cursor() as cursor:
+            cursor.executemany(
+                sql.SQL(
+                    'INSERT INTO {} (group_id, topic, partition, "offset", key, value, headers, '
+                    "error) VALUES (%s, %s, %s, %s, %s, %s, %s::jsonb, %s) "
+                    'ON CONFLICT (group_id, topic, partition, "offset") DO UPDATE SET '
+                    "error = EXCLUDED.error, failed_at = now()"
+                ).format(dead_letters),
+                [
+                    (group, topic, r.partition(), r.offset(), r.key(), r.value(),
+                     headers_json(r), error)
+                    for r in records
+                ],
+            )  # fmt: skip
+        moved += len(records)
     _clear(conn, names, group, key)
     _settle(conn, names, group, key, DISCARDED)
     _audit(conn, names, group, key, "discard", missing, moved, requested_by)
     return moved
+
+
+def headers_json(record: Message) -> str:
+    """A record's headers as the dead letters keep them, as `consumers.decoding.records`
+    writes them there: [[name, text], ...], bytes that are not UTF-8 and NUL (which jsonb
+    refuses) as visible escapes."""
+    headers = cast(list[tuple[str, bytes | None]], record.headers() or [])
+    return json.dumps(
+        [
+            [
+                _visible(name),
+                None if value is None else _visible(value.decode("utf-8", "backslashreplace")),
+            ]
+            for name, value in headers
+        ]
+    )
+
+
+def _visible(text: str) -> str:
+    return text.replace("\x00", "\\x00")
 
 
 def force(
@@ -372,7 +388,7 @@ def _lock(conn: psycopg.Connection[Any], names: LedgerNames, group: str, key: Ep
 
 
 def _clear(conn: psycopg.Connection[Any], names: LedgerNames, group: str, key: EpochKey) -> None:
-    for table in (names.records, names.staged, names.parts):
+    for table in (names.chunks, names.staged, names.parts):
         conn.execute(
             sql.SQL("DELETE FROM {} WHERE group_id = %s AND query = %s AND epoch = %s").format(
                 table

@@ -379,6 +379,15 @@ class Applier:
         )
 
 
+class EveryStage(set[str]):
+    """`staged` for plans run one after another in one transaction, each made on its own
+    (whole epochs: planned at staging, run at publication): each empties the staging table it
+    uses before filling it."""
+
+    def __contains__(self, name: object) -> bool:
+        return True
+
+
 def run_steps(conn: psycopg.Connection, steps: list[Step]) -> int:
     """Execute the steps one by one, each awaited. Returns how many rows the counted ones
     wrote."""

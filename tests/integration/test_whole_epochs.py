@@ -275,7 +275,7 @@ def test_members_killed_while_staging_and_while_publishing_lose_double_and_show_
     members = [Member(config, tmp_path / f"member-{i}.log") for i in range(2)]
     try:
         with reading(reader):
-            ledger = f"{names['schema']}.epoch_records"
+            ledger = f"{names['schema']}.epoch_chunks"
             eventually(lambda: _exists(stack, ledger))
             for task in range(TASKS):
                 sink.task(0, task, epoch_records(pipeline, 0, task, per_task))
@@ -397,3 +397,43 @@ def test_every_keyed_mode_publishes_whole_and_ends_as_its_records_say(
         eventually(lambda: published(stack.dsn, names["schema"], query) == epochs)
     assert seen_partial == [], f"{len(seen_partial)} polls saw a table no whole epoch makes"
     assert set(sql(stack, f"SELECT id, v, epoch_no FROM {table}")) == set(model.values())
+
+
+@pytest.mark.parametrize("on_record_error", ["dead_letter", "stop"])
+def test_a_record_the_table_refuses_at_publication_never_publishes_part_of_its_epoch(
+    stack: Endpoints, names: dict[str, str], pipeline: dict[str, Any], on_record_error: str
+) -> None:
+    """A record that decodes but that the table refuses (a CHECK), found only when its epoch's
+    plan runs: dead-lettered with its coordinates and the rest of the epoch published at once;
+    or, with `on_record_error: stop`, nothing of the epoch published, /readyz naming the
+    record, until the table is fixed."""
+    topic, table = pipeline["topics"][0], pipeline["tables"][0]
+    sql(stack, f"ALTER TABLE {table} ADD CONSTRAINT not_13 CHECK (id <> 13)")
+    query = f"q-{uuid.uuid4()}"
+    sink = HandSink(stack, manifest_topic=pipeline["manifest"], query=query)
+    route = {"topic": topic, "table": table, "epochs": "whole", "on_record_error": on_record_error}
+    config = settings_for(stack, names, consumer={
+        "routes": [route], "epochs_topic": pipeline["manifest"], "http_port": 0})  # fmt: skip
+    rows = [(topic, i % PARTITIONS, None, json.dumps({"id": i, "epoch_no": 0}).encode())
+            for i in range(40)]  # fmt: skip
+    reader = Reader(stack.dsn, [table], {0: 40 if on_record_error == "stop" else 39})
+    with running(config) as service, reading(reader):
+        sink.task(0, 0, rows[:20])
+        sink.task(0, 1, rows[20:])
+        sink.commit(0, [0, 1])
+        if on_record_error == "stop":
+            url = f"http://127.0.0.1:{service.http_port}/readyz"
+            eventually(lambda: "an epoch cannot be published" in http_get(url)[1])
+            assert f"query {query} epoch 0" in http_get(url)[1]
+            assert visible(stack, pipeline, 0) == 0
+            sql(stack, f"ALTER TABLE {table} DROP CONSTRAINT not_13")
+        eventually(lambda: published(stack.dsn, names["schema"], query) == 1, timeout=90)
+    assert reader.partial == [], reader.partial[:5]
+    dead = sql(
+        stack, f'SELECT topic, partition, "offset", error FROM {names["schema"]}.dead_letters'
+    )
+    if on_record_error == "stop":
+        assert dead == [] and visible(stack, pipeline, 0) == 40
+    else:
+        assert len(dead) == 1 and dead[0][0] == topic and "23514" in dead[0][3], dead
+        assert visible(stack, pipeline, 0) == 39

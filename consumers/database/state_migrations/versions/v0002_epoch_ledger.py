@@ -1,6 +1,6 @@
 """Version 0002: the ledger of whole epochs (`consumers.database.epoch_ledger`): the epochs a
-group knows, the manifest's parts, the records staged until their epoch is whole, their counts
-per Kafka partition, and the audit trail of the operators' actions on epochs."""
+group knows, the manifest's parts, the chunks of records staged until their epoch is whole,
+their counts per Kafka partition, and the audit trail of the operators' actions on epochs."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ from sqlalchemy import (
     LargeBinary,
     MetaData,
     PrimaryKeyConstraint,
-    SmallInteger,
     Table,
     Text,
     func,
@@ -56,24 +55,21 @@ def upgrade(schema: str) -> None:
         Column("records", JSONB, nullable=False),
         PrimaryKeyConstraint("group_id", "query", "epoch", "spark_partition"),
     )
-    records = Table(
-        "epoch_records",
+    chunks = Table(
+        "epoch_chunks",
         metadata,
+        Column("id", BigInteger, primary_key=True, autoincrement=True),
         Column("group_id", Text, nullable=False),
-        Column("topic", Text, nullable=False),
-        Column("partition", Integer, nullable=False),
-        Column("offset", BigInteger, nullable=False),
         Column("query", Text, nullable=False),
         Column("epoch", BigInteger, nullable=False),
-        Column("spark_partition", Integer, nullable=False),
-        Column("key", LargeBinary),
-        Column("value", LargeBinary),
-        Column("headers", JSONB),
-        Column("timestamp_type", SmallInteger, nullable=False),
-        Column("timestamp_ms", BigInteger, nullable=False),
-        PrimaryKeyConstraint("group_id", "topic", "partition", "offset"),
+        Column("topic", Text, nullable=False),
+        Column("records", Integer, nullable=False),
+        Column("rows", Integer),
+        Column("raw", LargeBinary, nullable=False),
+        Column("plan", LargeBinary),
+        Column("stamps", LargeBinary, nullable=False),
     )
-    Index("epoch_records_of_epoch", records.c.group_id, records.c.query, records.c.epoch)
+    Index("epoch_chunks_of_epoch", chunks.c.group_id, chunks.c.query, chunks.c.epoch, chunks.c.id)
     Table(
         "epoch_staged",
         metadata,
@@ -103,6 +99,12 @@ def upgrade(schema: str) -> None:
         Column("acted_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     )
     metadata.create_all(op.get_bind(), checkfirst=True)
+    # A chunk's bytes are written once and read once: stored out of line, uncompressed, which
+    # spares the compression's CPU (they are mostly JSON a batch's size, read back whole).
+    for column in ("raw", "plan"):
+        op.execute(
+            f'ALTER TABLE "{schema}".epoch_chunks ALTER COLUMN {column} SET STORAGE EXTERNAL'
+        )
 
 
 def downgrade(schema: str) -> None:
