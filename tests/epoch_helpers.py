@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,7 +43,7 @@ class HandSink:
         self,
         epoch: int,
         spark_partition: int,
-        records: list[tuple[str, int, bytes | None, bytes | None]],
+        records: Sequence[tuple[str, int, bytes | None, bytes | None]],
         *,
         abort: bool = False,
     ) -> None:
