@@ -26,6 +26,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 import time
 from abc import ABC, abstractmethod
 from collections import Counter
@@ -82,6 +83,7 @@ class Options:
     max_stall_s: float
     results_dir: Path
     keep: bool
+    epochs: str = "per-partition"  # whole: the sink's manifest and the route's whole epochs
 
 
 def parse(
@@ -106,6 +108,11 @@ def parse(
     )  # fmt: skip
     parser.add_argument("--results-dir", type=Path, default=RESULTS)
     parser.add_argument("--keep", action="store_true", help="keep the work directory and logs")
+    parser.add_argument(
+        "--epochs", choices=["per-partition", "whole"], default="per-partition",
+        help="whole: the sink writes the epoch manifest, the route publishes whole epochs, and "
+        "a reader polls the table for part of an epoch all through the run",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     return Options(
         minutes=args.minutes,
@@ -116,6 +123,7 @@ def parse(
         max_stall_s=args.max_stall,
         results_dir=args.results_dir,
         keep=args.keep,
+        epochs=args.epochs,
     )
 
 
@@ -309,18 +317,23 @@ def pipeline_env() -> dict[str, str]:
 
 
 def prepare_database(dsn: str) -> None:
+    """The consumer's role, and the table; its `epoch_no` is the sink's epoch of each row
+    (a metadata column), which the whole-epochs reader counts by."""
     role = sql.Identifier(ROLE)
     database = sql.Identifier(str(psycopg.conninfo.conninfo_to_dict(dsn)["dbname"]))
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(role))
         conn.execute(sql.SQL("GRANT CREATE ON DATABASE {} TO {}").format(database, role))
         conn.execute(
-            f'CREATE TABLE {TABLE} (value bigint NOT NULL, "timestamp" timestamptz)'.encode()
+            f'CREATE TABLE {TABLE} (value bigint NOT NULL, "timestamp" timestamptz, '
+            "epoch_no bigint)".encode()
         )
         conn.execute(sql.SQL("ALTER TABLE {} OWNER TO {}").format(sql.SQL(TABLE), role))
 
 
-def consumer_process(work: Path, name: str, bootstrap: str, dsn: str) -> Supervised:
+def consumer_process(
+    work: Path, name: str, bootstrap: str, dsn: str, *, epochs: str = "per-partition"
+) -> Supervised:
     """One consumer instance of the soak's group, as its supervisor runs it."""
     config = work / f"consumer-{name}.yaml"
     config.write_text(yaml.safe_dump({
@@ -328,7 +341,8 @@ def consumer_process(work: Path, name: str, bootstrap: str, dsn: str) -> Supervi
         "postgres": {"dsn": dsn},
         "consumer": {
             "group_id": GROUP, "state_schema": STATE_SCHEMA,
-            "routes": [{"topic": TOPIC, "table": TABLE}],
+            "routes": [{"topic": TOPIC, "table": TABLE, "epochs": epochs,
+                        "metadata": {"epoch_no": "spark.epoch"}}],
             "db_session_timeout_ms": 10_000, "http_port": 0,
         },
     }))  # fmt: skip
@@ -425,6 +439,41 @@ def account(end: Ending) -> dict[str, Any]:
         "ok": result.ok and drained and not end.progress.backwards
         and stall <= options.max_stall_s,
     }  # fmt: skip
+
+
+class EpochReader:
+    """Polls the table all through a run: how many rows of each epoch a reader sees, each time.
+    At the end, a sight of an epoch with fewer rows than it ends with was part of an epoch."""
+
+    def __init__(self, dsn: str, every_s: float = 0.05) -> None:
+        self._dsn, self._every_s = dsn, every_s
+        self.seen: set[tuple[int, int]] = set()  # (epoch, rows) pairs
+        self.polls = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                with psycopg.connect(self._dsn, autocommit=True, connect_timeout=3) as conn:
+                    while not self._stop.wait(self._every_s):
+                        rows = conn.execute(
+                            f"SELECT epoch_no, count(*) FROM {TABLE} GROUP BY epoch_no"
+                        ).fetchall()
+                        self.seen.update((int(e), int(n)) for e, n in rows if e is not None)
+                        self.polls += 1
+            except psycopg.Error:
+                self._stop.wait(1)  # the database's link is cut by a fault: read again after
+
+    def partial(self) -> list[tuple[int, int, int]]:
+        """(epoch, rows seen, rows at the end) of every sight of part of an epoch."""
+        self._stop.set()
+        self._thread.join(10)
+        with psycopg.connect(self._dsn, autocommit=True) as conn:
+            rows = conn.execute(f"SELECT epoch_no, count(*) FROM {TABLE} GROUP BY epoch_no")
+            final: dict[int, int] = {int(e): int(n) for e, n in rows if e is not None}
+        return sorted((e, n, final.get(e, 0)) for e, n in self.seen if n != final.get(e, 0))
 
 
 def rows_written(dsn: str) -> int:

@@ -55,6 +55,7 @@ from bench.soak import (
     TOPIC,
     TRANSACTION_TIMEOUT_MS,
     Ending,
+    EpochReader,
     Options,
     SoakRun,
     account,
@@ -326,7 +327,8 @@ class ClusterSoak(SoakRun):
             consumer_dsn = make_conninfo(postgres.dsn, user=ROLE, port=postgres_proxy.port)
             driver = self._driver(bootstrap, spark.master_url)
             consumers = [
-                consumer_process(self.work, n, bootstrap, consumer_dsn) for n in ("a", "b")
+                consumer_process(self.work, n, bootstrap, consumer_dsn, epochs=self.options.epochs)
+                for n in ("a", "b")
             ]
             supervisor = Supervisor([driver, *consumers], self.note)
             c = Cluster(
@@ -370,6 +372,7 @@ class ClusterSoak(SoakRun):
         started = time.monotonic()
         kafka = KafkaTimeline(c.bootstrap, TOPIC, PARTITIONS)
         kafka.start()
+        reader = EpochReader(admin_dsn) if self.options.epochs == "whole" else None
         faults = self.inject_faults(CATALOGUE, c, heal_everything)
         figures = account(
             Ending(
@@ -379,6 +382,13 @@ class ClusterSoak(SoakRun):
                 kafka=kafka, faults=faults, started=started, note=self.note, notes=self.notes,
             )
         )  # fmt: skip
+        figures["epochs"] = self.options.epochs
+        if reader is not None:
+            partial = reader.partial()
+            figures["reader_polls"] = reader.polls
+            figures["partial_epochs_seen"] = len({epoch for epoch, _, _ in partial})
+            figures["partial_sights"] = [list(p) for p in partial[:20]]
+            figures["ok"] = figures["ok"] and not partial
         figures["topology"] = {
             "kafka_nodes": NODES, "replicas": NODES, "min_insync_replicas": 2,
             "spark_workers": WORKERS, "worker_cores": 2, "consumers": len(c.consumers),
@@ -394,6 +404,7 @@ class ClusterSoak(SoakRun):
             "--transactional-id-prefix", PREFIX,
             "--stack-dir", str(self.work / "no-stack"), "--bootstrap-servers", bootstrap,
             "--transaction-timeout-ms", str(TRANSACTION_TIMEOUT_MS),
+            *(["--epochs", "whole"] if self.options.epochs == "whole" else []),
         ]  # fmt: skip
         return Supervised("driver", argv, self.work / "driver.log", pipeline_env())
 

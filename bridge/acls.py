@@ -67,7 +67,8 @@ def grants(
     epochs_topic: str | None = None,
 ) -> tuple[Grant, ...]:
     """The rights of `role`. `source_topic` None: the producer reads no Kafka source.
-    `epochs_topic`: the epoch manifest's, when the sink writes one (`epochs=whole`)."""
+    `epochs_topic`: the epoch manifest's, when the sink writes one (`epochs=whole`) and the
+    consumer reads it (`epochs: whole`)."""
     if role == "producer":
         found = [
             Grant("topic", topic, "write", "produce the records"),
@@ -90,11 +91,17 @@ def grants(
             ]
         return tuple(dict.fromkeys(found))
     if role == "consumer":
-        return (
+        found = [
             Grant("topic", topic, "read", "fetch the records"),
             Grant("topic", topic, "describe", "the topic's partitions and log ranges"),
             Grant("group", group, "read", "join the group; mirror offsets when enabled"),
-        )
+        ]
+        if epochs_topic is not None:
+            found += [
+                Grant("topic", epochs_topic, "read", "the epoch manifest (epochs: whole)"),
+                Grant("topic", epochs_topic, "describe", "the manifest topic's partition"),
+            ]
+        return tuple(found)
     return (
         Grant("topic", topic, "describe", "log ranges and last stable offsets"),
         Grant("topic", topic, "read", "the first committed record at an offset"),

@@ -145,11 +145,16 @@ def publish(
     """Publish an epoch as it is, whole or not: the next member of the group to look applies
     what it holds, in one transaction. A dry run unless --execute; an audit row either way
     it acts."""
-    from consumers.database.epoch_ledger import force
+    from consumers.database.epoch_ledger import OVERSTAGED, force
 
     def act(
         conn: psycopg.Connection[Any], names: LedgerNames, found: EpochState, lacks: str
     ) -> str:
+        if OVERSTAGED in lacks:
+            raise BridgeError(
+                f"query {query} epoch {epoch} holds records staged twice (an offsets reset "
+                "read them again): publishing it would write them twice; discard it instead"
+            )
         force(conn, names, group=found.group, key=found.key, missing=lacks,
               staged=found.staged_records, requested_by=_requested_by())  # fmt: skip
         return "marked to publish: a running member of the group publishes it within a second"

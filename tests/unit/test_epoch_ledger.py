@@ -61,3 +61,11 @@ def test_records_staged_after_an_epoch_was_settled_keep_it_open() -> None:
     settled = state(1, outcome="published", parts=(0,), written={}, staged={(0, "a"): 2})
     later = state(2, parts=())
     assert publishable([settled, later], whole) == []
+
+
+def test_records_staged_twice_are_named_and_hold_the_epoch() -> None:
+    twice = state(parts=(0,), written={0: {"a": 2}}, staged={(0, "a"): 4})
+    assert twice.missing(whole) == [
+        "more records staged than written: Spark partition 0, topic a: 4 staged, its part wrote 2"
+    ]
+    assert publishable([twice], whole) == []
