@@ -254,7 +254,6 @@ class ConsumerService:
             metrics=self.metrics,
             whole_topic=self._config.whole_topic,
             incomplete_after_s=self._config.epochs_incomplete_after_ms / 1000,
-            chunk_records=self._config.batch_max_records,
         )
 
     def _serve_http(self) -> None:

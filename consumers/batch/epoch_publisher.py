@@ -8,12 +8,14 @@ it), is published:
 1. its `epochs` row is locked, FOR UPDATE SKIP LOCKED: a member that finds it locked leaves it
    to the one publishing it;
 2. under the lock the ledger is read again, and the epoch must still be whole;
-3. its staged records are read in (topic, partition, offset) order, in chunks of a batch's
-   size, and each chunk is planned for its tables and written as any batch is
-   (`consumers.batch.planner` with `publishing=True`, `consumers.tables.applier`): followed
-   tables made or changed first, every write mode, tombstones, dead letters for what cannot be a
-   row, `on_record_error: stop` refusing the whole publication;
-4. the staged records and counts are deleted, the epoch marked published, and the transaction
+3. its chunks (`consumers.database.epoch_chunks`) are written in the order they were staged,
+   which is each Kafka partition's offset order: a chunk's plan, made when it was staged, runs
+   under a savepoint; a chunk without one (a followed table, a mode that counts what it skips,
+   a record that is not a row), or whose plan the table refuses, has its records written as any
+   batch's are (`consumers.batch.planner` with `publishing=True`, `consumers.tables.applier`):
+   followed tables made or changed first, tombstones, dead letters for what cannot be a row,
+   `on_record_error: stop` refusing the whole publication;
+4. the chunks, counts and parts are deleted, the epoch marked published, and the transaction
    commits: every table the epoch touched in this group changes at once.
 
 A fault on the way (the database lost, the registry out of reach, a table that does not fit, a
@@ -88,7 +90,6 @@ class EpochPublisher:
         metrics: ConsumerMetrics,
         whole_topic: Callable[[str], bool],
         incomplete_after_s: float,
-        chunk_records: int,
     ) -> None:
         self._db = db
         self._ledger = ledger
@@ -98,7 +99,6 @@ class EpochPublisher:
         self._metrics = metrics
         self._whole_topic = whole_topic
         self._incomplete_after_s = incomplete_after_s
-        self._chunk = chunk_records
         self._next_look = 0.0
         self._failures = HoldBackoff(
             what="an epoch cannot be published",
@@ -147,7 +147,7 @@ class EpochPublisher:
         """Steps 1 to 4 for one epoch; whether this member published it."""
         started = time.perf_counter()
         done = _Published()
-        records: list[int] = []
+        stamps: list[int] = []
         try:
             with conn.transaction():
                 if not lock_open(conn, self._ledger, self._group, state.key):  # step 1
@@ -156,7 +156,7 @@ class EpochPublisher:
                 locked = now.get(state.key)
                 if locked is None or not (locked.forced or not locked.missing(self._whole_topic)):
                     return False
-                records = self._apply_staged(conn, state.key, done)  # step 3
+                stamps = self._apply_staged(conn, state.key, done)  # step 3
                 published(conn, self._ledger, self._group, state.key)  # step 4
         except psycopg.Error as exc:
             if _drifted(exc, self._planner):
@@ -167,7 +167,7 @@ class EpochPublisher:
                 raise
             raise EpochNotPublished(state, str(exc)) from exc
         self._planner.made(done.changes)
-        self._counted(done, records, time.perf_counter() - started)
+        self._counted(done, stamps, time.perf_counter() - started)
         log.info(
             "epoch published",
             extra={"query": state.query, "epoch": state.epoch, "records": done.records,

@@ -4,12 +4,14 @@ For a group whose routes want whole epochs, two kinds of topic are written to th
 (`consumers.database.epoch_ledger`) instead of a table, in the batch's own transaction, so that
 they commit with their offsets exactly as rows do:
 
-- a **whole topic**'s records (a route with `epochs: whole`) are staged as Kafka gave them
-  (coordinates, key, value, headers, timestamp), and counted per (query, epoch, Spark partition,
-  topic, Kafka partition). Their epoch comes from the sink's provenance headers; a record
-  without them cannot belong to an epoch, so it is a dead letter naming why (it would otherwise
-  wait for a manifest that can never name it). Nothing is decoded here: a record that cannot
-  be a row is found, and dead-lettered, when its epoch is published, and never holds it back;
+- a **whole topic**'s records (a route with `epochs: whole`) are staged as a chunk per epoch
+  (`consumers.database.epoch_chunks`): the records as Kafka gave them, and, when the planner
+  could plan them for their table now (`EpochPlanner`), the statements that write them, which
+  the publication runs. They are counted per (query, epoch, Spark partition, topic, Kafka
+  partition). Their epoch comes from the sink's provenance headers; a record without them
+  cannot belong to an epoch, so it is a dead letter naming why (it would otherwise wait for a
+  manifest that can never name it). A record that cannot be a row leaves its chunk without a
+  plan: it is found, and dead-lettered, when its epoch is published, and never holds it back;
 - the **manifest topic**'s records (`bridge.epoch_manifest`) become the ledger's rows: a part,
   or the epoch's record. A record that is not one is a dead letter, its error naming the field.
 

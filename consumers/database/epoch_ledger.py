@@ -192,7 +192,12 @@ class EpochState:
         if self.parts is None:
             return ["no epoch record in the manifest: the driver has not committed the epoch"]
         lacking = []
-        for part in self.parts:
+        # The parts the epoch record names, and any other part of the epoch in the manifest:
+        # a replay whose tasks are fewer (Spark's parallelism changed with its executors) names
+        # only its own, yet the first attempt's committed parts, records and all, are the
+        # epoch's too. Every part precedes its epoch's record in the manifest's one partition,
+        # so once the record is here, so are they.
+        for part in sorted(set(self.parts) | set(self.written)):
             written = self.written.get(part)
             if written is None:
                 lacking.append(f"Spark partition {part}: its part is not in the manifest")
@@ -209,11 +214,10 @@ class EpochState:
                 elif staged > records:
                     lacking.append(f"{OVERSTAGED}: Spark partition {part}, topic {topic}: "
                                    f"{staged} staged, its part wrote {records}")  # fmt: skip
-        named = set(self.parts)
-        strays = sorted({part for part, _ in self.staged if part not in named})
+        strays = sorted({part for part, _ in self.staged if part not in self.written})
         if strays:
             lacking.append(
-                "records staged from Spark partitions the epoch record does not name: "
+                "records staged from Spark partitions with no part in the manifest: "
                 + ", ".join(map(str, strays))
             )
         return lacking
