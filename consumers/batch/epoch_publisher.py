@@ -117,16 +117,22 @@ class EpochPublisher:
         try:
             conn = self._db.open_connection() or self._db.connect()
             self._publish_whole(conn, until=now + _PUBLISH_BUDGET_S)
-            self._note_incomplete(conn)
         except psycopg.OperationalError as exc:
             self._db.close()
             self._failures.failed(f"database: {exc}")
+            return
         except Exception as exc:
             if _is_bug(exc):
                 raise
             self._failures.failed(str(exc))
         else:
             self._failures.cleared()
+        # Also after a publication failed: the oldest incomplete epoch's age keeps counting.
+        try:
+            self._note_incomplete(conn)
+        except psycopg.OperationalError as exc:
+            self._db.close()
+            self._failures.failed(f"database: {exc}")
 
     def reasons(self) -> list[str]:
         """For `/readyz`: a publication that fails, and epochs incomplete for too long."""

@@ -63,11 +63,6 @@ class Provenance(NamedTuple):
     spark_partition: int
 
 
-def provenance(record: Record) -> Provenance | str:
-    """The Spark query, epoch and partition the sink's headers give a record, or why not."""
-    return provenance_of(cast(Headers, record.headers() or []))
-
-
 def provenance_of(headers: Headers) -> Provenance | str:
     """The Spark query, epoch and partition in a record's headers, or why they are not there."""
     found: dict[str, bytes | None] = {}

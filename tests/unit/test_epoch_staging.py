@@ -8,13 +8,17 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bridge.epoch_manifest import Epoch, Part
-from consumers.batch.epoch_staging import EpochStager, Provenance, provenance
+from consumers.batch.epoch_staging import EpochStager, Provenance, provenance_of
 from consumers.database.epoch_ledger import LedgerNames
 from consumers.database.state import state_tables
 from consumers.tables.applier import Applier
 
 Headers = list[tuple[str, str | bytes | None]]
 SPARK: Headers = [("bridge.query", b"q-1"), ("bridge.partition", b"3"), ("bridge.epoch", b"17")]
+
+
+def provenance(message: Message) -> Provenance | str:
+    return provenance_of(message.headers() or [])  # type: ignore[arg-type]
 
 
 def record(headers: Headers | None, value: bytes = b"{}") -> Message:
