@@ -12,7 +12,9 @@ with `epochs: whole` against the per-partition mode, in one run.
     upsert: per-partition, timed from the claim of its partitions to the offsets table at the
     topic's end; whole, to the ledger showing the last epoch published, which is when a reader
     sees it. The four runs alternate, `--rounds` rounds; the figures are the medians of each
-    round's ratio whole / per-partition.
+    round's ratio whole / per-partition. Each run also gives where the time went: when its last
+    record was consumed (staged, with whole epochs), and the CPU seconds of the service and of
+    PostgreSQL in its window (`bench.cpu`).
 (b) Latency at a 1 s trigger: bench.latency's pipeline (`bridge produce --source rate` on real
     Spark, the service with default settings) with the sink's and the route's whole epochs,
     against the same pipeline per partition, alternated `--latency-rounds` times; p50 / p99 from
@@ -34,7 +36,18 @@ from typing import Any
 from confluent_kafka import Producer
 
 from bench.common import Endpoints, new_table, new_topic, running_stack, scratch_dir, write_results
-from bench.consumer import COLUMNS, PARTITIONS, Service, caught_up, checkpoint, record, sql
+from bench.consumer import (
+    COLUMNS,
+    PARTITIONS,
+    Service,
+    caught_up,
+    checkpoint,
+    cpu_line,
+    record,
+    sql,
+    stack_meter,
+)
+from bench.cpu import CpuMeter
 from bench.latency import run_pipeline
 from bridge.epoch_manifest import Epoch, Part, key_of
 from bridge.names import (
@@ -113,12 +126,21 @@ def throughput_run(
     try:
         held = PARTITIONS + (1 if whole else 0)  # and the manifest's partition
         service.wait_until(lambda: service.held_partitions() >= held)
+        meter = stack_meter(stack)
+        before = meter.read(service=service.process.pid)
         joined = time.perf_counter()
-        if whole:
-            service.wait_until(lambda: published(service) >= epochs)
-        else:
-            service.wait_for(target)
+        # Whole: when the last record was staged (its offset committed), and when the last
+        # epoch was published; the difference is the publication the staging did not hide.
+        consumed: list[float] = []
+
+        def done() -> bool:
+            if not consumed and service.position() >= target:
+                consumed.append(time.perf_counter() - joined)
+            return bool(consumed) and (not whole or published(service) >= epochs)
+
+        service.wait_until(done)
         seconds = time.perf_counter() - joined
+        cpu = CpuMeter.spent(before, meter.read(service=service.process.pid), seconds)
         rss = service.peak_rss_mb()
     finally:
         service.stop()
@@ -127,7 +149,8 @@ def throughput_run(
         raise RuntimeError(f"{table}: {rows[0]} rows, {rows[1]} distinct, {records} written")
     return {"mode": mode, "epochs": "whole" if whole else "per-partition",
             "seconds": round(seconds, 2), "rows_per_second": round(records / seconds),
-            "peak_rss_mb": round(rss, 1)}  # fmt: skip
+            "consumed_seconds": round(consumed[0], 2), "peak_rss_mb": round(rss, 1),
+            "cpu": cpu}  # fmt: skip
 
 
 def main() -> None:
@@ -154,8 +177,10 @@ def main() -> None:
             runs = [throughput_run(stack, topic, records, args.epochs, m, w, scratch)
                     for m, w in order]  # fmt: skip
             rounds.append(runs)
-            print(" | ".join(f"{r['mode']} {r['epochs']} {r['rows_per_second']:,}/s"
-                             for r in runs), flush=True)  # fmt: skip
+            for r in runs:
+                print(f"{r['mode']} {r['epochs']}: {r['rows_per_second']:,}/s, the last record "
+                      f"consumed at {r['consumed_seconds']} s of {r['seconds']} s; "
+                      f"{cpu_line(r['cpu'])}", flush=True)  # fmt: skip
         figures["throughput_rounds"] = rounds
         for mode in ("insert", "upsert"):
             ratios = []
