@@ -383,11 +383,10 @@ class RouteSettings(_Section):
 
     @model_validator(mode="after")
     def _following_needs_a_schema(self) -> RouteSettings:
-        if self.value_format != "avro" and (self.auto_create or self.auto_evolve):
+        if self.value_format == "json" and (self.auto_create or self.auto_evolve):
             raise ValueError(
-                "auto_create and auto_evolve need value_format avro: the table follows the "
-                "records' writer schemas (a JSON route's table is its contract; JSON Schema "
-                "is not followed yet)"
+                "auto_create and auto_evolve need value_format avro or json-schema: the table "
+                "follows the records' writer schemas (a plain JSON route's table is its contract)"
             )
         if self.auto_create and self.key_source == "kafka":
             raise ValueError(
@@ -396,8 +395,8 @@ class RouteSettings(_Section):
             )
         if self.auto_create and self.key_source == "record_key" and self.key_format == "json":
             raise ValueError(
-                "key_source 'record_key' with auto_create needs key_format avro: the key "
-                "columns' types come from the keys' writer schemas (a JSON key has none)"
+                "key_source 'record_key' with auto_create needs key_format avro or json-schema: "
+                "the key columns' types come from the keys' writer schemas (a JSON key has none)"
             )
         if self.auto_create and self.metadata:
             raise ValueError(

@@ -1,7 +1,8 @@
 """Tables that follow their records' writer schemas (`auto_create`, `auto_evolve`).
 
 Before a batch is planned, each writer schema its records name that the table has not been checked
-against is compared with the table's columns (`consumers.tables.table_types` maps the fields):
+against is compared with the table's columns (`consumers.tables.table_types` maps an Avro
+record's fields, `consumers.tables.json_schema_types` a JSON Schema's properties):
 
 - no table, with `auto_create`: `CREATE TABLE` from the schema, the route's key columns as its
   primary key;
@@ -33,8 +34,9 @@ from sqlalchemy import Engine
 
 from bridge.errors import BridgeError, ConfigError, PermissionMissing
 from bridge.settings import RouteSettings
-from consumers.decoding.registry_schemas import AVRO, SchemaCache, schema_id
+from consumers.decoding.registry_schemas import AVRO, JSON, SchemaCache, schema_id
 from consumers.tables.applier import Step
+from consumers.tables.json_schema_types import json_schema_columns
 from consumers.tables.table_types import FieldColumn, field_columns
 from consumers.tables.targets import Target, reflect_target
 
@@ -254,15 +256,11 @@ class TableFollower:
             self._read_again()
         writers = {i for i in map(schema_id, set(map(_head, values))) if i is not None}
         for writer in sorted(writers - self._checked):
-            schema = self._schemas.schemas.get(writer)
-            if (
-                self._schemas.types.get(writer) != AVRO
-                or not isinstance(schema, dict)
-                or (schema.get("type") != "record")
-            ):
-                continue  # its records are dead letters naming why (consumers.decoding.avro_rows)
+            fields = self._fields_of(writer, self.route.value_format)
+            if fields is None:
+                continue  # its records are dead letters naming why (consumers.decoding)
             try:
-                self._take(writer, self._as_columns(field_columns(schema)))
+                self._take(writer, self._as_columns(fields))
             except TableMismatch:
                 self._stale = True
                 raise
@@ -312,19 +310,40 @@ class TableFollower:
             return
         for writer in sorted({i for i in map(schema_id, set(map(_head, keys))) if i is not None}):
             schema = self._schemas.schemas.get(writer)
-            if self._schemas.types.get(writer) != AVRO or schema is None:
-                continue  # such keys are refused record by record (consumers.decoding.record_keys)
-            if isinstance(schema, dict) and schema.get("type") == "record":
-                found = {f.name: f for f in field_columns(schema)}
-            elif len(self.route.key_columns) == 1:
+            fields = self._fields_of(writer, self.route.key_format)
+            if fields is not None:
+                found = {f.name: f for f in fields}
+            elif len(self.route.key_columns) == 1 and self._format_of(writer) == AVRO:
                 wrapped = {"type": "record", "name": "key", "fields": [
                     {"name": self.route.key_columns[0], "type": schema}]}  # fmt: skip
                 found = {f.name: f for f in field_columns(wrapped)}
+            elif len(self.route.key_columns) == 1 and self._format_of(writer) == JSON:
+                column = self.route.key_columns[0]
+                wrapped_json: dict[str, Any] = {
+                    "type": "object", "properties": {column: schema}, "required": [column]
+                }  # fmt: skip
+                found = {f.name: f for f in json_schema_columns(wrapped_json) or ()}
             else:
-                continue
+                continue  # such keys are refused record by record (consumers.decoding.record_keys)
             for column in self.route.key_columns:
                 if column in found:
                     self._key_fields.setdefault(column, found[column])
+
+    def _format_of(self, writer: int) -> str | None:
+        return self._schemas.types.get(writer) if writer in self._schemas.schemas else None
+
+    def _fields_of(self, writer: int, wire_format: str) -> list[FieldColumn] | None:
+        """A writer schema's fields as columns: an Avro record's on an avro route, a JSON
+        Schema object's on a json-schema one; None for any other (its records are not rows of
+        this table)."""
+        schema = self._schemas.schemas.get(writer)
+        kind = self._format_of(writer)
+        if wire_format == "avro" and kind == AVRO:
+            if isinstance(schema, dict) and schema.get("type") == "record":
+                return field_columns(schema)
+        elif wire_format == "json-schema" and kind == JSON:
+            return json_schema_columns(schema)
+        return None
 
     def _take(self, writer: int, fields: list[FieldColumn]) -> None:
         """Check one writer schema; plan the change it needs, or raise TableMismatch."""

@@ -7,6 +7,7 @@ table is fixed by hand."""
 from __future__ import annotations
 
 import io
+import json
 import signal
 import subprocess
 import sys
@@ -220,6 +221,89 @@ def test_record_key_upserts_into_a_table_created_with_the_keys_schema_as_its_pri
     assert primary == [("id",)]
     assert sql(stack, f"SELECT count(*), min(id), max(id) FROM {table}") == [(19, 0, 19)]
     assert sql(stack, f"SELECT n FROM {table} WHERE id = 3") == [(333,)]
+
+
+JSON_V1: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "integer", "minimum": -(2**63), "maximum": 2**63 - 1},
+        "n": {"oneOf": [{"type": "null"}, {"type": "integer", "minimum": -(2**31),
+                                           "maximum": 2**31 - 1}]},
+        "amount": {"type": "number"},
+        "note": {"type": ["string", "null"]},
+        "raw": {"type": "string", "contentEncoding": "base64"},
+        "day": {"type": "string", "format": "date"},
+        "at": {"type": "string", "format": "date-time"},
+        "tags": {"type": "array", "items": {"type": "string"}},
+        "attrs": {"type": "object", "additionalProperties": {"type": "integer"}},
+    },
+    "required": ["id", "n", "amount", "note", "raw", "day", "at", "tags", "attrs"],
+    "additionalProperties": False,
+}  # fmt: skip
+REGION = {"region": {"type": ["string", "null"]}}
+JSON_V2: dict[str, Any] = {**JSON_V1, "properties": {**JSON_V1["properties"], **REGION}}
+JSON_KEY: dict[str, Any] = {"type": "object", "properties": {"id": {"type": "integer"}},
+                            "required": ["id"], "additionalProperties": False}  # fmt: skip
+JSON_COLUMNS = {
+    "id": "bigint", "n": "integer", "amount": "numeric", "note": "text", "raw": "bytea",
+    "day": "date", "at": "timestamp with time zone", "tags": "text[]", "attrs": "jsonb",
+}  # fmt: skip
+
+
+def _json_value(i: int, **more: Any) -> dict[str, Any]:
+    return {"id": i, "n": None if i % 5 == 0 else -i, "amount": f"{i}.0001",
+            "note": None if i % 3 else f"n{i}", "raw": "AAE=",
+            "day": f"2026-01-{1 + i % 28:02d}", "at": "2026-11-25T01:02:03.000004+01:00",
+            "tags": [f"t{i}", "x"], "attrs": {"k": i}, **more}  # fmt: skip
+
+
+def _json_framed(schema_id: int, value: dict[str, Any]) -> bytes:
+    body = json.dumps(value).replace('"amount": "', '"amount": ').replace('0001"', "0001")
+    return b"\x00" + schema_id.to_bytes(4, "big") + body.encode()
+
+
+def test_a_json_schema_route_creates_its_table_from_the_keys_and_values_and_evolves_it(
+    stack: Endpoints, names: dict[str, str], registry_url: str, table: str
+) -> None:
+    """Connect's JsonSchemaConverter with pk.mode=record_key, auto.create and auto.evolve: the
+    key's JSON Schema types the primary key, the value's the other columns, and a later version
+    of the value's schema adds a column mid-stream, in the batch's transaction."""
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+
+    topic = names["topic"]
+    with SchemaRegistryClient({"url": registry_url, **stack.registry_properties}) as client:
+        v1, v2 = (register(client, f"{topic}-value", s, schema_type="JSON")
+                  for s in (JSON_V1, JSON_V2))  # fmt: skip
+        key_id = register(client, f"{topic}-key", JSON_KEY, schema_type="JSON")
+    settings = settings_for(stack, names, registry_url=registry_url, value_format="json-schema",
+                            key_format="json-schema", key_source="record_key", auto_create=True,
+                            auto_evolve=True, mode="upsert", key_columns=["id"])  # fmt: skip
+
+    def keyed(i: int, writer: int, **more: Any) -> tuple[bytes, bytes | None]:
+        return _json_framed(key_id, {"id": i}), _json_framed(writer, _json_value(i, **more))
+
+    with running(settings):
+        produce(stack, topic, [keyed(i, v1) for i in range(30)])
+        drained(stack, names, PARTITIONS)
+        assert _columns(stack, table) == JSON_COLUMNS
+        produce(stack, topic, [keyed(i, v2, region="eu") for i in range(30, 50)])
+        produce(stack, topic, [keyed(3, v1, n=333), (_json_framed(key_id, {"id": 4}), None)])
+        drained(stack, names, PARTITIONS)
+    assert _columns(stack, table) == {**JSON_COLUMNS, "region": "text"}
+    primary = sql(stack, f"SELECT a.attname FROM pg_index i JOIN pg_attribute a ON "
+                         f"a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey) "
+                         f"WHERE i.indrelid = '{table}'::regclass AND i.indisprimary")  # fmt: skip
+    assert primary == [("id",)]
+    assert sql(stack, f"SELECT count(*), count(region), min(id), max(id) FROM {table}") == [
+        (49, 20, 0, 49)
+    ]
+    assert sql(stack, f"SELECT n FROM {table} WHERE id = 3") == [(333,)]
+    assert sql(stack, f"SELECT id, n, amount, note, raw, day, at, tags, attrs FROM {table} "
+                      f"WHERE id = 6") == [
+        (6, -6, Decimal("6.0001"), "n6", b"\x00\x01", date(2026, 1, 7),
+         datetime(2026, 11, 25, 0, 2, 3, 4, tzinfo=UTC), ["t6", "x"], {"k": 6})
+    ]  # fmt: skip
+    assert sql(stack, f"SELECT count(*) FROM {names['schema']}.dead_letters") == [(0,)]
 
 
 @pytest.mark.parametrize(

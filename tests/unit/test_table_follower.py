@@ -173,7 +173,7 @@ def test_a_key_the_schema_lacks_is_a_mismatch(cache: SchemaCache) -> None:
 
 def test_following_a_table_needs_avro() -> None:
     route = {"topic": "t", "table": "t", "auto_create": True}
-    with pytest.raises(ConfigError, match="auto_create and auto_evolve need value_format avro"):
+    with pytest.raises(ConfigError, match="need value_format avro or json-schema"):
         load_settings(
             kafka={"bootstrap_servers": "k:9092"}, postgres={"dsn": "postgresql://x@h/db"},
             consumer={"group_id": "g", "routes": [route]},
