@@ -1,0 +1,133 @@
+"""A user's own PySpark job, as the docs give it, from a topic made with `bridge topics create`
+to a table the consumer makes: Avro keys and values through the registry, a tombstone that
+deletes a row, run once from an activated virtualenv and once as `.venv/bin/python job.py`
+without activating it (another `python3` first on PATH, as on a machine whose system Python
+lacks the sink's packages)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from decimal import Decimal
+from pathlib import Path
+
+from tests.consumer_helpers import drained, running, settings_for, sql
+from tests.harness import Endpoints
+
+PARTITIONS = 3
+
+# docs/sink.md (a tombstone), docs/typed-records.md (encode, spark_packages) and the README's
+# register(spark), put together as a user would.
+JOB = """
+import sys
+
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+from spark_jobs.registry_frames import encode
+from spark_jobs.sink import register
+from spark_jobs.spark_packages import spark_packages
+
+source, checkpoint, bootstrap, topic, registry = sys.argv[1:6]
+spark = (
+    SparkSession.builder.master("local[1]")
+    .config("spark.jars.packages", spark_packages())
+    .config("spark.ui.enabled", "false")
+    .getOrCreate()
+)
+register(spark)
+options = {
+    "kafka.bootstrap.servers": bootstrap,
+    "topic": topic,
+    "key.format": "avro",
+    "value.format": "avro",
+    "schema.registry.url": registry,
+}
+orders = spark.readStream.schema("id BIGINT, amount DECIMAL(12,2), deleted BOOLEAN").json(source)
+rows = orders.select(
+    F.struct("id").alias("key"),
+    F.when(F.col("deleted"), F.lit(None))  # a tombstone for deleted rows
+    .otherwise(F.struct("id", "amount"))
+    .alias("value"),
+)
+query = (
+    encode(rows, options)
+    .writeStream.format("bridge-kafka")
+    .options(**options)
+    .option("checkpointLocation", checkpoint)
+    .trigger(availableNow=True)
+    .start()
+)
+query.awaitTermination()
+spark.stop()
+"""
+
+
+def _inputs(directory: Path, lines: list[dict[str, object]]) -> Path:
+    directory.mkdir()
+    (directory / "orders.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return directory
+
+
+def _run(command: list[str], env: dict[str, str]) -> str:
+    ran = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert ran.returncode == 0, f"{' '.join(command)}:\n{ran.stdout[-2000:]}{ran.stderr[-4000:]}"
+    return ran.stdout + ran.stderr
+
+
+def test_a_users_own_avro_job_with_a_tombstone_runs_with_and_without_an_activated_virtualenv(
+    stack: Endpoints, names: dict[str, str], registry_url: str, tmp_path: Path
+) -> None:
+    topic, table = names["topic"], f"public.{names['table']}"
+    venv_bin = Path(sys.executable).parent  # the virtualenv's bin, not the interpreter it links
+    job = tmp_path / "job.py"
+    job.write_text(JOB)
+    clean = {k: v for k, v in os.environ.items()
+             if not k.startswith(("BRIDGE_", "PYSPARK_", "VIRTUAL_ENV"))}  # fmt: skip
+    tools = {"BRIDGE_KAFKA__BOOTSTRAP_SERVERS": stack.bootstrap_servers,
+             "BRIDGE_STACK_DIR": "/nonexistent"}  # fmt: skip
+
+    # Activated: `bridge` and `python` are the virtualenv's, first on PATH.
+    activated = clean | tools | {
+        "VIRTUAL_ENV": str(venv_bin.parent), "PATH": f"{venv_bin}:/usr/bin:/bin"
+    }  # fmt: skip
+    made = _run(["bridge", "topics", "create", topic, "--partitions", str(PARTITIONS)], activated)
+    assert f"created topic {topic} with {PARTITIONS} partitions" in made
+    first = _inputs(tmp_path / "first", [{"id": i, "amount": f"{i}.25"} for i in range(50)])
+    _run(["python", str(job), str(first), str(tmp_path / "ck-first"), stack.bootstrap_servers,
+          topic, registry_url], activated)  # fmt: skip
+
+    # Not activated: another python3 first on PATH (the virtualenv's base interpreter, which
+    # lacks its packages); the user runs the virtualenv's interpreter by its path.
+    bare = tmp_path / "bare-bin"
+    bare.mkdir()
+    (bare / "python3").symlink_to(os.path.realpath(sys.executable))
+    plain = clean | tools | {"PATH": f"{bare}:/usr/bin:/bin"}
+    again = _run([str(venv_bin / "bridge"), "topics", "create", topic, "--partitions", "5"], plain)
+    assert f"exists already, with {PARTITIONS} partitions: left as it is" in again
+    second = _inputs(
+        tmp_path / "second",
+        [{"id": i, "amount": f"{i}.5"} for i in range(50, 100)]
+        + [{"id": i, "deleted": True} for i in range(10)],
+    )
+    said = _run([str(venv_bin / "python"), str(job), str(second), str(tmp_path / "ck-second"),
+                 stack.bootstrap_servers, topic, registry_url], plain)  # fmt: skip
+    assert "Spark's Python workers would run python3" in said
+
+    settings = settings_for(stack, names, registry_url=registry_url, value_format="avro",
+                            key_format="avro", key_source="record_key", auto_create=True,
+                            mode="upsert", key_columns=["id"])  # fmt: skip
+    with running(settings):
+        drained(stack, names, PARTITIONS)
+    assert sql(stack, f"SELECT count(*), min(id), max(id), sum(amount) FROM {table}") == [
+        (
+            90,
+            10,
+            99,
+            sum(Decimal(f"{i}.25") for i in range(10, 50))
+            + sum(Decimal(f"{i}.50") for i in range(50, 100)),
+        )
+    ]
+    assert sql(stack, f"SELECT count(*) FROM {names['schema']}.dead_letters") == [(0,)]
