@@ -109,26 +109,59 @@ def stack(secure: bool) -> Iterator[Endpoints]:
 
 
 def _close_clients_left() -> None:
-    """Before the stack stops: a Kafka client a test left open would go on reconnecting to it,
-    one librdkafka line every few milliseconds until the run ends. Each one still open is
-    closed here, and their count said, so that the test that left it can be found."""
+    """Before the stack stops: a Kafka client left open would go on reconnecting to it, one
+    librdkafka line every few milliseconds until the run ends. Each one still open is closed
+    here (the sink's manifest producers, which a driver keeps for its life, are such), and
+    their count said."""
+    left = _close(_open_clients())
+    if left and sys.__stderr__ is not None:
+        sys.__stderr__.write(f"\nclosed {left} Kafka client(s) still open at the end\n")
+
+
+@pytest.fixture(autouse=True)
+def _closes_its_kafka_clients(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Every Kafka client an integration test starts, the test closes: one left open goes on
+    polling (and logging) after the test, and the test that left it is named here."""
+    yield
+    if request.node.get_closest_marker("integration") is None:
+        return
+    left = [c for c in _open_clients() if not _kept_by_the_sink(c)]
+    if left:
+        _close(left)
+        pytest.fail(f"{request.node.nodeid} left {len(left)} Kafka client(s) open: "
+                    f"{', '.join(type(c).__name__ for c in left)}", pytrace=False)  # fmt: skip
+
+
+def _open_clients() -> list[Any]:
     from confluent_kafka import Consumer, Producer
 
     gc.collect()
-    left = 0
-    for client in [o for o in gc.get_objects() if isinstance(o, Consumer | Producer)]:
+    found = []
+    for client in [o for o in gc.get_objects() if isinstance(o, (Consumer, Producer))]:
         try:
             client.assignment() if isinstance(client, Consumer) else client.flush(0)
         except RuntimeError:
             continue  # closed already
-        left += 1
+        found.append(client)
+    return found
+
+
+def _kept_by_the_sink(client: Any) -> bool:
+    """The sink's manifest producers: a driver keeps one per query for its life, so that each
+    epoch's commit does not wait for a new transactional producer (spark_jobs.manifest_writer)."""
+    from spark_jobs import manifest_writer
+
+    return any(client is kept for kept in manifest_writer._producers.values())
+
+
+def _close(clients: list[Any]) -> int:
+    for client in clients:
         # A fenced transactional producer warns that it cannot abort, and confluent-kafka
         # turns that into a SystemError here: closing is all that is wanted, whatever it says.
         with warnings.catch_warnings(), contextlib.suppress(Exception):
             warnings.simplefilter("ignore")
             client.close()
-    if left and sys.__stderr__ is not None:
-        sys.__stderr__.write(f"\nclosed {left} Kafka client(s) the tests left open\n")
+    return len(clients)
 
 
 @pytest.fixture
