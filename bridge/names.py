@@ -26,6 +26,7 @@ POSTGRES_USER: Final = "bridge"
 # The consumer's own objects in PostgreSQL, inside its state schema.
 OFFSETS_TABLE: Final = "offsets"
 DEAD_LETTERS_TABLE: Final = "dead_letters"
+DEAD_LETTER_REPLAYS_TABLE: Final = "dead_letter_replays"
 OFFSET_RESETS_TABLE: Final = "offset_resets"
 # Whole epochs (consumers.database.epoch_ledger): the ledger of a group's epochs, the manifest's
 # parts, the chunks of records staged until their epoch is whole, their counts, and the

@@ -11,6 +11,7 @@ from rich.console import Console
 from bridge.errors import BridgeError
 from bridge_shell.cli import (
     consume,
+    dead_letters,
     demo,
     epochs,
     offsets,
@@ -31,6 +32,7 @@ app = typer.Typer(
 app.add_typer(stack.app, name="stack")
 app.add_typer(offsets.app, name="offsets")
 app.add_typer(epochs.app, name="epochs")
+app.add_typer(dead_letters.app, name="dead-letters")
 app.add_typer(txn.app, name="txn")
 app.add_typer(topics.app, name="topics")
 app.add_typer(routes.app, name="routes")

@@ -4,9 +4,7 @@ committed, a manifest that never came)."""
 
 from __future__ import annotations
 
-import getpass
 import json
-import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -25,7 +23,9 @@ from bridge_shell.cli.options import (
     Schema,
     StackDir,
     connect_postgres,
+    group_of,
     output_console,
+    requested_by,
     state_schema,
     tools_settings,
 )
@@ -45,14 +45,6 @@ EpochNo = Annotated[int, typer.Option("--epoch", help="The epoch (Spark's batch 
 Execute = Annotated[
     bool, typer.Option("--execute", help="Act; without it, only show what would be done.")
 ]
-
-
-def _group(settings: BridgeSettings, group: str | None) -> str:
-    if group is not None:
-        return group
-    if settings.consumer is None:
-        raise BridgeError("--group is required (or a configuration with consumer.group_id)")
-    return settings.consumer.group_id
 
 
 def _whole_topic(settings: BridgeSettings) -> Any:
@@ -88,7 +80,7 @@ def show(
 
     settings = tools_settings(config, stack_dir)
     schema = state_schema(settings, schema)
-    group = _group(settings, group)
+    group = group_of(settings, group)
     whole = _whole_topic(settings)
     with connect_postgres(settings) as conn:
         states = _open(conn, schema, group)
@@ -128,10 +120,6 @@ def _find(states: list[EpochState], query: str, epoch: int) -> EpochState:
     )
 
 
-def _requested_by() -> str:
-    return f"{getpass.getuser()}@{socket.gethostname()}"
-
-
 @app.command()
 def publish(
     query: Query,
@@ -156,7 +144,7 @@ def publish(
                 "read them again): publishing it would write them twice; discard it instead"
             )
         force(conn, names, group=found.group, key=found.key, missing=lacks,
-              staged=found.staged_records, requested_by=_requested_by())  # fmt: skip
+              staged=found.staged_records, requested_by=requested_by())  # fmt: skip
         return "marked to publish: a running member of the group publishes it within a second"
 
     _act(query, epoch, group, execute, schema, tools_settings(config, stack_dir),
@@ -186,7 +174,7 @@ def discard(
     ) -> str:
         dead_letters = sql.Identifier(names.schema, DEAD_LETTERS_TABLE)
         moved = discard_epoch(conn, names, dead_letters, group=found.group, key=found.key,
-                              missing=lacks, requested_by=_requested_by())  # fmt: skip
+                              missing=lacks, requested_by=requested_by())  # fmt: skip
         return f'discarded: {moved} staged record(s) moved to "{names.schema}".{DEAD_LETTERS_TABLE}'
 
     _act(query, epoch, group, execute, schema, tools_settings(config, stack_dir),
@@ -209,7 +197,7 @@ def _act(
     from consumers.database.epoch_ledger import LedgerNames
 
     schema = state_schema(settings, schema)
-    group = _group(settings, group)
+    group = group_of(settings, group)
     with connect_postgres(settings) as conn:
         state = _find(_open(conn, schema, group), query, epoch)
         missing = "; ".join(state.missing(_whole_topic(settings))) or "nothing"

@@ -111,3 +111,20 @@ def state_schema(settings: BridgeSettings, schema: str | None) -> str:
         except ValueError as exc:
             raise ConfigError([("--schema", str(exc))], source="the command line") from None
     return settings.consumer.state_schema if settings.consumer else DEFAULT_STATE_SCHEMA
+
+
+def group_of(settings: BridgeSettings, group: str | None) -> str:
+    """`--group`, else the configuration's consumer.group_id."""
+    if group is not None:
+        return group
+    if settings.consumer is None:
+        raise BridgeError("--group is required (or a configuration with consumer.group_id)")
+    return settings.consumer.group_id
+
+
+def requested_by() -> str:
+    """Who runs an operator's command, for its audit rows: user@host."""
+    import getpass
+    import socket
+
+    return f"{getpass.getuser()}@{socket.gethostname()}"

@@ -33,7 +33,7 @@ from datetime import datetime
 from typing import Any, cast
 
 import psycopg
-from confluent_kafka import Message
+from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Message
 from psycopg import sql
 from sqlalchemy import (
     BigInteger,
@@ -320,13 +320,13 @@ def discard(
             cursor.executemany(
                 sql.SQL(
                     'INSERT INTO {} (group_id, topic, partition, "offset", key, value, headers, '
-                    "error) VALUES (%s, %s, %s, %s, %s, %s, %s::jsonb, %s) "
-                    'ON CONFLICT (group_id, topic, partition, "offset") DO UPDATE SET '
+                    "error, kafka_timestamp_ms) VALUES (%s, %s, %s, %s, %s, %s, %s::jsonb, %s, "
+                    "%s) ON CONFLICT (group_id, topic, partition, \"offset\") DO UPDATE SET "
                     "error = EXCLUDED.error, failed_at = now()"
                 ).format(dead_letters),
                 [
                     (group, topic, r.partition(), r.offset(), r.key(), r.value(),
-                     headers_json(r), error)
+                     headers_json(r), error, _timestamp_ms(r))
                     for r in records
                 ],
             )  # fmt: skip
@@ -351,6 +351,11 @@ def headers_json(record: Message) -> str:
             for name, value in headers
         ]
     )
+
+
+def _timestamp_ms(record: Message) -> int | None:
+    kind, stamp = record.timestamp()
+    return None if kind == TIMESTAMP_NOT_AVAILABLE else stamp
 
 
 def _visible(text: str) -> str:

@@ -40,7 +40,7 @@ from sqlalchemy.exc import ProgrammingError
 from sqlalchemy.schema import CreateSchema
 
 from bridge.errors import PermissionMissing, StateSchemaTooNew
-from bridge.names import DEAD_LETTERS_TABLE, STATE_VERSION_TABLE
+from bridge.names import DEAD_LETTER_REPLAYS_TABLE, DEAD_LETTERS_TABLE, STATE_VERSION_TABLE
 from consumers.database import epoch_ledger
 from consumers.database.offsets import define_tables
 
@@ -55,6 +55,7 @@ class StateTables:
     dead_letters: Table
     offset_resets: Table
     ledger: epoch_ledger.LedgerNames  # whole epochs' tables
+    dead_letter_replays: Table  # `bridge dead-letters replay`'s audit trail
 
     def qualified(self, table: Table) -> sql.Identifier:
         return sql.Identifier(self.schema, table.name)
@@ -76,8 +77,25 @@ def state_tables(schema: str) -> StateTables:
         Column("headers", JSONB),
         Column("error", Text, nullable=False),
         Column("failed_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+        # How many times it was tried: 1, and one more for each replay that failed again.
+        Column("attempts", Integer, nullable=False, server_default=text("1")),
+        Column("kafka_timestamp_ms", BigInteger),  # None: the record had none, or came before 0003
         # A record is dead-lettered at most once: its offset moves past it in the same transaction.
         UniqueConstraint("group_id", "topic", "partition", "offset"),
+    )
+    dead_letter_replays = Table(
+        DEAD_LETTER_REPLAYS_TABLE,
+        metadata,
+        Column("id", BigInteger, primary_key=True, autoincrement=True),
+        Column("group_id", Text, nullable=False),
+        Column("topic", Text, nullable=False),
+        Column("partition", Integer, nullable=False),
+        Column("offset", BigInteger, nullable=False),
+        Column("outcome", Text, nullable=False),  # landed, skipped, dead again
+        Column("error", Text),  # the new one, when dead again
+        Column("attempt", Integer, nullable=False),
+        Column("requested_by", Text, nullable=False),
+        Column("replayed_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     )
     epoch_ledger.define_tables(metadata)
     return StateTables(
@@ -86,6 +104,7 @@ def state_tables(schema: str) -> StateTables:
         dead_letters=dead_letters,
         offset_resets=offset_resets,
         ledger=epoch_ledger.LedgerNames(schema),
+        dead_letter_replays=dead_letter_replays,
     )
 
 

@@ -24,7 +24,14 @@ from psycopg import sql
 from bridge.names import UPSERT_STAGE_PREFIX
 from consumers.database.pg_errors import RECORD_FAULTS
 from consumers.database.state import StateTables
-from consumers.decoding.records import Record, RecordError, RecordStopped, headers_json, offset_of
+from consumers.decoding.records import (
+    Record,
+    RecordError,
+    RecordStopped,
+    headers_json,
+    offset_of,
+    timestamp_ms,
+)
 from consumers.decoding.rows import UNSET, Row, projector, row_cursor, runs
 from consumers.tables.targets import Target
 
@@ -355,13 +362,16 @@ class Applier:
         """Write `record` to the dead letters with `error`, in the caller's transaction."""
         # The conflict clause is a second guard: a range applied again clears its dead letters
         # first (`replayed`), so a record's earlier one is only ever replaced, never a failure.
+        # A conflict is a replay's (`consumers.dead_letter_replay`) that failed again: one more
+        # attempt, with the new error.
         conn.execute(
             sql.SQL(
-                'INSERT INTO {} (group_id, topic, partition, "offset", key, value, headers, error) '
-                "VALUES (%s, %s, %s, %s, %s, %s, %s::jsonb, %s) "
+                'INSERT INTO {} AS d (group_id, topic, partition, "offset", key, value, headers, '
+                "error, kafka_timestamp_ms) VALUES (%s, %s, %s, %s, %s, %s, %s::jsonb, %s, %s) "
                 'ON CONFLICT (group_id, topic, partition, "offset") DO UPDATE SET key = '
                 "EXCLUDED.key, value = EXCLUDED.value, headers = EXCLUDED.headers, "
-                "error = EXCLUDED.error, failed_at = EXCLUDED.failed_at"
+                "error = EXCLUDED.error, failed_at = EXCLUDED.failed_at, "
+                "attempts = d.attempts + 1"
             ).format(self._dead_letters),
             (
                 self._group,
@@ -372,6 +382,7 @@ class Applier:
                 record.value(),
                 headers_json(record),
                 error,
+                timestamp_ms(record),
             ),
         )
         return DeadLetterNote(
