@@ -44,6 +44,9 @@ class GroupStatus:
     lag: int | None  # None: Kafka could not tell for some partition
     partitions: int
     stalled: tuple[str, ...]  # "topic[partition]: why"
+    # Not judged: nothing committed for longer than `--ignore-idle-after` (an abandoned group);
+    # its lines are shown, not counted as problems.
+    idle_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -61,7 +64,9 @@ class Status:
     @property
     def problems(self) -> list[str]:
         found = [f"{c.name}: {c.detail}" for c in self.components if not c.ok]
-        found += [f"group {g.group}: {s}" for g in self.groups for s in g.stalled]
+        found += [
+            f"group {g.group}: {s}" for g in self.groups if g.idle_s is None for s in g.stalled
+        ]
         found += [
             f"producer {p.prefix} partition {e.partition}: {e.problem}"
             for p in self.producers
@@ -81,6 +86,7 @@ class Status:
                     "lag": g.lag,
                     "partitions": g.partitions,
                     "stalled": list(g.stalled),
+                    "ignored_idle_s": g.idle_s,
                 }
                 for g in self.groups
             ],
@@ -107,9 +113,13 @@ def gather(
     marker_topic: str,
     stall_after: timedelta,
     whole_topic: Callable[[str], bool] = lambda topic: True,
+    groups: list[str] | None = None,
+    idle_after: timedelta | None = None,
 ) -> Status:
     """`whole_topic`: which topics wait for whole epochs (the configuration's routes); an
-    epoch open longer than `stall_after` is a group's problem, naming what it lacks."""
+    epoch open longer than `stall_after` is a group's problem, naming what it lacks. `groups`:
+    only these are shown and judged; `idle_after`: a group with nothing committed for longer
+    is shown but not judged (one left behind by a test or a retired pipeline)."""
     status = Status()
     kafka_ok = _brokers(status, kafka_config)
     conn = _postgres(status, dsn)
@@ -124,10 +134,14 @@ def gather(
                 except BridgeError as exc:  # no offsets table in that schema, and the like
                     status.components.append(Component("consumer groups", False, str(exc)))
                 else:
+                    if groups is not None:
+                        positions = [p for p in positions if p.group in groups]
                     status.groups = _groups(positions, stall_after)
                     status.groups = _incomplete_epochs(
                         conn, schema, status.groups, stall_after, whole_topic
                     )
+                    if idle_after is not None:
+                        status.groups = _idle(positions, status.groups, idle_after)
     if admin is not None:
         try:
             for prefix in prefixes if prefixes is not None else _prefixes(admin):
@@ -207,6 +221,19 @@ def _groups(positions: list[Position], stall_after: timedelta) -> list[GroupStat
             )
         )
     return groups
+
+
+def _idle(
+    positions: list[Position], groups: list[GroupStatus], idle_after: timedelta
+) -> list[GroupStatus]:
+    """The groups whose last commit, on any partition, is older than `idle_after`, marked."""
+    now = datetime.now(UTC)
+    marked = []
+    for group in groups:
+        last = max(p.updated_at for p in positions if p.group == group.group)
+        idle = now - last
+        marked.append(replace(group, idle_s=idle.total_seconds()) if idle > idle_after else group)
+    return marked
 
 
 def _incomplete_epochs(

@@ -124,3 +124,52 @@ def reset(
         f"reset applied to {len(steps)} partition(s); owner epochs now {epochs}; "
         f'audit rows in "{schema}".{OFFSET_RESETS_TABLE}'
     )
+
+
+@app.command()
+def delete(
+    group: Annotated[str, typer.Option("--group", help="The consumer group to delete.")],
+    execute: Annotated[
+        bool, typer.Option("--execute", help="Delete; without it, only show what would go.")
+    ] = False,
+    force: Annotated[
+        bool, typer.Option("--force", help="Also while a live member holds a partition.")
+    ] = False,
+    schema: Schema = None,
+    config: ConfigFile = None,
+    stack_dir: StackDir = Path(DEFAULT_STACK_DIR),
+) -> None:
+    """Remove a group's stored positions (a group left behind, a pipeline retired), with an
+    audit row per partition. A dry run unless --execute; refused while a live member of the
+    group holds a partition, unless --force (that member is then fenced, and takes its
+    partitions again as a new group would, from consumer.start_policy)."""
+    from bridge.names import OFFSET_DELETIONS_TABLE
+    from bridge_shell.cli.options import requested_by
+    from consumers.database.offsets import OffsetStore
+    from consumers.database.positions import read_positions
+
+    settings = tools_settings(config, stack_dir)
+    schema = state_schema(settings, schema)
+    admin = KafkaAdmin(settings.kafka.client_config())
+    with connect_postgres(settings) as conn:
+        positions = read_positions(conn, schema, admin, group)
+        console.print(positions_table(positions, title=f"stored offsets of group {group}"))
+        if not positions:
+            console.print(f"no stored offsets for group {group!r}: nothing to delete")
+            return
+        held = [p for p in positions if p.live_owner]
+        if held and not force:
+            names = ", ".join(f"{p.topic}[{p.partition}] by {p.live_owner}" for p in held)
+            raise BridgeError(
+                f"group {group!r} has live members holding {names}: stop them first, or pass "
+                "--force (each is fenced, and takes its partitions again as a new group would)"
+            )
+        if not execute:
+            console.print(f"dry run: nothing changed; add --execute to delete the {len(positions)} "
+                          f"position(s) of group {group!r}")  # fmt: skip
+            return
+        deleted = OffsetStore(schema=schema, group_id=group).delete(
+            conn, forced=force, requested_by=requested_by(), lock_wait="30s"
+        )
+    console.print(f"deleted {len(deleted)} position(s) of group {group!r}; audit rows in "
+                  f'"{schema}".{OFFSET_DELETIONS_TABLE}')  # fmt: skip

@@ -58,6 +58,19 @@ def status(
     marker_topic: Annotated[
         str, typer.Option("--marker-topic", help="The sink's marker.topic.")
     ] = DEFAULT_MARKER_TOPIC,
+    group: Annotated[
+        list[str] | None,
+        typer.Option("--group", help="Only this consumer group is shown and judged; repeatable."),
+    ] = None,
+    ignore_idle_after: Annotated[
+        float | None,
+        typer.Option(
+            "--ignore-idle-after",
+            min=0,
+            help="A group with nothing committed for this many seconds is shown as idle and "
+            "not judged (an abandoned group; `bridge offsets delete` removes it).",
+        ),
+    ] = None,
     output: OutputFormat = Format.TABLE,
     config: ConfigFile = None,
     stack_dir: StackDir = Path(DEFAULT_STACK_DIR),
@@ -81,6 +94,8 @@ def status(
         marker_topic=marker_topic,
         stall_after=timedelta(seconds=stall_after),
         whole_topic=settings.consumer.whole_topic if settings.consumer else lambda topic: True,
+        groups=list(group) if group else None,
+        idle_after=None if ignore_idle_after is None else timedelta(seconds=ignore_idle_after),
     )
     if output is Format.JSON:
         print(json.dumps(found.as_json(), indent=2))
@@ -107,7 +122,9 @@ def _render(found: Status) -> None:
                 g.group,
                 str(g.partitions),
                 "?" if g.lag is None else str(g.lag),
-                "\n".join(f"[bold red]{s}[/]" for s in g.stalled) or "[green]none[/]",
+                f"[dim]idle for {g.idle_s:.0f}s: not judged[/]"
+                if g.idle_s is not None
+                else "\n".join(f"[bold red]{s}[/]" for s in g.stalled) or "[green]none[/]",
             )
         console.print(groups)
     if found.producers:

@@ -21,6 +21,7 @@ from alembic.script import ScriptDirectory
 from psycopg import sql
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     Column,
     Connection,
     DateTime,
@@ -40,7 +41,12 @@ from sqlalchemy.exc import ProgrammingError
 from sqlalchemy.schema import CreateSchema
 
 from bridge.errors import PermissionMissing, StateSchemaTooNew
-from bridge.names import DEAD_LETTER_REPLAYS_TABLE, DEAD_LETTERS_TABLE, STATE_VERSION_TABLE
+from bridge.names import (
+    DEAD_LETTER_REPLAYS_TABLE,
+    DEAD_LETTERS_TABLE,
+    OFFSET_DELETIONS_TABLE,
+    STATE_VERSION_TABLE,
+)
 from consumers.database import epoch_ledger
 from consumers.database.offsets import define_tables
 
@@ -56,6 +62,7 @@ class StateTables:
     offset_resets: Table
     ledger: epoch_ledger.LedgerNames  # whole epochs' tables
     dead_letter_replays: Table  # `bridge dead-letters replay`'s audit trail
+    offset_deletions: Table  # `bridge offsets delete`'s
 
     def qualified(self, table: Table) -> sql.Identifier:
         return sql.Identifier(self.schema, table.name)
@@ -97,6 +104,19 @@ def state_tables(schema: str) -> StateTables:
         Column("requested_by", Text, nullable=False),
         Column("replayed_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     )
+    offset_deletions = Table(
+        OFFSET_DELETIONS_TABLE,
+        metadata,
+        Column("id", BigInteger, primary_key=True, autoincrement=True),
+        Column("group_id", Text, nullable=False),
+        Column("topic", Text, nullable=False),
+        Column("partition", Integer, nullable=False),
+        Column("old_offset", BigInteger, nullable=False),
+        Column("old_owner", Text),
+        Column("forced", Boolean, nullable=False),
+        Column("requested_by", Text, nullable=False),
+        Column("deleted_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    )
     epoch_ledger.define_tables(metadata)
     return StateTables(
         schema=schema,
@@ -105,6 +125,7 @@ def state_tables(schema: str) -> StateTables:
         offset_resets=offset_resets,
         ledger=epoch_ledger.LedgerNames(schema),
         dead_letter_replays=dead_letter_replays,
+        offset_deletions=offset_deletions,
     )
 
 

@@ -105,3 +105,50 @@ def test_status_with_kafka_unreachable_names_the_cause_and_prints_no_raw_client_
     assert kafka and not kafka[0]["ok"], result.stdout
     assert f"Connect to ipv4#{unreachable} failed: Connection refused" in kafka[0]["detail"]
     assert "%3|" not in result.stderr + result.stdout, result.stderr[-2000:]
+
+
+def test_an_abandoned_group_is_judged_only_when_asked_and_deleted_with_an_audit_row(
+    stack: Endpoints, names: dict[str, str]
+) -> None:
+    topic, table, group, schema = names["topic"], names["table"], names["group"], names["schema"]
+    prefix, markers = f"ab-{uuid.uuid4().hex[:8]}", f"m-{topic}"
+    create_topic(stack.bootstrap_servers, topic, partitions=2)
+    create_topic(stack.bootstrap_servers, markers)
+    sql(stack, f"CREATE TABLE public.{table} (id int)")
+    produce(stack, topic, [(i, {"id": i}) for i in range(10)])
+    commit_epoch_marker(stack, prefix, markers, topic)
+    common = ("--schema", schema, "--prefix", prefix, "--marker-topic", markers)
+    delete = ("offsets", "delete", "--group", group, "--schema", schema)
+
+    with running(settings_for(stack, names)):
+        eventually(lambda: count(stack, names) == 11)
+        refused = bridge(stack, *delete, "--execute")
+        said = " ".join(refused.stderr.split())
+        assert refused.returncode == 2 and "live members holding" in said, refused.stderr
+
+    # The group is gone and its topic moves on: it is stalled for good.
+    produce(stack, topic, [(i, {"id": i}) for i in range(10, 15)])
+
+    def judged() -> bool:
+        code, found = status(stack, *common, "--stall-after", "1", "--group", group)
+        return code == 1 and bool(found["groups"] and found["groups"][0]["stalled"])
+
+    eventually(judged)
+    code, ignored = status(stack, *common, "--stall-after", "1", "--ignore-idle-after", "1")
+    assert code == 0, ignored["problems"]
+    [shown] = [g for g in ignored["groups"] if g["group"] == group]
+    assert shown["stalled"] and shown["ignored_idle_s"] > 1
+    code, others = status(stack, *common, "--stall-after", "1", "--group", "another-group")
+    assert (code, others["groups"]) == (0, [])
+
+    dry = bridge(stack, *delete)
+    assert dry.returncode == 0 and "dry run" in dry.stdout, dry.stderr
+    deleted = bridge(stack, *delete, "--execute")
+    assert deleted.returncode == 0, deleted.stderr
+    assert f"deleted 2 position(s) of group {group!r}" in deleted.stdout
+    assert sql(stack, f"SELECT count(*) FROM {schema}.offsets WHERE group_id = '{group}'") == [(0,)]
+    audit = sql(stack, f"SELECT topic, partition, forced FROM {schema}.offset_deletions "
+                       "ORDER BY partition")  # fmt: skip
+    assert audit == [(topic, 0, False), (topic, 1, False)]
+    code, after = status(stack, *common, "--stall-after", "1", "--group", group)
+    assert (code, after["groups"]) == (0, [])

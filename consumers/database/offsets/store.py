@@ -22,6 +22,7 @@ from bridge.errors import BridgeError
 from bridge.names import (
     ADVANCE_OFFSETS_FUNCTION,
     CONSUMER_APPLICATION_PREFIX,
+    OFFSET_DELETIONS_TABLE,
     OFFSET_RESETS_TABLE,
     OFFSETS_TABLE,
 )
@@ -105,6 +106,7 @@ class OffsetStore:
         self._owner = owner
         self._table = sql.Identifier(schema, OFFSETS_TABLE)
         self._resets = sql.Identifier(schema, OFFSET_RESETS_TABLE)
+        self._deletions = sql.Identifier(schema, OFFSET_DELETIONS_TABLE)
         self._advance = sql.Identifier(schema, ADVANCE_OFFSETS_FUNCTION)
 
     def _keys(self, keys: list[PartitionKey]) -> dict[str, Any]:
@@ -290,6 +292,31 @@ class OffsetStore:
                     ],
                 )
         return [int(epochs[key]) for key in keys]
+
+    def delete(
+        self, conn: psycopg.Connection, *, forced: bool, requested_by: str, lock_wait: str
+    ) -> list[tuple[str, int, int, str | None]]:
+        """Remove every position of the group in one transaction, each with an audit row:
+        (topic, partition, old next offset, old owner) of each. A member still writing the
+        group finds its row gone at its next batch and is fenced."""
+        with conn.transaction():
+            conn.execute("SELECT set_config('lock_timeout', %s, true)", (lock_wait,))
+            deleted = conn.execute(
+                sql.SQL(
+                    "DELETE FROM {} WHERE group_id = %s "
+                    "RETURNING topic, partition, next_offset, owner"
+                ).format(self._table),
+                (self._group,),
+            ).fetchall()
+            with conn.cursor() as cursor:
+                cursor.executemany(
+                    sql.SQL(
+                        "INSERT INTO {} (group_id, topic, partition, old_offset, old_owner, "
+                        "forced, requested_by) VALUES (%s, %s, %s, %s, %s, %s, %s)"
+                    ).format(self._deletions),
+                    [(self._group, *row, forced, requested_by) for row in deleted],
+                )
+        return sorted(deleted)
 
 
 def stored_positions(
