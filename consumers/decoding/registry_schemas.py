@@ -163,6 +163,15 @@ class SchemaCache:
             self._unavailable_since = time.monotonic()
         raise RegistryUnavailable(why)
 
+    def answers(self) -> None:
+        """Ask the registry for its subjects: RegistryUnavailable when it cannot answer."""
+        try:
+            self._client.get_subjects()
+        except Exception as exc:  # noqa: BLE001 - the client's transport errors, and its own
+            raise RegistryUnavailable(
+                f"the registry at {self.url} does not answer: {exc}"
+            ) from None
+
     def close(self) -> None:
         self._client.close()
 
