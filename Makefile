@@ -13,6 +13,7 @@ setup: $(STAMP)
 	@bash scripts/ensure-system-tools.sh
 	@bash scripts/ensure-toxiproxy.sh > /dev/null
 	@bash scripts/ensure-composecheck.sh > /dev/null
+	@bash scripts/ensure-k8scheck.sh > /dev/null
 	@$(BIN)/bridge stack prepare
 
 $(STAMP): pyproject.toml setup.py consumers/decoding/_avro_body.c
