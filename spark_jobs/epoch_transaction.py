@@ -23,6 +23,7 @@ import os
 import sys
 import threading
 import time
+import warnings
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -222,7 +223,15 @@ class EpochTransaction:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
+        """Both clients closed now, not when the collector finds them: a task's failure keeps
+        this object alive in its traceback, and a producer left open goes on connecting (and
+        logging) in a Python worker that Spark reuses. The transaction is settled by then:
+        committed, aborted, or fenced, when closing may only warn, which is not the task's
+        outcome."""
         self._markers.close()
+        with warnings.catch_warnings(), contextlib.suppress(Exception):
+            warnings.simplefilter("ignore")
+            self._producer.close()
 
     def write(self, rows: Callable[[], Iterator[RecordChunk]]) -> EpochOutcome:
         """Write the task's rows exactly once; `rows` is called only if they must be written."""

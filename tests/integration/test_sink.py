@@ -179,18 +179,21 @@ def test_zombie_cannot_commit_after_a_newer_holder_initialised_its_id(
 
     def zombie() -> None:
         try:
-            EpochTransaction(options, coordinates(0)).write(zombie_rows)
+            with EpochTransaction(options, coordinates(0)) as transaction:
+                transaction.write(zombie_rows)
         except BaseException as exc:  # noqa: BLE001 - handed to the test thread
             failure.append(exc)
 
     thread = threading.Thread(target=zombie)
     thread.start()
     assert zombie_started.wait(60)
-    outcome = EpochTransaction(options, coordinates(1)).write(
-        lambda: iter(
-            [RecordChunk.of([(topic, f"successor-{i}".encode(), None, 0, []) for i in range(200)])]
-        )
-    )
+    with EpochTransaction(options, coordinates(1)) as successor:
+        outcome = successor.write(
+            lambda: iter(
+                [RecordChunk.of([(topic, f"successor-{i}".encode(), None, 0, [])
+                                 for i in range(200)])]
+            )
+        )  # fmt: skip
     successor_done.set()
     thread.join(60)
 
@@ -201,7 +204,8 @@ def test_zombie_cannot_commit_after_a_newer_holder_initialised_its_id(
     assert sorted(values) == sorted(f"successor-{i}".encode() for i in range(200))
 
     # A third holder finds the marker of epoch 5 and writes nothing.
-    again = EpochTransaction(options, coordinates(2)).write(lambda: iter([]))
+    with EpochTransaction(options, coordinates(2)) as third:
+        again = third.write(lambda: iter([]))
     assert again.skipped
     reader = MarkerReader(
         options.kafka, prefix=prefix, partition=0, marker_topic=options.marker_topic
