@@ -311,13 +311,14 @@ class TableFollower:
         for writer in sorted({i for i in map(schema_id, set(map(_head, keys))) if i is not None}):
             schema = self._schemas.schemas.get(writer)
             fields = self._fields_of(writer, self.route.key_format)
+            one, kind = len(self.route.key_columns) == 1, self._format_of(writer)
             if fields is not None:
                 found = {f.name: f for f in fields}
-            elif len(self.route.key_columns) == 1 and self._format_of(writer) == AVRO:
+            elif one and self.route.key_format == "avro" and kind == AVRO:
                 wrapped = {"type": "record", "name": "key", "fields": [
                     {"name": self.route.key_columns[0], "type": schema}]}  # fmt: skip
                 found = {f.name: f for f in field_columns(wrapped)}
-            elif len(self.route.key_columns) == 1 and self._format_of(writer) == JSON:
+            elif one and self.route.key_format == "json-schema" and kind == JSON:
                 column = self.route.key_columns[0]
                 wrapped_json: dict[str, Any] = {
                     "type": "object", "properties": {column: schema}, "required": [column]
