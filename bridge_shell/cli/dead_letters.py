@@ -30,7 +30,7 @@ from bridge_shell.cli.options import (
 )
 
 if TYPE_CHECKING:  # imported where used: every `bridge` command imports this module
-    from consumers.batch.dead_letter_replay import Chosen, DeadLetter
+    from consumers.batch.dead_letter_replay import Chosen, DeadLetter, Replayed
 
 app = typer.Typer(help="Records a group's routes refused: see them, replay them after a fix.")
 console = output_console()
@@ -197,8 +197,12 @@ def replay(
         raise typer.Exit(1)
 
 
-def _replay(settings: BridgeSettings, schema: str, group: str, letters: list[DeadLetter]) -> Any:
-    from consumers.batch.dead_letter_replay import Replayer
+def _replay(
+    settings: BridgeSettings, schema: str, group: str, letters: list[DeadLetter]
+) -> Replayed:
+    import psycopg
+
+    from consumers.batch.dead_letter_replay import Replayed, Replayer
     from consumers.database.state import state_tables
     from consumers.decoding.registry_schemas import SchemaCache
     from consumers.tables.routing import Router
@@ -210,12 +214,23 @@ def _replay(settings: BridgeSettings, schema: str, group: str, letters: list[Dea
     registry = settings.schema_registry
     schemas = SchemaCache(registry) if typed and registry is not None else None
     dsn = settings.postgres.dsn.get_secret_value()
+    done = Replayed()
     try:
         with connect_postgres(settings) as conn:
             replayer = Replayer(conn, config=config, tables=state_tables(schema),
                                 router=Router(dsn=dsn, config=config, schemas=schemas),
                                 requested_by=requested_by())  # fmt: skip
-            return replayer.replay(letters)
+            replayer.replay(letters, done)
+    except (BridgeError, psycopg.Error) as exc:
+        # The registry or a table not ready, the database lost, a dead letter another replay
+        # holds: what committed stays, each dead letter once; the rest waits for a new run.
+        why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise BridgeError(
+            f"the replay stopped after {done.landed + done.skipped + done.dead_again} of "
+            f"{len(letters)} ({done.landed} landed): {why}. Those replayed are settled; run it "
+            "again for the rest"
+        ) from None
     finally:
         if schemas is not None:
             schemas.close()
+    return done

@@ -134,8 +134,9 @@ class Replayer:
             applier=self._applier, router=router, routed={}, metrics=ConsumerMetrics(self._group)
         )
 
-    def replay(self, letters: list[DeadLetter]) -> Replayed:
-        done = Replayed()
+    def replay(self, letters: list[DeadLetter], done: Replayed) -> None:
+        """Replay `letters` in order, counting into `done` as each commits (so that a caller
+        whose replay is cut short by an error can say how far it came)."""
         for letter in letters:
             outcome = self._replay(letter.id)
             if outcome == _LANDED:
@@ -146,7 +147,6 @@ class Replayer:
                 done.dead_again += 1
             else:
                 done.gone += 1
-        return done
 
     def _replay(self, letter_id: int) -> str:
         conn = self._conn

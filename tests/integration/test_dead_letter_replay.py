@@ -48,6 +48,7 @@ def _config(tmp_path: Path, names: dict[str, str], route: dict[str, Any],
     settings: dict[str, Any] = {"consumer": consumer}
     if registry_url is not None:
         settings["schema_registry"] = {"url": registry_url}
+    tmp_path.mkdir(exist_ok=True)
     path = tmp_path / "bridge.yaml"
     path.write_text(yaml.safe_dump(settings))
     return path
@@ -100,6 +101,14 @@ def test_dead_letters_are_replayed_once_after_a_fix_through_a_kill_in_the_middle
     assert [d["offset"] for d in json.loads(chosen.stdout)] == BAD
 
     sql(stack, fix)
+    # A configuration whose routes do not read the topic: refused, nothing replayed.
+    elsewhere = {**route, "topic": f"{topic}-elsewhere"}
+    unrouted = _config(tmp_path / "other", names, elsewhere, None)
+    no_route = bridge(stack, "dead-letters", "replay", "--config", str(unrouted), "--execute")
+    assert no_route.returncode == 2, no_route.stdout + no_route.stderr
+    assert f"no route of the configuration reads topic(s) {topic}" in " ".join(
+        no_route.stderr.split()
+    )
     dry = bridge(stack, "dead-letters", "replay", "--config", str(config))
     assert dry.returncode == 0, dry.stderr
     assert f"dry run: {len(BAD) + 1} dead letter(s) would be replayed" in dry.stdout
