@@ -124,7 +124,6 @@ class Replayer:
         requested_by: str,
     ) -> None:
         self._conn = conn
-        self._config = config
         self._tables = tables
         self._table = tables.qualified(tables.dead_letters)
         self._group = config.group_id
