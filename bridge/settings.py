@@ -437,6 +437,12 @@ class ConsumerSettings(_Section):
     # An epoch incomplete for this long makes the member not ready, naming what is missing
     # (its age is a metric all along): a query stopped for good, a manifest that never came.
     epochs_incomplete_after_ms: int = Field(default=300_000, ge=1_000, le=7 * 86_400_000)
+    # A member holding every partition an epoch wrote to holds its records in memory, their
+    # offsets not advanced, until the epoch is whole, and writes them once, in the batch that
+    # completes it; at most this many records, each epoch for at most this long. Beyond either,
+    # and in a group whose members share the partitions, records are staged in the ledger.
+    epochs_hold_records: int = Field(default=50_000, ge=0, le=10_000_000)
+    epochs_hold_ms: int = Field(default=2_000, ge=0, le=600_000)
 
     @field_validator("state_schema")
     @classmethod

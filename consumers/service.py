@@ -14,7 +14,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -22,6 +22,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 
 from bridge.settings import BridgeSettings, ConsumerSettings, LibrdkafkaValue
 from consumers.batch.committer import Committer
+from consumers.batch.epoch_assembly import EpochAssembly
 from consumers.batch.epoch_publisher import EpochPublisher
 from consumers.batch.epoch_staging import EpochStager
 from consumers.batch.lifecycle import (
@@ -35,6 +36,7 @@ from consumers.batch.partitions import PartitionTable
 from consumers.batch.planner import Planner
 from consumers.batch.work_log import WorkLog
 from consumers.database.db_session import DatabaseSession, at_start, refusal_backoff
+from consumers.database.epoch_ledger import EpochKey
 from consumers.database.offsets import OffsetStore, PartitionKey
 from consumers.database.state import ensure_state_tables, sqlalchemy_engine, state_tables
 from consumers.decoding.registry_schemas import SchemaCache, registry_backoff
@@ -59,6 +61,8 @@ _STATISTICS_INTERVAL_MS = 5_000  # how often librdkafka reports the last stable 
 _RECONCILE_INTERVAL_S = 1.0  # how often leases are compared with the offsets table
 _STALLED_AFTER_S = 60.0  # /healthz fails when the poll loop has not turned for this long
 _LIST_TOPICS_TIMEOUT_S = 10  # the topics patterns match at start-up: a Kafka that does not answer
+_TOPIC_SIZE_TTL_S = 30.0  # a whole topic's partition count, asked again after this
+_TOPIC_SIZE_TIMEOUT_S = 2.0  # in the poll loop: a broker that does not answer soon stages
 
 
 @dataclass(frozen=True)
@@ -170,6 +174,8 @@ class ConsumerService:
         self._route_existing_topics(consumer, router, planner)
         self._starting = "connecting to the database"
         self._db.connect()
+        # A publication lets later epochs of its query go in a batch (`epoch_assembly`).
+        publisher = self._publisher(planner, applier, lambda key: batches.epoch_published(key))
         batches = BatchLifecycle(
             planner=planner,
             committer=Committer(
@@ -193,6 +199,7 @@ class ConsumerService:
             stops=self._stops,
             unrouted=self._unrouted,
             mirror_offsets=self._config.mirror_offsets_to_kafka,
+            assembly=self._assembly(consumer, publisher),
         )
         leases = LeaseKeeper(
             table=self._partitions,
@@ -204,7 +211,6 @@ class ConsumerService:
             forget=self.metrics.forget,
             dead_letters_ends=applier.dead_letters_ends,
         )
-        publisher = self._publisher(planner, applier)
         self._member = _Member(consumer, batches, leases, publisher)
         consumer.subscribe(
             self._config.subscription(),
@@ -242,7 +248,43 @@ class ConsumerService:
             applier=applier,
         )
 
-    def _publisher(self, planner: Planner, applier: Applier) -> EpochPublisher | None:
+    def _assembly(
+        self, consumer: Consumer, publisher: EpochPublisher | None
+    ) -> EpochAssembly | None:
+        if publisher is None:  # no whole epochs
+            return None
+        sizes: dict[str, tuple[float, int | None]] = {}
+
+        def held_in_full(topic: str) -> bool:
+            """Whether this member holds every partition of `topic`: Kafka's count, asked
+            again every `_TOPIC_SIZE_TTL_S` (topics grow), against the partitions claimed."""
+            now = time.monotonic()
+            at, count = sizes.get(topic, (-_TOPIC_SIZE_TTL_S, None))
+            if now - at >= _TOPIC_SIZE_TTL_S:
+                count = None
+                try:
+                    found = consumer.list_topics(topic, timeout=_TOPIC_SIZE_TIMEOUT_S).topics
+                    if topic in found and found[topic].error is None:
+                        count = len(found[topic].partitions)
+                except KafkaException:
+                    pass  # not known: its epochs are staged, as any member's may be
+                sizes[topic] = (now, count)
+            held = sum(1 for lease in self._partitions.leases() if lease.topic == topic)
+            return count is not None and held >= count
+
+        return EpochAssembly(
+            group_id=self._config.group_id,
+            manifest_topic=self._config.epochs_topic,
+            whole_topic=self._config.whole_topic,
+            held_in_full=held_in_full,
+            hold_records=self._config.epochs_hold_records,
+            hold_s=self._config.epochs_hold_ms / 1000,
+            read_ledger=publisher.manifests,
+        )
+
+    def _publisher(
+        self, planner: Planner, applier: Applier, published: Callable[[EpochKey], None]
+    ) -> EpochPublisher | None:
         if not self._config.whole_epochs:
             return None
         return EpochPublisher(
@@ -254,6 +296,7 @@ class ConsumerService:
             metrics=self.metrics,
             whole_topic=self._config.whole_topic,
             incomplete_after_s=self._config.epochs_incomplete_after_ms / 1000,
+            on_published=published,
         )
 
     def _serve_http(self) -> None:
@@ -381,7 +424,7 @@ class ConsumerService:
                         self._kafka_error(message)
                 messages = [m for m in messages if m.error() is None]
             self._kafka.check()
-            if messages:
+            if messages or batches.holding_due():
                 batches.submit(messages)
             else:
                 batches.settle()

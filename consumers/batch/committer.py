@@ -35,6 +35,7 @@ from consumers.batch.epoch_staging import EpochStager
 from consumers.batch.pipelined import PipelinedTransaction
 from consumers.batch.planner import Planned, by_topic
 from consumers.database.db_session import Refusal, is_lost, refusal_of
+from consumers.database.epoch_ledger import EpochKey
 from consumers.database.offsets import Lease, OffsetStore, PartitionKey
 from consumers.decoding.records import Record, RecordStopped, offset_of
 from consumers.tables.applier import Applier, DeadLetterNote, Step, run_steps
@@ -106,6 +107,9 @@ class CommitResult:
     dead_letters: list[DeadLetterNote] = field(default_factory=list)
     # Per topic: records staged until their epoch is whole (consumers.batch.epoch_staging).
     staged: dict[str, int] = field(default_factory=dict)
+    # Epochs the batch published itself (consumers.batch.epoch_assembly): only when it went as
+    # one message; written statement by statement, a batch stages their records instead.
+    published: tuple[EpochKey, ...] = ()
 
     @property
     def whole(self) -> bool:
@@ -151,7 +155,12 @@ class Committer:
         started = time.perf_counter()
         # Step 1, 2 and 3 go in one message, in this order.
         advance = self._store.advance_statement(self._advances(batch), strict=True)
-        steps = [*batch.changes, *self._replays(batch), *chain.from_iterable(batch.plans.values())]
+        steps = [
+            *batch.changes,
+            *self._replays(batch),
+            *chain.from_iterable(batch.plans.values()),
+            *batch.planned.guards,  # after the manifest's records, which they may need
+        ]
         try:
             transaction = PipelinedTransaction(
                 conn, steps, advance=advance, timeout_s=self._timeout_s
@@ -171,6 +180,7 @@ class Committer:
         }
         staging = batch.planned.staging
         applied = {topic: (n, 0, 0) for topic, n in rows.items() if topic not in staging}
+        applied.update({topic: (n, 0, 0) for topic, n in batch.planned.published_rows.items()})
         staged = batch.planned.staged_records
         try:
             refusal = sent.transaction.finish()
@@ -181,6 +191,7 @@ class Committer:
                     applied=applied,
                     staged=staged,
                     seconds=time.perf_counter() - sent.started,
+                    published=batch.planned.epochs,
                 )
             log.info("batch refused as a whole, writing it statement by statement: %s", refusal)
             sent.conn.execute("ROLLBACK")

@@ -47,9 +47,11 @@ from consumers.database.epoch_ledger import (
     EpochKey,
     EpochState,
     LedgerNames,
+    Manifest,
     age_s,
     database_now,
     lock_open,
+    manifests,
     open_epochs,
     publishable,
     published,
@@ -90,6 +92,7 @@ class EpochPublisher:
         metrics: ConsumerMetrics,
         whole_topic: Callable[[str], bool],
         incomplete_after_s: float,
+        on_published: Callable[[EpochKey], None] = lambda key: None,
     ) -> None:
         self._db = db
         self._ledger = ledger
@@ -99,6 +102,7 @@ class EpochPublisher:
         self._metrics = metrics
         self._whole_topic = whole_topic
         self._incomplete_after_s = incomplete_after_s
+        self._on_published = on_published
         self._next_look = 0.0
         self._failures = HoldBackoff(
             what="an epoch cannot be published",
@@ -133,6 +137,18 @@ class EpochPublisher:
         except psycopg.OperationalError as exc:
             self._db.close()
             self._failures.failed(f"database: {exc}")
+
+    def manifests(self, keys: list[EpochKey]) -> dict[EpochKey, Manifest]:
+        """The ledger's manifest of each open epoch of `keys` (`epoch_ledger.manifests`), for
+        `consumers.batch.epoch_assembly`; nothing when the database cannot say now, and the
+        epochs' records are held, then staged, as with no manifest yet."""
+        try:
+            conn = self._db.open_connection() or self._db.connect()
+            return manifests(conn, self._ledger, self._group, keys)
+        except psycopg.Error as exc:
+            if isinstance(exc, psycopg.OperationalError):
+                self._db.close()
+            return {}
 
     def reasons(self) -> list[str]:
         """For `/readyz`: a publication that fails, and epochs incomplete for too long."""
@@ -173,6 +189,7 @@ class EpochPublisher:
                 raise
             raise EpochNotPublished(state, str(exc)) from exc
         self._planner.made(done.changes)
+        self._on_published(state.key)
         self._counted(done, stamps, time.perf_counter() - started)
         log.info(
             "epoch published",

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import groupby
 from typing import Any, NamedTuple, cast
@@ -42,7 +42,7 @@ from consumers.database.epoch_chunks import (
     pack_records,
     sample_stamps,
 )
-from consumers.database.epoch_ledger import LedgerNames
+from consumers.database.epoch_ledger import EpochKey, LedgerNames, publish_in_batch
 from consumers.decoding.records import Record
 from consumers.tables.applier import Applier, DeadLetterNote, Step, run_steps
 
@@ -214,6 +214,17 @@ class EpochStager:
             ).format(self._ledger.staged, values)
         )
         return [copy, count]
+
+    def publish_steps(
+        self, epochs: Sequence[EpochKey], parts: Mapping[EpochKey, tuple[int, ...]]
+    ) -> list[Step]:
+        """The statements that settle `epochs` as published by the batch that writes their
+        records, in order, or refuse it (`epoch_ledger.publish_in_batch`)."""
+        return [
+            Step(statement)
+            for epoch in epochs
+            for statement in publish_in_batch(self._ledger, self._group, epoch, parts[epoch])
+        ]
 
     def _manifest_steps(self, documents: list[Part | Epoch]) -> list[Step]:
         """The ledger's rows of the manifest's records. Other queries, and other groups', share

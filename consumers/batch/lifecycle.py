@@ -42,11 +42,13 @@ from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 from bridge.errors import BridgeError
 from consumers.backoff import HoldBackoff
 from consumers.batch.committer import Batch, CommitResult, Committer, InFlight
+from consumers.batch.epoch_assembly import Assembled, EpochAssembly
 from consumers.batch.metrics import ConsumerMetrics
 from consumers.batch.partitions import PartitionState, PartitionTable
 from consumers.batch.planner import Planned, Planner
 from consumers.batch.work_log import WorkLog
 from consumers.database.db_session import DatabaseSession
+from consumers.database.epoch_ledger import EpochKey
 from consumers.database.offsets import OffsetStore, PartitionKey, StoredRow
 from consumers.decoding.records import Record, RecordStopped, offset_of
 from consumers.decoding.registry_schemas import RegistryUnavailable
@@ -108,8 +110,11 @@ class BatchLifecycle:
         mismatches: HoldBackoff | None = None,
         stops: HoldBackoff | None = None,
         unrouted: HoldBackoff | None = None,
+        assembly: EpochAssembly | None = None,
     ) -> None:
         self._planner = planner
+        # Whole epochs: which records a batch publishes, stages or holds back for the next.
+        self._assembly = assembly
         self._committer = committer
         self._table = table
         self._store = store
@@ -171,8 +176,17 @@ class BatchLifecycle:
         """Steps 1 to 3 for the records one poll returned."""
         # Step 1: the batch before is still in flight.
         ours = self._ours(records)
+        assembled = None
+        if self._assembly is not None:
+            assembled = self._assembly.assemble(ours, ours_now=self._holds)
+            self._metrics.epoch_records_held.set(self._assembly.holding())
+            ours = assembled.records
+            if not ours and self.stage is Stage.IN_FLIGHT:
+                # All held back for their epochs: nothing to send, so the batch in flight is
+                # not waited for, and PostgreSQL writes it while the next poll is read.
+                return
         try:
-            planned = self._plan(ours)
+            planned = self._plan(ours, assembled)
         except RegistryUnavailable as exc:
             # An infrastructure fault, never a record's: these records are fetched again once
             # the wait is over, and nothing of them is written or dead-lettered meanwhile.
@@ -233,12 +247,26 @@ class BatchLifecycle:
 
     # -- what a batch is made of --------------------------------------------------------------
 
-    def _plan(self, ours: dict[PartitionKey, list[Record]]) -> Planned:
+    def _holds(self, key: PartitionKey) -> bool:
+        return self._table.lease(key) is not None
+
+    def holding_due(self) -> bool:
+        """Records held back for an epoch that waited its time: a batch must stage them, even
+        with no new record to go with them."""
+        return self._assembly is not None and self._assembly.due()
+
+    def epoch_published(self, key: EpochKey) -> None:
+        """The publisher published a staged epoch: later ones of its query may go in a batch."""
+        if self._assembly is not None:
+            self._assembly.published(key)
+
+    def _plan(self, ours: dict[PartitionKey, list[Record]], assembled: Assembled | None) -> Planned:
         in_flight = self._in_flight
         return self._planner.plan(
             ours,
             self._db.open_connection(),
             in_flight=in_flight.batch.changes if in_flight is not None else [],
+            assembled=assembled,
         )
 
     def _ours(self, records: list[Record]) -> dict[PartitionKey, list[Record]]:
@@ -268,6 +296,7 @@ class BatchLifecycle:
         metrics move."""
         if result.committed:
             self._planner.made(result.batch.changes)
+            self._settle_epochs(result)
             self._table.committed(result.committed)
             self._metrics.advanced(result.committed, self._caught_up(list(result.committed)))
             self._refusals.cleared()
@@ -288,6 +317,16 @@ class BatchLifecycle:
                 self._stops.cleared()
         if (result.refused or result.unknown) and self._resolve(result):
             self._count(result, list(result.batch.records.values()))  # its reply was lost
+
+    def _settle_epochs(self, result: CommitResult) -> None:
+        epochs = result.batch.planned.epochs
+        if not epochs or self._assembly is None:
+            return
+        self._assembly.settled(epochs, published=bool(result.published))
+        if result.published:
+            self._metrics.epochs_published.inc(len(epochs))
+            for query, epoch in epochs:
+                log.info("epoch published", extra={"query": query, "epoch": epoch, "batch": True})
 
     def _stopped(self, stop: RecordStopped) -> None:
         """Its partition holds at the record; the member's batches wait between tries."""
@@ -336,6 +375,9 @@ class BatchLifecycle:
     def _seek_to_leases(self) -> None:
         """Fetch again from what the offsets table says is committed."""
         self._move(StageEvent.REWOUND)
+        if self._assembly is not None:
+            self._assembly.drop()  # held back: fetched again too
+            self._metrics.epoch_records_held.set(0)
         for key in self._table.in_state(PartitionState.CONSUMING):
             lease = self._table.lease(key)
             assert lease is not None  # noqa: S101 - a consuming partition has one
@@ -353,6 +395,8 @@ class BatchLifecycle:
         self.applied_total += applied
         staging = result.batch.planned.staging  # visible only once their epoch is published
         visible = [of_key for of_key in records if of_key and of_key[0].topic() not in staging]
+        if result.published:
+            visible.append(result.batch.planned.published_records)
         self._metrics.committed(list(chain.from_iterable(visible)), result.seconds)
         self._work_log.committed(
             applied,

@@ -27,6 +27,7 @@ from bridge.names import (
     METRIC_DATABASE_RECONNECTS,
     METRIC_DATABASE_REFUSALS,
     METRIC_DEAD_LETTERS,
+    METRIC_EPOCH_RECORDS_HELD,
     METRIC_EPOCHS_PUBLISHED,
     METRIC_IGNORED_FIELDS,
     METRIC_INFO,
@@ -150,6 +151,12 @@ class ConsumerMetrics:
         self.epochs_published = Counter(
             METRIC_EPOCHS_PUBLISHED,
             "Spark epochs published whole, each in one transaction (by this member).",
+            registry=self.registry,
+        )
+        self.epoch_records_held = Gauge(
+            METRIC_EPOCH_RECORDS_HELD,
+            "Records held in memory, their offsets not advanced, until their epoch is whole "
+            "(consumer.epochs_hold_records bounds them).",
             registry=self.registry,
         )
         self.oldest_incomplete_epoch = Gauge(

@@ -31,10 +31,12 @@ from typing import Any
 import psycopg
 from confluent_kafka import Message
 
+from consumers.batch.epoch_assembly import Assembled
 from consumers.batch.epoch_staging import EpochPlanner, EpochStager
 from consumers.batch.metrics import ConsumerMetrics
 from consumers.batch.pipelined import formatted
 from consumers.database.epoch_chunks import PlannedStep, pack_plan
+from consumers.database.epoch_ledger import EpochKey
 from consumers.database.offsets import PartitionKey
 from consumers.decoding.records import Record
 from consumers.tables.applier import Applier, EveryStage, Step
@@ -60,6 +62,13 @@ class Planned:
     # many records of each are staged.
     staging: frozenset[str] = frozenset()
     staged_records: dict[str, int] = field(default_factory=dict)
+    # Epochs the batch publishes itself (`consumers.batch.epoch_assembly`), in order; the rows
+    # their records write, per topic; the records, for the latency; and the statements that
+    # settle them in the ledger, after every other, or refuse the batch.
+    epochs: tuple[EpochKey, ...] = ()
+    published_rows: dict[str, int] = field(default_factory=dict)
+    published_records: list[Record] = field(default_factory=list)
+    guards: list[Step] = field(default_factory=list)
 
 
 def by_topic(records: dict[PartitionKey, list[Record]]) -> dict[str, list[Record]]:
@@ -104,18 +113,27 @@ class Planner:
         in_flight: list[Step],
         publishing: bool = False,
         staged: set[str] | None = None,
+        assembled: Assembled | None = None,
     ) -> Planned:
         """Steps 1 to 4 for `records`. `conn`: the session's connection, even while a batch is
         in flight on it (formatting sends nothing); without it the COPY text is formatted when
         sent. `in_flight`: the table changes of the batch in flight, which it makes; should it
         not commit whole, the positions rewind and this batch is dropped and planned again.
         `publishing`: the records are an epoch's, planned for their tables rather than staged;
-        `staged`: the upsert staging tables the transaction used before (see `Applier.plan`)."""
+        `staged`: the upsert staging tables the transaction used before (see `Applier.plan`);
+        `assembled`: which whole topics' records are of epochs the batch publishes, planned
+        for their tables now, and which are staged."""
         of_topics = by_topic(records)
         staging = {}
         stager = self.stager
         if stager is not None and not publishing:
             staging = {t: of_topics.pop(t) for t in list(of_topics) if stager.stages(t)}
+        published: dict[str, list[Record]] = {}
+        if assembled is not None and assembled.epochs:
+            for topic in staging:
+                if topic in assembled.published:
+                    published[topic] = of_topics[topic] = assembled.published[topic]
+                    staging[topic] = assembled.staged.get(topic, [])
         # A whole epoch's records are routed and decoded now too, and each epoch's are planned
         # for their table (the plan runs when the epoch is published); a followed table's are
         # planned when published, against the table as it is then.
@@ -134,15 +152,22 @@ class Planner:
                     self._targets[topic] = follower.target
         targets = {topic: self._targets[topic] for topic in of_topics}
         planned_whole = {t: self._targets[t] for t in whole if t not in self._followers}
-        for topic, target in [*targets.items(), *planned_whole.items()]:  # step 3
-            ignored = target.prepare(of_topics.get(topic) or staging[topic])
-            if ignored:
-                self._ignored(target, topic, ignored)
+        for topic, target in {**planned_whole, **targets}.items():  # step 3
+            for of_topic in (of_topics.get(topic, []), staging.get(topic, [])):
+                ignored = target.prepare(of_topic) if of_topic else []
+                if ignored:
+                    self._ignored(target, topic, ignored)
         followers = [f for topic, f in self._followers.items() if topic in of_topics]
         changes = [step for f in followers for step in f.pending_after(in_flight)]
         plans = self._statements(targets, of_topics, conn, set() if staged is None else staged)
+        rows = {
+            topic: sum(len(s.rows) for s in plan[topic] if s.rows is not None)
+            for plan in ([plans] if plans is not None else [])
+            for topic in published
+        }
         if staging:
             plans = self._staged(plans, staging, conn, planned_whole)
+        epochs = assembled.epochs if assembled is not None and published else ()
         return Planned(
             targets,
             plans,
@@ -150,7 +175,15 @@ class Planner:
             followed=bool(self._followers),
             staging=frozenset(staging),
             staged_records={topic: len(staging[topic]) for topic in whole},
+            epochs=epochs,
+            published_rows=rows,
+            published_records=[r for of_topic in published.values() for r in of_topic],
+            guards=self._guards(assembled) if epochs else [],
         )
+
+    def _guards(self, assembled: Assembled | None) -> list[Step]:
+        assert self.stager is not None and assembled is not None  # noqa: S101 - with epochs
+        return self.stager.publish_steps(assembled.epochs, assembled.parts)
 
     @property
     def follows(self) -> bool:
@@ -199,13 +232,15 @@ class Planner:
         where `planned` has their target: None when a record is a dead letter."""
         assert self.stager is not None  # noqa: S101 - only with one is anything staged
         for topic, of_topic in staging.items():
+            if not of_topic:
+                continue  # every record of the topic is of an epoch the batch publishes
             target = planned.get(topic)
             plan_epoch = None if target is None else self._epoch_planner(target, conn)
             plan = self.stager.plan(topic, of_topic, plan_epoch)
             if plans is None or plan is None:
                 return None
             try:
-                plans[topic] = self._formatted(plan, conn)
+                plans[topic] = [*plans.get(topic, []), *self._formatted(plan, conn)]
             except psycopg.Error:  # a header psycopg will not send: the slow path names it
                 return None
         return plans

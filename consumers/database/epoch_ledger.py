@@ -460,3 +460,83 @@ def lock_open(conn: psycopg.Connection[Any], names: LedgerNames, group: str, key
         (group, *key),
     ).fetchone()
     return row is not None
+
+
+def publish_in_batch(
+    names: LedgerNames, group: str, key: EpochKey, parts: tuple[int, ...]
+) -> list[sql.Composed]:
+    """For a batch that holds a whole epoch and writes its records to their tables itself
+    (`consumers.batch.epoch_assembly`): statements that settle it as published in the batch's
+    transaction, or fail it, so that nothing of the batch is written, unless the ledger agrees
+    the epoch is whole without any record staged: its epoch record is in, every part the ledger
+    knows of is one of `parts` (those the batch was judged whole with), none of its records
+    and no earlier epoch of its query is open or holds staged records (epochs publish in
+    order)."""
+    query, epoch = key
+    where = sql.SQL("group_id = {} AND query = {} AND epoch").format(
+        sql.Literal(group), sql.Literal(query)
+    )
+    this = sql.SQL("{} = {}").format(where, sql.Literal(epoch))
+    known = sql.SQL("{}::integer[]").format(sql.Literal(list(parts)))
+    settle = sql.SQL(
+        "WITH settled AS (UPDATE {epochs} SET outcome = {published}, settled_at = now(), "
+        "forced = false WHERE {this} AND outcome IS NULL AND parts IS NOT NULL "
+        "AND parts <@ {known} "
+        "AND NOT EXISTS (SELECT FROM {parts} WHERE {this} AND spark_partition <> ALL({known})) "
+        "AND NOT EXISTS (SELECT FROM {staged} WHERE {where} <= {epoch}) "
+        "AND NOT EXISTS (SELECT FROM {epochs} WHERE {where} < {epoch} AND outcome IS NULL) "
+        "RETURNING 1) "
+        # A failing cast is the one way a plain statement refuses its transaction; its text
+        # depends on count(*), so that the planner cannot fold it into a constant and fail early.
+        "SELECT CASE WHEN count(*) = 1 THEN 1 ELSE ({refusal} || count(*))::integer END "
+        "FROM settled"
+    ).format(
+        epochs=names.epochs,
+        parts=names.parts,
+        staged=names.staged,
+        published=sql.Literal(PUBLISHED),
+        this=this,
+        where=where,
+        epoch=sql.Literal(epoch),
+        known=known,
+        refusal=sql.Literal(
+            f"epoch {epoch} of query {query} cannot be published by its batch: the ledger "
+            "holds an earlier epoch open, records of it staged, or a part the batch did not "
+            "count; settled "
+        ),
+    )
+    clear = sql.SQL("DELETE FROM {} WHERE {}").format(names.parts, this)
+    return [settle, clear]
+
+
+Manifest = tuple[tuple[int, ...] | None, dict[int, dict[str, int]]]  # parts, written per part
+
+
+def manifests(
+    conn: psycopg.Connection[Any], names: LedgerNames, group: str, keys: list[EpochKey]
+) -> dict[EpochKey, Manifest]:
+    """What the ledger holds of the manifest of each open epoch of `keys`: the Spark
+    partitions its epoch record names (None before it comes), and each part's records per
+    topic. A member that (re)joined after the manifest's first records were committed knows
+    them only from here."""
+    found: dict[EpochKey, Manifest] = {}
+    queries, epochs = [q for q, _ in keys], [e for _, e in keys]
+    wanted = sql.SQL("(query, epoch) IN (SELECT * FROM unnest(%s::text[], %s::bigint[]))")
+    for query, epoch, parts in conn.execute(
+        sql.SQL(
+            "SELECT query, epoch, parts FROM {} WHERE group_id = %s AND outcome IS NULL AND "
+        ).format(names.epochs)
+        + wanted,
+        (group, queries, epochs),
+    ):
+        found[query, epoch] = (None if parts is None else tuple(sorted(parts)), {})
+    for query, epoch, part, records in conn.execute(
+        sql.SQL(
+            "SELECT query, epoch, spark_partition, records FROM {} WHERE group_id = %s AND "
+        ).format(names.parts)
+        + wanted,
+        (group, queries, epochs),
+    ):
+        if (query, epoch) in found:
+            found[query, epoch][1][part] = dict(records)
+    return found

@@ -220,6 +220,24 @@ def test_an_epoch_that_cannot_complete_is_reported_then_settled_by_the_operator(
     assert counts(stack, pipeline) == ((TASKS + 2) * per_task,) * 2
 
 
+def member_config(
+    stack: Endpoints, names: dict[str, str], pipeline: dict[str, Any], tmp_path: Path,
+    **consumer: Any,
+) -> Path:  # fmt: skip
+    """The YAML file of a `Member`: whole routes, and a short Kafka session, so that a killed
+    member's partitions move on soon."""
+    config = tmp_path / "consumer.yaml"
+    routes = [
+        {"topic": topic, "table": table, "epochs": "whole"}
+        for topic, table in zip(pipeline["topics"], pipeline["tables"], strict=True)
+    ]
+    plain = plain_config(stack, names, routes=routes, epochs_topic=pipeline["manifest"],
+                         batch_max_wait_ms=50, db_session_timeout_ms=5000, **consumer)  # fmt: skip
+    plain["kafka"]["properties"] = {"session.timeout.ms": 6000, "heartbeat.interval.ms": 1000}
+    config.write_text(yaml.safe_dump(plain))
+    return config
+
+
 class Member:
     """One `python -m consumers` process of the group."""
 
@@ -262,16 +280,7 @@ def test_members_killed_while_staging_and_while_publishing_lose_double_and_show_
     query = f"q-{uuid.uuid4()}"
     sink = HandSink(stack, manifest_topic=pipeline["manifest"], query=query)
     per_task, epochs = 40, 4
-    config = tmp_path / "consumer.yaml"
-    routes = [
-        {"topic": topic, "table": table, "epochs": "whole"}
-        for topic, table in zip(pipeline["topics"], pipeline["tables"], strict=True)
-    ]
-    plain = plain_config(stack, names, routes=routes, epochs_topic=pipeline["manifest"],
-                         batch_max_wait_ms=50, db_session_timeout_ms=5000)  # fmt: skip
-    # A killed member's partitions move on after its session: a short one.
-    plain["kafka"]["properties"] = {"session.timeout.ms": 6000, "heartbeat.interval.ms": 1000}
-    config.write_text(yaml.safe_dump(plain))
+    config = member_config(stack, names, pipeline, tmp_path)
     reader = Reader(stack.dsn, pipeline["tables"], dict.fromkeys(range(epochs), TASKS * per_task))
     members = [Member(config, tmp_path / f"member-{i}.log") for i in range(2)]
     try:
@@ -438,3 +447,110 @@ def test_a_record_the_table_refuses_at_publication_never_publishes_part_of_its_e
     else:
         assert len(dead) == 1 and dead[0][0] == topic and "23514" in dead[0][3], dead
         assert visible(stack, pipeline, 0) == 39
+
+
+def _http_port(log: Path) -> int | None:
+    """The metrics port a member logged at start, or None before it did."""
+    for line in log.read_text().splitlines() if log.exists() else []:
+        if '"consumer started"' in line:
+            port = json.loads(line).get("http_port")
+            return int(port) if port else None
+    return None
+
+
+def _held(log: Path) -> float:
+    port = _http_port(log)
+    if port is None:
+        return -1
+    code, body = http_get(f"http://127.0.0.1:{port}/metrics")
+    for line in body.splitlines() if code == 200 else []:
+        if line.startswith("bridge_consumer_epoch_records_held "):
+            return float(line.split()[1])
+    return -1
+
+
+def _in_batch(logs: list[Path]) -> set[int]:
+    """The epochs the members' logs say a batch published itself."""
+    found = set()
+    for log in logs:
+        for line in log.read_text().splitlines() if log.exists() else []:
+            if '"epoch published"' in line and '"batch": true' in line:
+                found.add(int(json.loads(line)["epoch"]))
+    return found
+
+
+def test_one_member_holding_every_partition_publishes_epochs_in_their_batches_through_kills(
+    stack: Endpoints, names: dict[str, str], pipeline: dict[str, Any], tmp_path: Path
+) -> None:
+    """One member holds every partition, so an epoch's records wait in its memory and go to
+    their tables once, with the epoch's settlement, in the batch that completes it. It is
+    SIGKILLed while it holds an epoch's records (nothing of them committed: they are read
+    again) and while that batch waits inside its COPY into a table; then the ledger disagrees
+    with it (an earlier epoch open that it never saw), and the batch is refused and staged, to
+    publish once the operator discards that epoch. The reader never sees part of an epoch,
+    and every id lands once."""
+    query = f"q-{uuid.uuid4()}"
+    sink = HandSink(stack, manifest_topic=pipeline["manifest"], query=query)
+    per_task, epochs = 40, 4
+    # Held until whole, however slow the machine: the hold's time bound has a unit test.
+    config = member_config(stack, names, pipeline, tmp_path, http_port=0, epochs_hold_ms=600_000)
+    expected = dict.fromkeys(range(epochs), TASKS * per_task)
+    expected[11] = TASKS * per_task
+    reader = Reader(stack.dsn, pipeline["tables"], expected)
+    logs = [tmp_path / f"member-{i}.log" for i in range(4)]
+    member = Member(config, logs[0])
+    schema = ["--group", names["group"], "--schema", names["schema"]]
+
+    def write(epoch: int, *, commit: bool = True) -> None:
+        for task in range(TASKS):
+            sink.task(epoch, task, epoch_records(pipeline, epoch, task, per_task))
+        if commit:
+            sink.commit(epoch, list(range(TASKS)))
+
+    try:
+        with reading(reader):
+            write(0)
+            eventually(lambda: published(stack.dsn, names["schema"], query) == 1, timeout=90)
+            assert _in_batch(logs) == {0}
+
+            # Killed holding epoch 1's records: its manifest has not come.
+            write(1, commit=False)
+            eventually(lambda: _held(logs[0]) == TASKS * per_task)
+            assert visible(stack, pipeline, 1) == 0
+            assert staged(stack.dsn, names["schema"], query, 1) == 0  # in memory only
+            member.kill()
+            member = Member(config, logs[1])
+            sink.commit(1, list(range(TASKS)))
+            eventually(lambda: published(stack.dsn, names["schema"], query) == 2, timeout=90)
+
+            # Killed with epoch 2's batch inside its COPY into the first table.
+            with psycopg.connect(stack.dsn) as holder:
+                holder.execute(f"LOCK TABLE {pipeline['tables'][0]} IN ACCESS EXCLUSIVE MODE")
+                write(2)
+                eventually(lambda: client_port_waiting_on(stack.dsn, names["group"], "COPY")
+                           is not None)  # fmt: skip
+                member.kill()
+                holder.rollback()
+            member = Member(config, logs[2])
+            write(3)
+            eventually(lambda: published(stack.dsn, names["schema"], query) == epochs, timeout=90)
+            assert _in_batch(logs) == set(range(epochs))
+
+            # The ledger holds epoch 10 open, as another member's staging would leave it: the
+            # batch that holds epoch 11 whole is refused, stages it, and it waits.
+            sql(stack, f"INSERT INTO {names['schema']}.epochs (group_id, query, epoch) "
+                f"VALUES ('{names['group']}', '{query}', 10)")  # fmt: skip
+            write(11)
+            eventually(lambda: staged(stack.dsn, names["schema"], query, 11) == TASKS * per_task)
+            assert visible(stack, pipeline, 11) == 0
+            done = bridge(stack, "epochs", "discard", "--query", query, "--epoch", "10", *schema,
+                          "--execute")  # fmt: skip
+            assert done.returncode == 0, done.stderr
+            eventually(lambda: published(stack.dsn, names["schema"], query) == epochs + 1)
+    finally:
+        if member.process.poll() is None:
+            member.kill()
+    assert reader.partial == [], f"part of an epoch seen: {reader.partial[:5]}"
+    assert 11 not in _in_batch(logs)
+    assert any("cannot be published by its batch" in log.read_text() for log in logs[2:3])
+    assert counts(stack, pipeline) == ((epochs + 1) * TASKS * per_task,) * 2

@@ -74,7 +74,12 @@ class _Planner:
         self.made_changes: list[Any] = []
 
     def plan(
-        self, records: dict[PartitionKey, list[Message]], conn: Any, *, in_flight: Any
+        self,
+        records: dict[PartitionKey, list[Message]],
+        conn: Any,
+        *,
+        in_flight: Any,
+        assembled: Any = None,
     ) -> Planned:
         if self.mode == "no_schema":
             raise RegistryUnavailable("registry at http://registry:8080 refused the connection")

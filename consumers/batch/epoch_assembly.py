@@ -1,0 +1,370 @@
+"""Whole epochs in memory first: a member holding every partition an epoch wrote to publishes it
+in the batch that completes it, its records written once, as the per-partition mode writes them.
+
+Staging (`consumers.batch.epoch_staging`) writes an epoch's records twice, to the ledger and,
+once the publisher (`consumers.batch.epoch_publisher`) finds the epoch whole, to their tables;
+on 2 cores that ran whole epochs at 0.36x the per-partition mode (bench/epochs.py). Yet a member
+that holds all of a topic's partitions sees each epoch whole, in a batch or two, and its
+manifest with it. For each batch, `assemble`:
+
+1. puts the records held back from the batches before (their offsets not advanced) in front of
+   this poll's, partition by partition. A partition fetched again (its records start at or
+   before the held ones' last: a rewind) drops them, since the fetch brings them again;
+2. learns the manifest's records in the batch: each epoch's parts and its epoch record, first
+   seen kept, as the ledger keeps them;
+3. counts the whole topics' records per epoch (their provenance headers, read once per run of a
+   task's records) and finds the epochs the batch **publishes**: the epoch record is known, every
+   part is in hand, record for record (`EpochState.missing`, the ledger's own judge), every
+   whole topic it wrote to has all its partitions here, none of it was staged, and no earlier
+   epoch of its query is in hand unpublished or staged. Their records are planned for their
+   tables like any batch's, and `epoch_ledger.publish_in_batch` settles each epoch in the same
+   transaction, or refuses the batch when the ledger disagrees (an earlier epoch open, records
+   staged by another member, a part this member never saw). A refused batch is written again
+   statement by statement, staging everything, exactly as without this module;
+4. **holds back**, per partition, the records from the first one of an epoch that may yet
+   complete here: its topics all held in full, waiting less than `hold_s`, while the held
+   records number at most `hold_records`. Their offsets do not advance, so a crash loses
+   nothing: they are fetched again. Everything else is **staged**, as before: an epoch spread
+   over several members, one waiting too long (a slow task, a manifest late), more than the
+   bound holds, a record without provenance (a dead letter, naming why).
+
+Nothing here is a guarantee: the ledger's checks in the batch's transaction are. This module
+only decides which way is likely to pass them, and costs a rolled-back batch when it is wrong.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from bridge.epoch_manifest import ManifestError, Part, parse
+from consumers.batch.epoch_staging import provenance_of, runs
+from consumers.database.epoch_ledger import EpochKey, EpochState, Manifest
+from consumers.database.offsets import PartitionKey
+from consumers.decoding.records import Record, offset_of
+
+_KNOWN_EPOCHS = 10_000  # manifests remembered; the oldest forgotten first (staged, then)
+_LOOK_AGAIN_S = 0.5  # the ledger asked again about an epoch whose manifest is not all known
+
+
+@dataclass(frozen=True)
+class Assembled:
+    """What one batch commits, and how."""
+
+    records: dict[PartitionKey, list[Record]]  # every record the batch advances over
+    published: dict[str, list[Record]]  # whole topics' records of the epochs it publishes
+    staged: dict[str, list[Record]]  # whole topics' records it stages
+    epochs: tuple[EpochKey, ...] = ()  # the epochs it publishes, in order
+    # The Spark partitions each published epoch was judged whole with, for the ledger's check.
+    parts: dict[EpochKey, tuple[int, ...]] = field(default_factory=dict)
+
+
+class _Run(NamedTuple):
+    """Consecutive records of one write task in a partition: their epoch (None without the
+    sink's provenance) and Spark partition."""
+
+    epoch: EpochKey | None
+    spark_partition: int
+    records: list[Record]
+
+
+@dataclass
+class _Known:
+    """An epoch as the manifest told this member."""
+
+    parts: tuple[int, ...] | None = None
+    written: dict[int, dict[str, int]] = field(default_factory=dict)
+
+
+class EpochAssembly:
+    def __init__(
+        self,
+        *,
+        group_id: str,
+        manifest_topic: str,
+        whole_topic: Callable[[str], bool],
+        held_in_full: Callable[[str], bool],
+        hold_records: int,
+        hold_s: float,
+        read_ledger: Callable[[list[EpochKey]], dict[EpochKey, Manifest]] = lambda keys: {},
+    ) -> None:
+        self._group = group_id
+        self._manifest_topic = manifest_topic
+        self._whole_topic = whole_topic
+        self._held_in_full = held_in_full  # this member holds every partition of the topic
+        self._hold_records = hold_records
+        self._hold_s = hold_s
+        self._read_ledger = read_ledger
+        self._looked: dict[EpochKey, float] = {}  # when the ledger was last asked about each
+        self._known: dict[EpochKey, _Known] = {}
+        self._held: dict[PartitionKey, list[_Run]] = {}
+        self._waiting: dict[EpochKey, float] = {}  # epochs held back, since when
+        self._staged: dict[str, set[int]] = {}  # per query, epochs with records staged
+
+    # -- the lifecycle's calls ----------------------------------------------------------------
+
+    def holding(self) -> int:
+        return sum(len(run.records) for held in self._held.values() for run in held)
+
+    def due(self) -> bool:
+        """Records are held for an epoch that has waited its time: a batch must stage them,
+        even with no new record."""
+        now = time.monotonic()
+        return bool(self._held) and any(now - t >= self._hold_s for t in self._waiting.values())
+
+    def drop(self) -> None:
+        """The positions went back to the stored offsets: what is held is fetched again."""
+        self._held.clear()
+        self._waiting.clear()
+
+    def settled(self, epochs: Iterable[EpochKey], *, published: bool) -> None:
+        """A batch that meant to publish `epochs` committed: by publishing them, or, refused
+        as a whole and written again, by staging them."""
+        for query, epoch in epochs:
+            if published:
+                self._known.pop((query, epoch), None)
+            else:
+                self._staged.setdefault(query, set()).add(epoch)
+
+    def published(self, key: EpochKey) -> None:
+        """The publisher published a staged epoch."""
+        query, epoch = key
+        self._known.pop(key, None)
+        staged = self._staged.get(query)
+        if staged is not None:
+            staged.discard(epoch)
+            if not staged:
+                del self._staged[query]
+
+    # -- a batch ------------------------------------------------------------------------------
+
+    def assemble(
+        self, ours: dict[PartitionKey, list[Record]], *, ours_now: Callable[[PartitionKey], bool]
+    ) -> Assembled:
+        """Steps 1 to 4 for the records a poll brought (`ours`, this member's, by partition);
+        `ours_now`: whether this member still holds a partition."""
+        records, found = self._with_held(ours, ours_now)  # step 1
+        for (topic, _), of_key in ours.items():  # step 2
+            if topic == self._manifest_topic:
+                self._learn(of_key)
+        now = time.monotonic()
+        for key, of_key in ours.items():  # step 3; the held records' headers were read
+            topic = key[0]
+            if topic == self._manifest_topic or not self._whole_topic(topic):
+                continue
+            of_epochs = found.setdefault(key, [])
+            for headers, run in runs(of_key):
+                origin = provenance_of(headers)
+                if isinstance(origin, str):
+                    of_epochs.append(_Run(None, -1, run))  # a dead letter, staged
+                else:
+                    epoch = (origin.query, origin.epoch)
+                    of_epochs.append(_Run(epoch, origin.spark_partition, run))
+        in_hand: dict[EpochKey, Counter[tuple[int, str]]] = {}
+        for (topic, _), of_epochs in found.items():
+            for found_run in of_epochs:
+                if found_run.epoch is not None:
+                    counts = in_hand.setdefault(found_run.epoch, Counter())
+                    counts[found_run.spark_partition, topic] += len(found_run.records)
+        if not found:
+            return Assembled(records, {}, {})
+        self._consult(in_hand, now)
+        publishing = self._publishing(in_hand)
+        for epoch in in_hand:
+            self._waiting.setdefault(epoch, now)
+        may_wait = {
+            epoch
+            for epoch in in_hand
+            if epoch not in publishing
+            and epoch[1] not in self._staged.get(epoch[0], ())
+            and now - self._waiting[epoch] < self._hold_s
+            and all(self._held_in_full(topic) for _, topic in in_hand[epoch])
+            and all(self._held_in_full(t) for t in self._topics(epoch))
+        }
+        cuts, kept = self._cuts(found, publishing, may_wait)  # step 4
+        if sum(_after(found[key], cut) for key, cut in cuts.items()) > self._hold_records:
+            cuts, kept = self._cuts(found, publishing, set())  # too many: none held
+        return self._split(records, found, cuts, kept)
+
+    # -- steps --------------------------------------------------------------------------------
+
+    def _with_held(
+        self, ours: dict[PartitionKey, list[Record]], ours_now: Callable[[PartitionKey], bool]
+    ) -> tuple[dict[PartitionKey, list[Record]], dict[PartitionKey, list[_Run]]]:
+        """Every record of the batch by partition, and the runs of those held before."""
+        records = dict(ours)
+        found = {}
+        for key, held in self._held.items():
+            if not ours_now(key):
+                continue  # revoked: not ours to apply
+            fresh = records.get(key, [])
+            if fresh and offset_of(fresh[0]) <= offset_of(held[-1].records[-1]):
+                continue  # fetched again from the stored offset: the fetch brings them
+            records[key] = [record for run in held for record in run.records] + fresh
+            found[key] = list(held)
+        self._held = {}
+        return records, found
+
+    def _learn(self, records: list[Record]) -> None:
+        for record in records:
+            try:
+                document = parse(record.value())
+            except ManifestError:
+                continue  # the stager dead-letters it, naming why
+            key = (document.query, document.epoch)
+            if isinstance(document, Part):
+                known = self._known.get(key) or self._remember(key)
+                known.written.setdefault(document.partition, dict(document.records))
+            else:
+                known = self._known.get(key) or self._remember(key)
+                known.parts = known.parts or tuple(sorted(document.parts))
+
+    def _remember(self, key: EpochKey) -> _Known:
+        known = self._known[key] = _Known()
+        if len(self._known) > _KNOWN_EPOCHS:
+            del self._known[next(iter(self._known))]
+        return known
+
+    def _consult(self, in_hand: dict[EpochKey, Counter[tuple[int, str]]], now: float) -> None:
+        """What the ledger knows of epochs in hand whose manifest this member has not seen
+        whole: its first records may have been committed before this member (re)joined. At
+        most every `_LOOK_AGAIN_S` an epoch."""
+        wanted = [
+            epoch
+            for epoch in in_hand
+            if not self._manifest_known(epoch)
+            and now - self._looked.get(epoch, -_LOOK_AGAIN_S) >= _LOOK_AGAIN_S
+        ]
+        self._looked = {e: t for e, t in self._looked.items() if e in in_hand}
+        if not wanted:
+            return
+        for epoch in wanted:
+            self._looked[epoch] = now
+        for epoch, (parts, written) in self._read_ledger(wanted).items():
+            known = self._known.get(epoch) or self._remember(epoch)
+            known.parts = known.parts or parts
+            for part, records in written.items():
+                known.written.setdefault(part, records)
+
+    def _manifest_known(self, epoch: EpochKey) -> bool:
+        known = self._known.get(epoch)
+        return (
+            known is not None
+            and known.parts is not None
+            and all(part in known.written for part in known.parts)
+        )
+
+    def _topics(self, epoch: EpochKey) -> set[str]:
+        known = self._known.get(epoch)
+        if known is None:
+            return set()
+        return {
+            t for w in known.written.values() for t, n in w.items() if n and self._whole_topic(t)
+        }
+
+    def _publishing(self, in_hand: dict[EpochKey, Counter[tuple[int, str]]]) -> set[EpochKey]:
+        """The epochs this batch can publish: whole in hand, and in order within their query."""
+        publishing: set[EpochKey] = set()
+        blocked: set[str] = set()
+        for epoch in sorted(in_hand):
+            query, number = epoch
+            staged = self._staged.get(query, ())
+            if (
+                query in blocked
+                or any(n <= number for n in staged)
+                or not self._whole(epoch, in_hand[epoch])
+            ):
+                blocked.add(query)
+                continue
+            publishing.add(epoch)
+        return publishing
+
+    def _whole(self, epoch: EpochKey, counts: Counter[tuple[int, str]]) -> bool:
+        known = self._known.get(epoch)
+        if known is None or known.parts is None:
+            return False
+        state = EpochState(self._group, *epoch, parts=known.parts, written=known.written,
+                           staged=dict(counts))  # fmt: skip
+        if state.missing(self._whole_topic):
+            return False
+        return all(self._held_in_full(topic) for topic in self._topics(epoch))
+
+    @staticmethod
+    def _cuts(
+        found: dict[PartitionKey, list[_Run]],
+        publishing: set[EpochKey],
+        may_wait: set[EpochKey],
+    ) -> tuple[dict[PartitionKey, int], set[EpochKey]]:
+        """Per partition, the index of its first run held back (all after it are too), and the
+        epochs still published: one with a run held back is not (nor are its query's later
+        ones), and the cuts are found again."""
+        publishing, may_wait = set(publishing), set(may_wait)
+        while True:
+            cuts = {
+                key: next(
+                    (i for i, run in enumerate(of_key) if run.epoch in may_wait),
+                    len(of_key),
+                )
+                for key, of_key in found.items()
+            }
+            split = {
+                epoch
+                for key, of_key in found.items()
+                for epoch, _, _ in of_key[cuts[key] :]
+                if epoch in publishing
+            }
+            if not split:
+                return cuts, publishing
+            for query in {q for q, _ in split}:  # and its later epochs, which wait for it
+                first = min(n for q, n in split if q == query)
+                later = {(q, n) for q, n in publishing if q == query and n >= first}
+                publishing -= later
+                may_wait |= later
+
+    def _split(
+        self,
+        records: dict[PartitionKey, list[Record]],
+        found: dict[PartitionKey, list[_Run]],
+        cuts: dict[PartitionKey, int],
+        publishing: set[EpochKey],
+    ) -> Assembled:
+        kept = dict(records)
+        published: dict[str, list[Record]] = {}
+        staged: dict[str, list[Record]] = {}
+        staged_epochs: set[EpochKey] = set()
+        waiting: set[EpochKey] = set()
+        for key, of_key in found.items():
+            cut = cuts[key]
+            topic = key[0]
+            for epoch, _, run in of_key[:cut]:
+                if epoch in publishing:
+                    published.setdefault(topic, []).extend(run)
+                else:
+                    staged.setdefault(topic, []).extend(run)
+                    if epoch is not None:
+                        staged_epochs.add(epoch)
+            held = of_key[cut:]
+            waiting |= {run.epoch for run in held if run.epoch is not None}
+            if held:
+                self._held[key] = held
+                before = len(records[key]) - sum(len(run.records) for run in held)
+                if before:
+                    kept[key] = records[key][:before]
+                else:
+                    del kept[key]
+        for query, number in staged_epochs:
+            self._staged.setdefault(query, set()).add(number)
+        self._waiting = {e: t for e, t in self._waiting.items() if e in waiting}
+        epochs = tuple(sorted(e for e in publishing if e not in staged_epochs))
+        parts = {}
+        for epoch in epochs:
+            known = self._known[epoch]
+            parts[epoch] = tuple(sorted(set(known.parts or ()) | set(known.written)))
+        return Assembled(kept, published, staged, epochs, parts)
+
+
+def _after(of_key: list[_Run], cut: int) -> int:
+    return sum(len(run.records) for run in of_key[cut:])

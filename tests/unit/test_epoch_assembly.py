@@ -1,0 +1,234 @@
+"""Which records of a batch publish their epoch, wait in memory for the rest of it, or are staged
+(`consumers.batch.epoch_assembly`), on records made here: no broker, no database."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Iterable
+
+import pytest
+from confluent_kafka import Message
+
+from bridge.epoch_manifest import Epoch, Part
+from bridge.names import PROVENANCE_EPOCH, PROVENANCE_PARTITION, PROVENANCE_QUERY
+from consumers.batch.epoch_assembly import Assembled, EpochAssembly
+from consumers.database.epoch_ledger import Manifest
+from consumers.database.offsets import PartitionKey
+
+TOPIC, MANIFEST = "orders", "bridge-epochs"
+QUERY = "q-1"
+
+
+class Log:
+    """A topic's partitions and the manifest's, written as the sink writes them."""
+
+    def __init__(self) -> None:
+        self.next: Counter[tuple[str, int]] = Counter()
+
+    def _message(
+        self,
+        topic: str,
+        partition: int,
+        value: bytes,
+        headers: list[tuple[str, str | bytes | None]],
+    ) -> Message:
+        offset = self.next[topic, partition]
+        self.next[topic, partition] += 2  # a commit marker after each: offsets have gaps
+        return Message(topic, partition, offset, None, value, headers, None, (1, 0))
+
+    def task(
+        self, epoch: int, task: int, per_partition: dict[int, int], query: str = QUERY
+    ) -> list[Message]:
+        headers: list[tuple[str, str | bytes | None]] = [
+            (PROVENANCE_QUERY, query.encode()),
+            (PROVENANCE_PARTITION, str(task).encode()),
+            (PROVENANCE_EPOCH, str(epoch).encode()),
+        ]
+        return [
+            self._message(TOPIC, partition, b"{}", headers)
+            for partition, n in per_partition.items()
+            for _ in range(n)
+        ]
+
+    def part(self, epoch: int, task: int, records: int, query: str = QUERY) -> Message:
+        part = Part(query=query, epoch=epoch, partition=task, records={TOPIC: records})
+        return self._message(MANIFEST, 0, part.encode(), [])
+
+    def epoch(self, epoch: int, tasks: Iterable[int], query: str = QUERY) -> Message:
+        whole = Epoch(query=query, epoch=epoch, parts=tuple(tasks))
+        return self._message(MANIFEST, 0, whole.encode(), [])
+
+
+def by_partition(records: list[Message]) -> dict[PartitionKey, list[Message]]:
+    found: dict[PartitionKey, list[Message]] = {}
+    for record in records:
+        found.setdefault((record.topic(), record.partition()), []).append(record)  # type: ignore[arg-type]
+    return found
+
+
+def assembly(
+    *, in_full: bool = True, hold_records: int = 1000, hold_s: float = 60
+) -> EpochAssembly:
+    return EpochAssembly(
+        group_id="g",
+        manifest_topic=MANIFEST,
+        whole_topic=lambda topic: topic == TOPIC,
+        held_in_full=lambda topic: in_full,
+        hold_records=hold_records,
+        hold_s=hold_s,
+    )
+
+
+def batch(found: EpochAssembly, records: list[Message]) -> Assembled:
+    return found.assemble(by_partition(records), ours_now=lambda key: True)
+
+
+def offsets(assembled: Assembled, topic: str = TOPIC) -> dict[int, list[int]]:
+    return {
+        partition: [r.offset() for r in records]  # type: ignore[misc]
+        for (t, partition), records in assembled.records.items()
+        if t == topic
+    }
+
+
+def whole_epoch(log: Log, epoch: int, query: str = QUERY) -> list[Message]:
+    """Two tasks of 3 records over partitions 0 and 1, their parts, the epoch's record."""
+    records = [*log.task(epoch, 0, {0: 2, 1: 1}, query), *log.task(epoch, 1, {0: 1, 1: 2}, query)]
+    return [*records, log.part(epoch, 0, 3, query), log.part(epoch, 1, 3, query),
+            log.epoch(epoch, [0, 1], query)]  # fmt: skip
+
+
+def test_an_epoch_whole_in_the_batch_is_published_by_it() -> None:
+    log, found = Log(), assembly()
+    done = batch(found, whole_epoch(log, 0))
+    assert done.epochs == ((QUERY, 0),)
+    assert done.parts == {(QUERY, 0): (0, 1)}
+    assert len(done.published[TOPIC]) == 6 and done.staged == {}
+    assert offsets(done) == {0: [0, 2, 4], 1: [0, 2, 4]}
+    assert found.holding() == 0
+
+
+def test_an_epoch_in_two_polls_is_held_then_published_with_the_second() -> None:
+    log, found = Log(), assembly()
+    records = whole_epoch(log, 0)
+    first = batch(found, records[:3])  # task 0's records; no part yet
+    assert first.epochs == () and offsets(first) == {} and found.holding() == 3
+    second = batch(found, records[3:])
+    assert second.epochs == ((QUERY, 0),)
+    assert offsets(second) == {0: [0, 2, 4], 1: [0, 2, 4]}  # the held ones first
+    assert found.holding() == 0
+
+
+def test_the_records_after_an_epoch_still_open_wait_and_those_before_commit() -> None:
+    log, found = Log(), assembly()
+    done_epoch = whole_epoch(log, 0)
+    open_epoch = log.task(1, 0, {0: 2, 1: 2})
+    done = batch(found, [*done_epoch, *open_epoch])
+    assert done.epochs == ((QUERY, 0),)
+    assert offsets(done) == {0: [0, 2, 4], 1: [0, 2, 4]}
+    assert found.holding() == 4
+
+
+def test_a_later_epoch_whole_waits_for_an_earlier_one_of_its_query() -> None:
+    log, found = Log(), assembly()
+    early = log.task(0, 0, {0: 1})  # epoch 0 in partition 0 only, never finished here
+    late = whole_epoch(log, 1)
+    done = batch(found, [*early, *late])
+    assert done.epochs == ()
+    assert found.holding() == 1 + 6  # epoch 1 waits behind epoch 0, in order
+
+
+def test_records_are_staged_where_the_member_does_not_hold_every_partition() -> None:
+    log, found = Log(), assembly(in_full=False)
+    records = whole_epoch(log, 0)
+    done = batch(found, records[:3])
+    assert done.epochs == () and found.holding() == 0
+    assert len(done.staged[TOPIC]) == 3 and offsets(done) == {0: [0, 2], 1: [0]}
+
+
+def test_an_epoch_held_past_its_time_is_staged_and_later_ones_wait_for_its_publication() -> None:
+    log, found = Log(), assembly(hold_s=0.05)
+    records = whole_epoch(log, 0)
+    assert batch(found, records[:3]).epochs == () and found.holding() == 3
+    time.sleep(0.06)  # the bound itself is what is tested: a clock is the condition
+    assert found.due()
+    staged = batch(found, [])
+    assert len(staged.staged[TOPIC]) == 3 and found.holding() == 0
+    # Its other records are staged too (part of it is in the ledger), and so is epoch 1 until
+    # the publisher says epoch 0 is published.
+    rest = batch(found, [*records[3:], *whole_epoch(log, 1)])
+    assert rest.epochs == ()
+    assert len(rest.staged.get(TOPIC, [])) + found.holding() == 3 + 6
+    found.published((QUERY, 0))
+    found.drop()  # as a rewind would: epoch 1 comes again
+    assert batch(found, whole_epoch(log, 2)).epochs == ((QUERY, 2),)
+
+
+def test_more_records_than_the_bound_are_staged_not_held() -> None:
+    log, found = Log(), assembly(hold_records=2)
+    done = batch(found, log.task(0, 0, {0: 2, 1: 1}))
+    assert found.holding() == 0 and len(done.staged[TOPIC]) == 3
+
+
+def test_a_record_without_provenance_is_staged_for_the_dead_letters() -> None:
+    found = assembly()
+    stray = Message(TOPIC, 0, 100, None, b"{}", [], None, (1, 0))
+    done = batch(found, [stray])
+    assert done.staged[TOPIC] == [stray] and done.epochs == ()
+
+
+def test_held_records_are_dropped_when_their_partition_is_fetched_again() -> None:
+    log, found = Log(), assembly()
+    records = whole_epoch(log, 0)
+    batch(found, records[:3])
+    assert found.holding() == 3
+    again = batch(found, records)  # a rewind: the fetch starts at the held ones again
+    assert again.epochs == ((QUERY, 0),)
+    assert offsets(again) == {0: [0, 2, 4], 1: [0, 2, 4]}  # each record once
+
+
+def test_held_records_of_a_partition_no_longer_ours_are_dropped() -> None:
+    log, found = Log(), assembly()
+    batch(found, log.task(0, 0, {0: 1, 1: 1}))
+    done = found.assemble({}, ours_now=lambda key: key != (TOPIC, 1))
+    assert offsets(done) == {} and found.holding() == 1
+
+
+def test_a_batch_refused_and_written_again_staged_its_epochs() -> None:
+    log, found = Log(), assembly()
+    done = batch(found, whole_epoch(log, 0))
+    found.settled(done.epochs, published=False)
+    assert batch(found, whole_epoch(log, 1)).epochs == ()
+    found.published((QUERY, 0))
+    assert batch(found, whole_epoch(log, 2)).epochs != ()
+
+
+@pytest.mark.parametrize("queries", [["q-a", "q-b"]])
+def test_queries_publish_independently(queries: list[str]) -> None:
+    log, found = Log(), assembly()
+    open_a = log.task(0, 0, {0: 1}, queries[0])
+    whole_b = whole_epoch(log, 0, queries[1])
+    done = batch(found, [*whole_b, *open_a])
+    assert done.epochs == (("q-b", 0),)
+
+
+def test_parts_committed_before_the_member_joined_are_read_from_the_ledger() -> None:
+    """A member (re)joined after the manifest's parts were committed sees only the epoch's
+    record: the ledger has the rest, asked once however many batches the epoch takes."""
+    log = Log()
+    asked: list[list[tuple[str, int]]] = []
+
+    def ledger(keys: list[tuple[str, int]]) -> dict[tuple[str, int], Manifest]:
+        asked.append(keys)
+        return {(QUERY, 0): (None, {0: {TOPIC: 3}, 1: {TOPIC: 3}})}
+
+    found = EpochAssembly(group_id="g", manifest_topic=MANIFEST, whole_topic=lambda t: t == TOPIC,
+                          held_in_full=lambda t: True, hold_records=100, hold_s=60,
+                          read_ledger=ledger)  # fmt: skip
+    records = whole_epoch(log, 0)
+    assert batch(found, records[:3]).epochs == ()  # task 0's records; nothing of the manifest
+    assert asked == [[(QUERY, 0)]]
+    done = batch(found, [*records[3:6], records[-1]])  # task 1's, and the epoch's record
+    assert done.epochs == ((QUERY, 0),) and done.parts == {(QUERY, 0): (0, 1)}
+    assert len(asked) == 1  # the epoch record completed what the ledger told
