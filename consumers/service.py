@@ -175,7 +175,12 @@ class ConsumerService:
         self._starting = "connecting to the database"
         self._db.connect()
         # A publication lets later epochs of its query go in a batch (`epoch_assembly`).
-        publisher = self._publisher(planner, applier, lambda key: batches.epoch_published(key))
+        publisher = self._publisher(
+            planner,
+            applier,
+            published=lambda key: batches.epoch_published(key),
+            still_open=lambda keys, as_of: batches.epochs_open(keys, as_of),
+        )
         batches = BatchLifecycle(
             planner=planner,
             committer=Committer(
@@ -283,7 +288,12 @@ class ConsumerService:
         )
 
     def _publisher(
-        self, planner: Planner, applier: Applier, published: Callable[[EpochKey], None]
+        self,
+        planner: Planner,
+        applier: Applier,
+        *,
+        published: Callable[[EpochKey], None],
+        still_open: Callable[[set[EpochKey], float], None],
     ) -> EpochPublisher | None:
         if not self._config.whole_epochs:
             return None
@@ -297,6 +307,7 @@ class ConsumerService:
             whole_topic=self._config.whole_topic,
             incomplete_after_s=self._config.epochs_incomplete_after_ms / 1000,
             on_published=published,
+            on_open=still_open,
         )
 
     def _serve_http(self) -> None:

@@ -48,6 +48,7 @@ from consumers.decoding.records import Record, offset_of
 
 _KNOWN_EPOCHS = 10_000  # manifests remembered; the oldest forgotten first (staged, then)
 _LOOK_AGAIN_S = 0.5  # the ledger asked again about an epoch whose manifest is not all known
+_STAGED_GRACE_S = 1.0  # a batch's commit, after it staged, before the ledger shows it
 
 
 @dataclass(frozen=True)
@@ -102,7 +103,9 @@ class EpochAssembly:
         self._known: dict[EpochKey, _Known] = {}
         self._held: dict[PartitionKey, list[_Run]] = {}
         self._waiting: dict[EpochKey, float] = {}  # epochs held back, since when
-        self._staged: dict[str, set[int]] = {}  # per query, epochs with records staged
+        # Epochs with records staged (here, or by a batch refused and written again), since
+        # when: later epochs of their query wait for their publication.
+        self._staged: dict[EpochKey, float] = {}
 
     # -- the lifecycle's calls ----------------------------------------------------------------
 
@@ -123,30 +126,41 @@ class EpochAssembly:
     def settled(self, epochs: Iterable[EpochKey], *, published: bool) -> None:
         """A batch that meant to publish `epochs` committed: by publishing them, or, refused
         as a whole and written again, by staging them."""
-        for query, epoch in epochs:
+        now = time.monotonic()
+        for epoch in epochs:
             if published:
-                self._known.pop((query, epoch), None)
+                self._known.pop(epoch, None)
             else:
-                self._staged.setdefault(query, set()).add(epoch)
+                self._staged.setdefault(epoch, now)
 
     def published(self, key: EpochKey) -> None:
         """The publisher published a staged epoch."""
-        query, epoch = key
         self._known.pop(key, None)
-        staged = self._staged.get(query)
-        if staged is not None:
-            staged.discard(epoch)
-            if not staged:
-                del self._staged[query]
+        self._staged.pop(key, None)
+
+    def still_open(self, keys: set[EpochKey], *, as_of: float) -> None:
+        """The epochs the ledger holds open (or with records staged), read at `as_of`
+        (monotonic): one staged here and settled since by someone else (another member's
+        publication, an operator's discard) no longer holds its query's later epochs back.
+        One staged by a batch that had not committed by then is kept, for a second."""
+        self._staged = {
+            epoch: since
+            for epoch, since in self._staged.items()
+            if epoch in keys or since > as_of - _STAGED_GRACE_S
+        }
 
     # -- a batch ------------------------------------------------------------------------------
 
     def assemble(
-        self, ours: dict[PartitionKey, list[Record]], *, ours_now: Callable[[PartitionKey], bool]
+        self,
+        ours: dict[PartitionKey, list[Record]],
+        *,
+        stored: Callable[[PartitionKey], int | None],
     ) -> Assembled:
         """Steps 1 to 4 for the records a poll brought (`ours`, this member's, by partition);
-        `ours_now`: whether this member still holds a partition."""
-        records, found = self._with_held(ours, ours_now)  # step 1
+        `stored`: where a partition's lease says its next batch starts, None once it is not
+        this member's to apply."""
+        records, found = self._with_held(ours, stored)  # step 1
         for (topic, _), of_key in ours.items():  # step 2
             if topic == self._manifest_topic:
                 self._learn(of_key)
@@ -179,7 +193,7 @@ class EpochAssembly:
             epoch
             for epoch in in_hand
             if epoch not in publishing
-            and epoch[1] not in self._staged.get(epoch[0], ())
+            and epoch not in self._staged
             and now - self._waiting[epoch] < self._hold_s
             and all(self._held_in_full(topic) for _, topic in in_hand[epoch])
             and all(self._held_in_full(t) for t in self._topics(epoch))
@@ -192,14 +206,15 @@ class EpochAssembly:
     # -- steps --------------------------------------------------------------------------------
 
     def _with_held(
-        self, ours: dict[PartitionKey, list[Record]], ours_now: Callable[[PartitionKey], bool]
+        self, ours: dict[PartitionKey, list[Record]], stored: Callable[[PartitionKey], int | None]
     ) -> tuple[dict[PartitionKey, list[Record]], dict[PartitionKey, list[_Run]]]:
         """Every record of the batch by partition, and the runs of those held before."""
         records = dict(ours)
         found = {}
         for key, held in self._held.items():
-            if not ours_now(key):
-                continue  # revoked: not ours to apply
+            next_offset = stored(key)
+            if next_offset is None or offset_of(held[0].records[0]) < next_offset:
+                continue  # revoked, or its offset reset past them: not ours to apply
             fresh = records.get(key, [])
             if fresh and offset_of(fresh[0]) <= offset_of(held[-1].records[-1]):
                 continue  # fetched again from the stored offset: the fetch brings them
@@ -271,7 +286,7 @@ class EpochAssembly:
         blocked: set[str] = set()
         for epoch in sorted(in_hand):
             query, number = epoch
-            staged = self._staged.get(query, ())
+            staged = [n for q, n in self._staged if q == query]
             if (
                 query in blocked
                 or any(n <= number for n in staged)
@@ -355,8 +370,9 @@ class EpochAssembly:
                     kept[key] = records[key][:before]
                 else:
                     del kept[key]
-        for query, number in staged_epochs:
-            self._staged.setdefault(query, set()).add(number)
+        now = time.monotonic()
+        for epoch in staged_epochs:
+            self._staged.setdefault(epoch, now)
         self._waiting = {e: t for e, t in self._waiting.items() if e in waiting}
         epochs = tuple(sorted(e for e in publishing if e not in staged_epochs))
         parts = {}

@@ -93,6 +93,7 @@ class EpochPublisher:
         whole_topic: Callable[[str], bool],
         incomplete_after_s: float,
         on_published: Callable[[EpochKey], None] = lambda key: None,
+        on_open: Callable[[set[EpochKey], float], None] = lambda keys, as_of: None,
     ) -> None:
         self._db = db
         self._ledger = ledger
@@ -103,6 +104,7 @@ class EpochPublisher:
         self._whole_topic = whole_topic
         self._incomplete_after_s = incomplete_after_s
         self._on_published = on_published
+        self._on_open = on_open  # the epochs the ledger holds open, each look
         self._next_look = 0.0
         self._failures = HoldBackoff(
             what="an epoch cannot be published",
@@ -269,7 +271,9 @@ class EpochPublisher:
     # -- reporting ----------------------------------------------------------------------------
 
     def _note_incomplete(self, conn: psycopg.Connection[Any]) -> None:
+        as_of = time.monotonic()
         states = open_epochs(conn, self._ledger, self._group)
+        self._on_open({s.key for s in states}, as_of)
         now = database_now(conn)
         ages = [age_s(s, now) for s in states]
         self._metrics.oldest_incomplete_epoch.set(max(ages, default=0.0))

@@ -178,7 +178,7 @@ class BatchLifecycle:
         ours = self._ours(records)
         assembled = None
         if self._assembly is not None:
-            assembled = self._assembly.assemble(ours, ours_now=self._holds)
+            assembled = self._assembly.assemble(ours, stored=self._stored)
             self._metrics.epoch_records_held.set(self._assembly.holding())
             ours = assembled.records
             if not ours and self.stage is Stage.IN_FLIGHT:
@@ -247,8 +247,9 @@ class BatchLifecycle:
 
     # -- what a batch is made of --------------------------------------------------------------
 
-    def _holds(self, key: PartitionKey) -> bool:
-        return self._table.lease(key) is not None
+    def _stored(self, key: PartitionKey) -> int | None:
+        lease = self._table.lease(key)
+        return None if lease is None else lease.next_offset
 
     def holding_due(self) -> bool:
         """Records held back for an epoch that waited its time: a batch must stage them, even
@@ -259,6 +260,11 @@ class BatchLifecycle:
         """The publisher published a staged epoch: later ones of its query may go in a batch."""
         if self._assembly is not None:
             self._assembly.published(key)
+
+    def epochs_open(self, keys: set[EpochKey], as_of: float) -> None:
+        """The epochs the ledger holds open, as the publisher read them at `as_of`."""
+        if self._assembly is not None:
+            self._assembly.still_open(keys, as_of=as_of)
 
     def _plan(self, ours: dict[PartitionKey, list[Record]], assembled: Assembled | None) -> Planned:
         in_flight = self._in_flight

@@ -287,6 +287,9 @@ def test_members_killed_while_staging_and_while_publishing_lose_double_and_show_
         with reading(reader):
             ledger = f"{names['schema']}.epoch_chunks"
             eventually(lambda: _exists(stack, ledger))
+            # Both members hold partitions, so that neither sees an epoch whole and both stage
+            # (one holding every partition publishes in its batches, tested below).
+            eventually(lambda: _owners(stack, names, pipeline["topics"]) == 2)
             for task in range(TASKS):
                 sink.task(0, task, epoch_records(pipeline, 0, task, per_task))
             sink.commit(0, list(range(TASKS)))
@@ -334,6 +337,15 @@ def test_members_killed_while_staging_and_while_publishing_lose_double_and_show_
                 member.kill()
     assert reader.partial == [], f"part of an epoch seen: {reader.partial[:5]}"
     assert counts(stack, pipeline) == (epochs * TASKS * per_task,) * 2
+
+
+def _owners(stack: Endpoints, names: dict[str, str], topics: list[str]) -> int:
+    """How many members own partitions of `topics`; 0 before the offsets table exists."""
+    if not _exists(stack, f"{names['schema']}.offsets"):
+        return 0
+    rows = sql(stack, f"SELECT count(DISTINCT owner) FROM {names['schema']}.offsets "
+               f"WHERE group_id = '{names['group']}' AND topic = ANY(ARRAY{topics})")  # fmt: skip
+    return int(rows[0][0])
 
 
 def _exists(stack: Endpoints, table: str) -> bool:

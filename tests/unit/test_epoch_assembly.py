@@ -81,7 +81,7 @@ def assembly(
 
 
 def batch(found: EpochAssembly, records: list[Message]) -> Assembled:
-    return found.assemble(by_partition(records), ours_now=lambda key: True)
+    return found.assemble(by_partition(records), stored=lambda key: 0)
 
 
 def offsets(assembled: Assembled, topic: str = TOPIC) -> dict[int, list[int]]:
@@ -191,7 +191,7 @@ def test_held_records_are_dropped_when_their_partition_is_fetched_again() -> Non
 def test_held_records_of_a_partition_no_longer_ours_are_dropped() -> None:
     log, found = Log(), assembly()
     batch(found, log.task(0, 0, {0: 1, 1: 1}))
-    done = found.assemble({}, ours_now=lambda key: key != (TOPIC, 1))
+    done = found.assemble({}, stored=lambda key: None if key == (TOPIC, 1) else 0)
     assert offsets(done) == {} and found.holding() == 1
 
 
@@ -232,3 +232,25 @@ def test_parts_committed_before_the_member_joined_are_read_from_the_ledger() -> 
     done = batch(found, [*records[3:6], records[-1]])  # task 1's, and the epoch's record
     assert done.epochs == ((QUERY, 0),) and done.parts == {(QUERY, 0): (0, 1)}
     assert len(asked) == 1  # the epoch record completed what the ledger told
+
+
+def test_an_epoch_staged_here_and_settled_elsewhere_stops_holding_later_ones_back() -> None:
+    """Another member published it, or an operator discarded it: the ledger no longer holds it
+    open, and later epochs of its query go in their batches again. One the ledger does not show
+    yet (its batch not committed when the ledger was read) still holds them back."""
+    log, found = Log(), assembly()
+    found.settled([(QUERY, 0)], published=False)
+    read_at = time.monotonic()
+    found.still_open(set(), as_of=read_at)  # staged within the last second: kept
+    assert batch(found, whole_epoch(log, 1)).epochs == ()
+    found.drop()
+    found.still_open(set(), as_of=read_at + 2)
+    assert batch(found, whole_epoch(log, 2)).epochs == ((QUERY, 2),)
+
+
+def test_held_records_below_a_lease_moved_past_them_are_dropped() -> None:
+    """An operator's `offsets reset` past records held for their epoch: they are not applied."""
+    log, found = Log(), assembly()
+    batch(found, log.task(0, 0, {0: 2}))  # offsets 0 and 2 of partition 0, held
+    done = found.assemble({}, stored=lambda key: 4)
+    assert offsets(done) == {} and found.holding() == 0
