@@ -9,9 +9,11 @@ manifest with it. For each batch, `assemble`:
 
 1. puts the records held back from the batches before (their offsets not advanced) in front of
    this poll's, partition by partition. A partition fetched again (its records start at or
-   before the held ones' last: a rewind) drops them, since the fetch brings them again;
+   before the held ones' last: a rewind) drops them, since the fetch brings them again; so do
+   one no longer this member's and one whose lease moved past them (an operator's reset);
 2. learns the manifest's records in the batch: each epoch's parts and its epoch record, first
-   seen kept, as the ledger keeps them;
+   seen kept, as the ledger keeps them; what this member did not read (committed before it
+   joined) is asked of the ledger, at most every `_LOOK_AGAIN_S` an epoch;
 3. counts the whole topics' records per epoch (their provenance headers, read once per run of a
    task's records) and finds the epochs the batch **publishes**: the epoch record is known, every
    part is in hand, record for record (`EpochState.missing`, the ledger's own judge), every
