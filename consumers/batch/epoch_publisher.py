@@ -150,6 +150,7 @@ class EpochPublisher:
         except psycopg.Error as exc:
             if isinstance(exc, psycopg.OperationalError):
                 self._db.close()
+            log.warning("the ledger could not say what it holds of epochs %s: %s", keys, exc)
             return {}
 
     def reasons(self) -> list[str]:
