@@ -7,7 +7,13 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml setup.py consumers/decoding/_avro_body.c | cksum | cut -d' ' -f1)
 PACKAGES := bridge bridge_shell spark_jobs consumers tests bench
 
-.PHONY: setup demo test lint unit integration fuzz model stack-up stack-down clean
+.PHONY: setup demo test check lint unit integration fuzz model stack-up stack-down clean
+
+# The tests run on TEST_WORKERS pytest-xdist workers, each with its own Kafka, PostgreSQL,
+# registry and Spark driver on free ports; tests that share a module's cluster stay on one worker
+# (`xdist_group`). Each pass ends with its 20 slowest tests.
+TEST_WORKERS ?= 3
+PYTEST := $(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup --durations=20
 
 setup: $(STAMP)
 	@bash scripts/ensure-system-tools.sh
@@ -30,11 +36,17 @@ lint: $(STAMP)
 	$(BIN)/lint-imports
 
 unit: $(STAMP)
-	$(BIN)/pytest tests/unit
+	$(BIN)/pytest -n $(TEST_WORKERS) tests/unit
 
 integration: setup
-	$(BIN)/pytest tests/integration
-	$(BIN)/pytest --secure tests/integration
+	$(PYTEST) tests/integration
+	$(PYTEST) --secure tests/integration
+
+# The contributor's loop, in under 5 minutes: lint, the unit tests, and the integration tests
+# marked `quick` (docs/development.md says which, and what it leaves to `make test`).
+check: setup lint
+	$(PYTEST) tests/unit
+	$(PYTEST) -m quick tests/integration
 
 # The whole pipeline once, verified: sample orders -> Spark -> Kafka -> consumer -> PostgreSQL.
 demo: setup
@@ -43,8 +55,8 @@ demo: setup
 # Everything on the plain stack, then the tests marked `secured` again on the secured one
 # (TLS, SASL/SCRAM and ACLs on Kafka; TLS and SCRAM on PostgreSQL; a principal per role).
 test: setup lint
-	$(BIN)/pytest tests
-	$(BIN)/pytest --secure tests/integration
+	$(PYTEST) tests
+	$(PYTEST) --secure tests/integration
 
 # The Avro reader built under ASan and UBSan, fuzzed against fastavro for longer than `make test`
 # does (FUZZ_EXAMPLES per property); its figures go to bench/results/fuzz-*.json.

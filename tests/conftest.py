@@ -1,4 +1,4 @@
-"""Markers, and the one Kafka + PostgreSQL pair the whole test session shares."""
+"""Markers, and the one Kafka + PostgreSQL pair each test process shares (one per xdist worker)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ import pytest
 from bridge_shell.stack.kafka import KafkaPorts, KafkaServer, new_cluster_id
 from bridge_shell.stack.process import free_port
 from consumers.database.state import StateTables, ensure_state
+from tests import leftovers
 from tests.harness import Endpoints, endpoints
 from tests.toxiproxy import Proxy, Toxiproxy, ToxiproxyMissing, toxiproxy_binary
 
@@ -32,11 +33,19 @@ _HERE = Path(__file__).parent
 # Children inherit TMPDIR (Python's tempfile, most programs) and java.io.tmpdir, which is also
 # Spark's default spark.local.dir. The JVMs print one "Picked up JAVA_TOOL_OPTIONS" line to
 # stderr for it.
+# Under pytest-xdist each worker is a process of its own with its own directory, stack and Spark
+# driver. The test process's own `tempfile` directory is apart from its children's, so that a
+# temporary directory a test leaves behind can be named (tests/leftovers.py).
 _SESSION_TMP = Path(tempfile.mkdtemp(prefix="bridge-tests-tmp-"))
-_SESSION_TMP.chmod(0o1777)  # like /tmp: PostgreSQL runs as its own user
-os.environ["TMPDIR"] = str(_SESSION_TMP)
+_CHILDREN_TMP = _SESSION_TMP / "children"
+_OWN_TMP = _SESSION_TMP / "tests"
+for _directory in (_SESSION_TMP, _CHILDREN_TMP, _OWN_TMP):
+    _directory.mkdir(exist_ok=True)
+    _directory.chmod(0o1777)  # like /tmp: PostgreSQL runs as its own user
+tempfile.tempdir = str(_OWN_TMP)
+os.environ["TMPDIR"] = str(_CHILDREN_TMP)
 os.environ["JAVA_TOOL_OPTIONS"] = " ".join(
-    filter(None, [os.environ.get("JAVA_TOOL_OPTIONS"), f"-Djava.io.tmpdir={_SESSION_TMP}"])
+    filter(None, [os.environ.get("JAVA_TOOL_OPTIONS"), f"-Djava.io.tmpdir={_CHILDREN_TMP}"])
 )
 
 # The integration tests' peak use of the temporary directory's file system: the session's Kafka
@@ -56,12 +65,36 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    if config.option.basetemp is None:  # under xdist, a worker's is set by the controller
+        config.option.basetemp = str(_SESSION_TMP / "pytest")
+    leftovers.install(config, markers=[_SESSION_TMP, Path(config.option.basetemp)])
+    config.pluginmanager.register(leftovers, "bridge-leftovers")
+    if _is_xdist_controller(config):
+        _warm_shared_caches()
     config.addinivalue_line("markers", "unit: no I/O, fast")
     config.addinivalue_line("markers", "integration: needs real Kafka and PostgreSQL")
     config.addinivalue_line("markers", "slow: takes more than a few seconds")
     config.addinivalue_line(
+        "markers", "quick: an integration test `make check` runs too (a few seconds, no fault)"
+    )
+    config.addinivalue_line(
         "markers", "secured: runs on the secured stack too (pytest --secure runs only these)"
     )
+
+
+def _is_xdist_controller(config: pytest.Config) -> bool:
+    return not hasattr(config, "workerinput") and bool(getattr(config.option, "numprocesses", 0))
+
+
+def _warm_shared_caches() -> None:
+    """What every Spark driver of the run shares in ~/.cache/bridge (the executors' Python
+    environment, the precompiled Spark home), built once here before the workers start, so
+    that they only read it: two builders of one cache entry would race."""
+    from bridge_shell.spark.executor_env import build_executor_env
+    from bridge_shell.spark.spark_home import precompiled_spark_home
+
+    build_executor_env()
+    precompiled_spark_home()
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
@@ -74,12 +107,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         parts = Path(str(item.path)).relative_to(_HERE).parts
         if parts and parts[0] in ("unit", "integration"):
             item.add_marker(parts[0])
+    # The slow tests first, the unit tests last: workers take tests in this order, so the long
+    # ones start early and the short ones fill the end instead of one long test running alone.
+    items.sort(key=_start_order)
     if config.getoption("--secure"):
         kept = [item for item in items if item.get_closest_marker("secured")]
         config.hook.pytest_deselected(items=[item for item in items if item not in kept])
         items[:] = kept
     if any(item.get_closest_marker("integration") for item in items):
         _refuse_a_full_disk(_SESSION_TMP)
+
+
+def _start_order(item: pytest.Item) -> int:
+    if item.get_closest_marker("unit"):
+        return 2
+    return 0 if item.get_closest_marker("slow") else 1
 
 
 def _refuse_a_full_disk(directory: Path) -> None:

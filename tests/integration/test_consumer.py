@@ -12,6 +12,9 @@ from bridge.kafka_admin import create_topic
 from tests.consumer_helpers import drained, eventually, produce, running, settings_for, sql
 from tests.harness import Endpoints
 
+# In `make check`'s quick loop too.
+pytestmark = pytest.mark.quick
+
 
 def test_committed_records_land_once_and_aborted_never(
     stack: Endpoints, names: dict[str, str]

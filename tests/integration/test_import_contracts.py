@@ -15,6 +15,9 @@ from pathlib import Path
 
 import pytest
 
+# In `make check`'s quick loop too.
+pytestmark = pytest.mark.quick
+
 _ROOT = Path(__file__).resolve().parents[2]
 _PACKAGES = ("bridge", "bridge_shell", "consumers", "spark_jobs")
 _LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")

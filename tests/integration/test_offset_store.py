@@ -5,10 +5,14 @@ from __future__ import annotations
 from dataclasses import replace
 
 import psycopg
+import pytest
 
 from consumers.database.offsets import OffsetStore
 from consumers.database.state import StateTables
 from tests.harness import Endpoints
+
+# In `make check`'s quick loop too.
+pytestmark = pytest.mark.quick
 
 
 def test_one_statement_advances_every_held_partition_and_names_the_ones_not_held(

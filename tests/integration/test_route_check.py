@@ -6,12 +6,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from bridge.kafka_admin import create_topic
 from tests.consumer_helpers import sql
 from tests.harness import Endpoints
 from tests.integration.test_operator_tools import bridge
+
+# In `make check`'s quick loop too.
+pytestmark = pytest.mark.quick
 
 
 def _config(tmp_path: Path, names: dict[str, str], routes: list[dict[str, Any]]) -> Path:

@@ -35,6 +35,9 @@ from tests.consumer_helpers import (
 )
 from tests.harness import Endpoints
 
+# In `make check`'s quick loop too.
+pytestmark = pytest.mark.quick
+
 _ROOT = Path(__file__).resolve().parents[2]
 # The last release whose state tables had no version: what every deployed consumer has made.
 _UNVERSIONED_RELEASE = "bdcb7c2"
