@@ -33,8 +33,7 @@ from bridge.names import DEFAULT_STATE_SCHEMA, ENV_PREFIX
 from bridge.settings import load_settings, stack_env_files
 from bridge_shell.stack import LocalStack
 from bridge_shell.stack.postgres import grant_table, role_of
-from consumers.database.offsets import applied_position
-from consumers.database.positions import caught_up_position
+from consumers import applied_position, caught_up_position
 
 DEMO_TABLE = "public.demo_orders"
 # The sample orders' fields as Spark reads them for `--format avro`.
@@ -253,7 +252,7 @@ def _pipeline(
 
         verdict = verify(dsn, run, records, group)
         from bridge_shell.tables import positions_table
-        from consumers.database.positions import read_positions
+        from consumers import read_positions
 
         with psycopg.connect(dsn, autocommit=True) as conn:
             positions = read_positions(conn, DEFAULT_STATE_SCHEMA, kafka_admin, group)

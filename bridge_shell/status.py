@@ -24,8 +24,7 @@ from bridge.errors import BridgeError
 from bridge.kafka_admin import KafkaAdmin, TopicError
 from bridge.kafka_client_log import ClientLog
 from bridge.names import MARKER_GROUP_INFIX
-from consumers.database.epoch_ledger import LedgerNames, age_s, database_now, open_epochs
-from consumers.database.positions import Position, read_positions
+from consumers import LedgerNames, Position, age_s, database_now, open_epochs, read_positions
 from spark_jobs.txn_admin import PartitionEpoch, committed_epochs
 
 _TIMEOUT_S = 5.0

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from rich.table import Table
 
 if TYPE_CHECKING:  # the command line imports this module on every start: keep it light
-    from consumers.database.positions import Position
+    from consumers import Position
 
 
 def positions_table(positions: list[Position], *, title: str) -> Table:

@@ -27,7 +27,7 @@ def consume(
     if check:
         _check(config, stack_dir)
         return
-    from consumers.run import run_consumer
+    from consumers import run_consumer
 
     run_consumer(config, stack_dir)
 
@@ -35,14 +35,14 @@ def consume(
 def _check(config: Path | None, stack_dir: Path) -> None:
     from bridge.errors import ConfigError
     from bridge.settings import load_settings, stack_env_files
-    from consumers.route_check import Checked, check
+    from consumers import Checked, check_routes
 
     try:
         settings = load_settings(config, env_file=stack_env_files(stack_dir, "consumer"))
     except ConfigError as exc:  # refused before anything is asked: all its problems at once
         found = Checked(problems=list(exc.problems))
     else:
-        found = check(settings)
+        found = check_routes(settings)
     for plan in found.plans:
         typer.echo(plan)
     for where, what in found.problems:

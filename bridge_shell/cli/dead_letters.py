@@ -30,7 +30,7 @@ from bridge_shell.cli.options import (
 )
 
 if TYPE_CHECKING:  # imported where used: every `bridge` command imports this module
-    from consumers.batch.dead_letter_replay import Chosen, DeadLetter, Replayed
+    from consumers import Chosen, DeadLetter, Replayed
 
 app = typer.Typer(help="Records a group's routes refused: see them, replay them after a fix.")
 console = output_console()
@@ -77,7 +77,7 @@ def _chosen(
     until: str | None,
     limit: int | None,
 ) -> Chosen:
-    from consumers.batch.dead_letter_replay import Chosen
+    from consumers import Chosen
 
     return Chosen(group=group_of(settings, group), topic=topic, partition=partition,
                   error=error, since=_moment("--since", since), until=_moment("--until", until),
@@ -87,8 +87,7 @@ def _chosen(
 def _found(settings: BridgeSettings, schema: str, chosen: Chosen) -> list[DeadLetter]:
     import psycopg
 
-    from consumers.batch.dead_letter_replay import dead_letters
-    from consumers.database.state import state_tables
+    from consumers import dead_letters, state_tables
 
     with connect_postgres(settings) as conn:
         try:
@@ -202,10 +201,7 @@ def _replay(
 ) -> Replayed:
     import psycopg
 
-    from consumers.batch.dead_letter_replay import Replayed, Replayer
-    from consumers.database.state import state_tables
-    from consumers.decoding.registry_schemas import SchemaCache
-    from consumers.tables.routing import Router
+    from consumers import Replayed, Replayer, Router, SchemaCache, state_tables
 
     consumer = settings.consumer
     assert consumer is not None  # noqa: S101 - checked by the caller

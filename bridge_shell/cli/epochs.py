@@ -33,7 +33,7 @@ from bridge_shell.cli.options import (
 if TYPE_CHECKING:  # imported where used: every `bridge` command imports this module
     import psycopg
 
-    from consumers.database.epoch_ledger import EpochState, LedgerNames
+    from consumers import EpochState, LedgerNames
 
 app = typer.Typer(
     help="Whole epochs a consumer group holds back: see them, publish or discard one."
@@ -57,7 +57,7 @@ def _whole_topic(settings: BridgeSettings) -> Any:
 def _open(conn: psycopg.Connection[Any], schema: str, group: str) -> list[EpochState]:
     import psycopg
 
-    from consumers.database.epoch_ledger import LedgerNames, open_epochs
+    from consumers import LedgerNames, open_epochs
 
     try:
         return open_epochs(conn, LedgerNames(schema), group)
@@ -76,7 +76,7 @@ def show(
     stack_dir: StackDir = Path(DEFAULT_STACK_DIR),
 ) -> None:
     """The group's epochs not yet published: their age, records staged, and what each lacks."""
-    from consumers.database.epoch_ledger import age_s, database_now
+    from consumers import age_s, database_now
 
     settings = tools_settings(config, stack_dir)
     schema = state_schema(settings, schema)
@@ -133,7 +133,7 @@ def publish(
     """Publish an epoch as it is, whole or not: the next member of the group to look applies
     what it holds, in one transaction. A dry run unless --execute; an audit row either way
     it acts."""
-    from consumers.database.epoch_ledger import OVERSTAGED, force
+    from consumers import OVERSTAGED, force_epoch
 
     def act(
         conn: psycopg.Connection[Any], names: LedgerNames, found: EpochState, lacks: str
@@ -143,8 +143,8 @@ def publish(
                 f"query {query} epoch {epoch} holds records staged twice (an offsets reset "
                 "read them again): publishing it would write them twice; discard it instead"
             )
-        force(conn, names, group=found.group, key=found.key, missing=lacks,
-              staged=found.staged_records, requested_by=requested_by())  # fmt: skip
+        force_epoch(conn, names, group=found.group, key=found.key, missing=lacks,
+                    staged=found.staged_records, requested_by=requested_by())  # fmt: skip
         return "marked to publish: a running member of the group publishes it within a second"
 
     _act(query, epoch, group, execute, schema, tools_settings(config, stack_dir),
@@ -167,7 +167,7 @@ def discard(
     from psycopg import sql
 
     from bridge.names import DEAD_LETTERS_TABLE
-    from consumers.database.epoch_ledger import discard as discard_epoch
+    from consumers import discard_epoch
 
     def act(
         conn: psycopg.Connection[Any], names: LedgerNames, found: EpochState, lacks: str
@@ -194,7 +194,7 @@ def _act(
 ) -> None:
     """Find the open epoch, say what it holds and lacks, and with --execute act on it in one
     transaction."""
-    from consumers.database.epoch_ledger import LedgerNames
+    from consumers import LedgerNames
 
     schema = state_schema(settings, schema)
     group = group_of(settings, group)

@@ -43,7 +43,7 @@ def show(
 ) -> None:
     """Per (group, topic, partition): the stored next offset against the log's range and lag,
     its owner, and a flag where the stored offset is outside the log."""
-    from consumers.database.positions import read_positions
+    from consumers import read_positions
 
     settings = tools_settings(config, stack_dir)
     schema = state_schema(settings, schema)
@@ -87,8 +87,7 @@ def reset(
     holds a partition, unless --force; the owner epoch is bumped either way, so a member still
     writing is fenced, and an audit row records each move."""
     from bridge.names import OFFSET_RESETS_TABLE
-    from consumers.database.offset_reset import execute_reset, parse_reset_target, plan_reset
-    from consumers.database.state import ensure_state
+    from consumers import ensure_state, execute_reset, parse_reset_target, plan_reset
 
     settings = tools_settings(config, stack_dir)
     schema = state_schema(settings, schema)
@@ -145,8 +144,7 @@ def delete(
     partitions again as a new group would, from consumer.start_policy)."""
     from bridge.names import OFFSET_DELETIONS_TABLE
     from bridge_shell.cli.options import requested_by
-    from consumers.database.offsets import OffsetStore
-    from consumers.database.positions import read_positions
+    from consumers import OffsetStore, read_positions
 
     settings = tools_settings(config, stack_dir)
     schema = state_schema(settings, schema)

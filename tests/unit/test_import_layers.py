@@ -5,6 +5,7 @@ violation is tests/integration/test_import_contracts.py's part."""
 
 from __future__ import annotations
 
+import importlib
 import re
 import tomllib
 from pathlib import Path
@@ -52,3 +53,23 @@ def _children(package: str) -> list[str]:
 def test_every_module_of_a_package_is_in_its_contracts_layers(package: str) -> None:
     named = _contracts()[_PLACED_BY[package]]
     assert [child for child in _children(package) if child not in named] == []
+
+
+def test_every_module_of_the_consumer_is_behind_its_front_door() -> None:
+    """A new module of `consumers` is forbidden to the shell until the front door exports it."""
+    config = tomllib.loads((_ROOT / "pyproject.toml").read_text())
+    (door,) = [c for c in config["tool"]["importlinter"]["contracts"]
+               if c["id"] == "consumer-front-door"]  # fmt: skip
+    assert door["source_modules"] == ["bridge_shell"]
+    assert sorted(door["forbidden_modules"]) == sorted(_children("consumers"))
+
+
+def test_the_front_door_gives_every_name_it_lists() -> None:
+    import consumers
+
+    assert sorted(consumers.__all__) == sorted(consumers._EXPORTS)
+    for name in consumers.__all__:
+        module, attribute = consumers._EXPORTS[name]
+        assert getattr(consumers, name) is getattr(importlib.import_module(module), attribute)
+    with pytest.raises(AttributeError, match="no attribute 'nothing_here'"):
+        consumers.nothing_here  # noqa: B018 - the attribute's lookup is what is tested
