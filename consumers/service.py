@@ -103,6 +103,7 @@ class ConsumerService:
         self._behind = False  # the last poll filled a batch: more records are waiting
         self._http: HealthServer | None = None
         self._last_turn = time.monotonic()
+        self._turns = 0
         self._starting = "creating the state tables and reading the routes' tables"
         self._kafka = KafkaHealth(
             bootstrap_servers=settings.kafka.bootstrap_servers,
@@ -405,6 +406,7 @@ class ConsumerService:
         batches = member.batches
         while not self._stop.is_set():
             self._last_turn = time.monotonic()
+            self._turns += 1
             if self._last_turn >= self._next_reconcile:
                 self._next_reconcile = self._last_turn + _RECONCILE_INTERVAL_S
                 member.leases.reconcile()
@@ -503,6 +505,12 @@ class ConsumerService:
     @property
     def http_port(self) -> int | None:
         return self._http.port if self._http is not None else None
+
+    @property
+    def turns(self) -> int:
+        """How many times the member's loop has turned: each turn polls Kafka or waits out a
+        hold. A caller that must see that nothing happened waits for turns, not for time."""
+        return self._turns
 
     @property
     def applied_total(self) -> int:

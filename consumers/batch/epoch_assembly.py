@@ -93,6 +93,7 @@ class EpochAssembly:
         hold_records: int,
         hold_s: float,
         read_ledger: Callable[[list[EpochKey]], dict[EpochKey, Manifest]] = lambda keys: {},
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._group = group_id
         self._manifest_topic = manifest_topic
@@ -101,6 +102,7 @@ class EpochAssembly:
         self._hold_records = hold_records
         self._hold_s = hold_s
         self._read_ledger = read_ledger
+        self._clock = clock  # monotonic seconds; a test's own clock moves only when told
         self._looked: dict[EpochKey, float] = {}  # when the ledger was last asked about each
         self._known: dict[EpochKey, _Known] = {}
         self._held: dict[PartitionKey, list[_Run]] = {}
@@ -117,7 +119,7 @@ class EpochAssembly:
     def due(self) -> bool:
         """Records are held for an epoch that has waited its time: a batch must stage them,
         even with no new record."""
-        now = time.monotonic()
+        now = self._clock()
         return bool(self._held) and any(now - t >= self._hold_s for t in self._waiting.values())
 
     def drop(self) -> None:
@@ -128,7 +130,7 @@ class EpochAssembly:
     def settled(self, epochs: Iterable[EpochKey], *, published: bool) -> None:
         """A batch that meant to publish `epochs` committed: by publishing them, or, refused
         as a whole and written again, by staging them."""
-        now = time.monotonic()
+        now = self._clock()
         for epoch in epochs:
             if published:
                 self._known.pop(epoch, None)
@@ -166,7 +168,7 @@ class EpochAssembly:
         for (topic, _), of_key in ours.items():  # step 2
             if topic == self._manifest_topic:
                 self._learn(of_key)
-        now = time.monotonic()
+        now = self._clock()
         for key, of_key in ours.items():  # step 3; the held records' headers were read
             topic = key[0]
             if topic == self._manifest_topic or not self._whole_topic(topic):
@@ -372,7 +374,7 @@ class EpochAssembly:
                     kept[key] = records[key][:before]
                 else:
                     del kept[key]
-        now = time.monotonic()
+        now = self._clock()
         for epoch in staged_epochs:
             self._staged.setdefault(epoch, now)
         self._waiting = {e: t for e, t in self._waiting.items() if e in waiting}

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 from collections.abc import Iterable
 
@@ -67,8 +66,22 @@ def by_partition(records: list[Message]) -> dict[PartitionKey, list[Message]]:
     return found
 
 
+class Clock:
+    """Monotonic seconds that move only when a test moves them."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def assembly(
-    *, in_full: bool = True, hold_records: int = 1000, hold_s: float = 60
+    *,
+    in_full: bool = True,
+    hold_records: int = 1000,
+    hold_s: float = 60,
+    clock: Clock | None = None,
 ) -> EpochAssembly:
     return EpochAssembly(
         group_id="g",
@@ -77,6 +90,7 @@ def assembly(
         held_in_full=lambda topic: in_full,
         hold_records=hold_records,
         hold_s=hold_s,
+        clock=clock or Clock(),
     )
 
 
@@ -148,10 +162,13 @@ def test_records_are_staged_where_the_member_does_not_hold_every_partition() -> 
 
 
 def test_an_epoch_held_past_its_time_is_staged_and_later_ones_wait_for_its_publication() -> None:
-    log, found = Log(), assembly(hold_s=0.05)
+    log, clock = Log(), Clock()
+    found = assembly(hold_s=0.5, clock=clock)
     records = whole_epoch(log, 0)
     assert batch(found, records[:3]).epochs == () and found.holding() == 3
-    time.sleep(0.06)  # the bound itself is what is tested: a clock is the condition
+    clock.now += 0.25
+    assert not found.due()
+    clock.now += 0.25  # the bound itself (binary fractions: exact)
     assert found.due()
     staged = batch(found, [])
     assert len(staged.staged[TOPIC]) == 3 and found.holding() == 0
@@ -238,9 +255,10 @@ def test_an_epoch_staged_here_and_settled_elsewhere_stops_holding_later_ones_bac
     """Another member published it, or an operator discarded it: the ledger no longer holds it
     open, and later epochs of its query go in their batches again. One the ledger does not show
     yet (its batch not committed when the ledger was read) still holds them back."""
-    log, found = Log(), assembly()
+    log, clock = Log(), Clock()
+    found = assembly(clock=clock)
     found.settled([(QUERY, 0)], published=False)
-    read_at = time.monotonic()
+    read_at = clock.now
     found.still_open(set(), as_of=read_at)  # staged within the last second: kept
     assert batch(found, whole_epoch(log, 1)).epochs == ()
     found.drop()
