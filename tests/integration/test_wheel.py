@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import tomllib
 from pathlib import Path
@@ -44,6 +45,12 @@ def test_the_wheel_installs_into_a_clean_virtualenv_and_its_demo_passes(tmp_path
     built = substituted(build, {"python ": f"{sys.executable} ", "dist": str(wheels)})
     _run(["bash", "-c", built], cwd=ROOT, env=env, timeout=600)
     assert len(list(wheels.glob(f"bridge-{version}-*.whl"))) == 1, list(wheels.iterdir())
+    # The Avro reader is C: the wheel is one Python's and one platform's, as the README says.
+    tag = f"cp{sys.version_info.major}{sys.version_info.minor}"
+    named = f"bridge-{version}-{tag}-{tag}-{sysconfig.get_platform().replace('-', '_')}.whl"
+    assert [w.name for w in wheels.iterdir()] == [named], list(wheels.iterdir())
+    block = block_with("bash", "python -m build")
+    assert "# dist/bridge-<version>-cp3X-cp3X-<platform>.whl" in block, block
     installed = substituted(install, {"pip ": f"{venv / 'bin' / 'pip'} ", "dist": str(wheels)})
     _run(["bash", "-c", installed + " -q"], cwd=tmp_path, env=env, timeout=900)
     env["PATH"] = f"{venv / 'bin'}:{env['PATH']}"
