@@ -262,7 +262,7 @@ class EpochPublisher:
 
     def _counted(self, done: _Published, sample: list[int], seconds: float) -> None:
         self.published_total += 1
-        self._metrics.epochs_published.inc()
+        self._metrics.epochs_published(path="staged").inc()
         for topic, (rows, dead, skipped) in done.applied.items():
             self._metrics.records_applied(topic).inc(rows)
             self._metrics.dead_letters(topic).inc(dead)

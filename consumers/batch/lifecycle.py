@@ -330,7 +330,7 @@ class BatchLifecycle:
             return
         self._assembly.settled(epochs, published=bool(result.published))
         if result.published:
-            self._metrics.epochs_published.inc(len(epochs))
+            self._metrics.epochs_published(path="in_batch").inc(len(epochs))
             for query, epoch in epochs:
                 log.info("epoch published", extra={"query": query, "epoch": epoch, "batch": True})
 

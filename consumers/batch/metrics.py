@@ -148,11 +148,14 @@ class ConsumerMetrics:
             ["topic"],
             registry=self.registry,
         ).labels
+        # `path`: `in_batch`, by the batch that completed the epoch in memory; `staged`, from
+        # the ledger by the publisher, once the epoch's staged parts are whole.
         self.epochs_published = Counter(
             METRIC_EPOCHS_PUBLISHED,
-            "Spark epochs published whole, each in one transaction (by this member).",
+            "Spark epochs published whole, each in one transaction (by this member), by path.",
+            ["path"],
             registry=self.registry,
-        )
+        ).labels
         self.epoch_records_held = Gauge(
             METRIC_EPOCH_RECORDS_HELD,
             "Records held in memory, their offsets not advanced, until their epoch is whole "

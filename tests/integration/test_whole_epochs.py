@@ -481,13 +481,20 @@ def _held(log: Path) -> float:
     return -1
 
 
-def _in_batch(logs: list[Path]) -> set[int]:
-    """The epochs the members' logs say a batch published itself."""
-    found = set()
-    for log in logs:
-        for line in log.read_text().splitlines() if log.exists() else []:
-            if '"epoch published"' in line and '"batch": true' in line:
-                found.add(int(json.loads(line)["epoch"]))
+def _published_by(log: Path) -> dict[str, float] | None:
+    """The epochs a member published, by path (`in_batch`, `staged`), from its metrics; None
+    before it serves them."""
+    port = _http_port(log)
+    if port is None:
+        return None
+    code, body = http_get(f"http://127.0.0.1:{port}/metrics")
+    if code != 200:
+        return None
+    found = {"in_batch": 0.0, "staged": 0.0}
+    for line in body.splitlines():
+        for path in found:
+            if line.startswith(f'bridge_consumer_epochs_published_total{{path="{path}"}} '):
+                found[path] = float(line.split()[1])
     return found
 
 
@@ -523,7 +530,7 @@ def test_one_member_holding_every_partition_publishes_epochs_in_their_batches_th
         with reading(reader):
             write(0)
             eventually(lambda: published(stack.dsn, names["schema"], query) == 1, timeout=90)
-            assert _in_batch(logs) == {0}
+            eventually(lambda: _published_by(logs[0]) == {"in_batch": 1, "staged": 0})
 
             # Killed holding epoch 1's records: its manifest has not come.
             write(1, commit=False)
@@ -534,6 +541,7 @@ def test_one_member_holding_every_partition_publishes_epochs_in_their_batches_th
             member = Member(config, logs[1])
             sink.commit(1, list(range(TASKS)))
             eventually(lambda: published(stack.dsn, names["schema"], query) == 2, timeout=90)
+            eventually(lambda: _published_by(logs[1]) == {"in_batch": 1, "staged": 0})
 
             # Killed with epoch 2's batch inside its COPY into the first table.
             with psycopg.connect(stack.dsn) as holder:
@@ -546,7 +554,8 @@ def test_one_member_holding_every_partition_publishes_epochs_in_their_batches_th
             member = Member(config, logs[2])
             write(3)
             eventually(lambda: published(stack.dsn, names["schema"], query) == epochs, timeout=90)
-            assert _in_batch(logs) == set(range(epochs))
+            # Each of epochs 0-3 by its batch: one by each member killed, two by this one.
+            eventually(lambda: _published_by(logs[2]) == {"in_batch": 2, "staged": 0})
 
             # The ledger holds epoch 10 open, as another member's staging would leave it: the
             # batch that holds epoch 11 whole is refused, stages it, and it waits.
@@ -559,10 +568,11 @@ def test_one_member_holding_every_partition_publishes_epochs_in_their_batches_th
                           "--execute")  # fmt: skip
             assert done.returncode == 0, done.stderr
             eventually(lambda: published(stack.dsn, names["schema"], query) == epochs + 1)
+            # Epoch 11 from the ledger, by the publisher, not by its batch.
+            eventually(lambda: _published_by(logs[2]) == {"in_batch": 2, "staged": 1})
     finally:
         if member.process.poll() is None:
             member.kill()
     assert reader.partial == [], f"part of an epoch seen: {reader.partial[:5]}"
-    assert 11 not in _in_batch(logs)
     assert any("cannot be published by its batch" in log.read_text() for log in logs[2:3])
     assert counts(stack, pipeline) == ((epochs + 1) * TASKS * per_task,) * 2
