@@ -135,6 +135,15 @@ def test_sigkill_at_random_moments_loses_and_doubles_nothing(
     assert len(mid_stream) >= 3, f"too few kills landed mid-stream: {progress}"
 
 
+# What a woken zombie logs once it has met the successor's claim (consumers.batch.committer,
+# consumers.batch.lifecycle, consumers.membership.leases).
+_MET_THE_SUCCESSOR = (
+    "offset lease refused",
+    "partitions taken by another owner",
+    '"message": "assigned [',
+)
+
+
 def test_zombie_woken_after_its_partitions_moved_commits_nothing(
     stack: Endpoints, tmp_path: Path
 ) -> None:
@@ -178,8 +187,15 @@ def test_zombie_woken_after_its_partitions_moved_commits_nothing(
             ).fetchall()
         assert {o[0].rsplit(":", 1)[1] for o in owners} == {str(successor.pid)}, owners
 
+        woke_at = zombie_log.stat().st_size
         zombie.send_signal(signal.SIGCONT)  # wakes up with its stale batch and stale epoch
-        time.sleep(5)
+        # A sign that it ran into the successor's claim: its stale batch refused, or its
+        # partitions revoked and a share of them assigned again when it rejoined the group.
+        deadline = time.monotonic() + 60
+        while not any(sign in zombie_log.read_text()[woke_at:] for sign in _MET_THE_SUCCESSOR):
+            assert zombie.poll() is None, zombie_log.read_text()[-3000:]
+            assert time.monotonic() < deadline, zombie_log.read_text()[woke_at:][-3000:]
+            time.sleep(0.1)
         assert count(stack.dsn, table) == (records, records), "the zombie committed its batch"
         feed(records, records + 2_000)  # and the group, zombie included, keeps going exactly
         deadline = time.monotonic() + 60
