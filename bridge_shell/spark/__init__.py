@@ -1,2 +1,3 @@
-"""The producer job a person runs (`bridge produce`, spark-submit) and what it needs to start:
-its Spark session, the executors' environment, the precompiled Spark home, its locations."""
+"""The producer job a person runs (`bridge produce`, spark-submit: `producer_job`) and what
+it needs to start: its Spark session (`spark_session`), the executors' environment
+(`executor_env`), the precompiled Spark home (`spark_home`), its paths (`locations`)."""

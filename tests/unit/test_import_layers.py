@@ -73,3 +73,17 @@ def test_the_front_door_gives_every_name_it_lists() -> None:
         assert getattr(consumers, name) is getattr(importlib.import_module(module), attribute)
     with pytest.raises(AttributeError, match="no attribute 'nothing_here'"):
         consumers.nothing_here  # noqa: B018 - the attribute's lookup is what is tested
+
+
+@pytest.mark.parametrize(
+    "package",
+    [*[p for p in _PLACED_BY if p.startswith("consumers.")], "bridge_shell", "bridge_shell.spark",
+     "bridge_shell.stack"],
+)  # fmt: skip
+def test_a_package_docstring_names_every_module_it_owns(package: str) -> None:
+    """A newcomer finds the room by its name: each module is named in its package's
+    docstring, in backquotes (a sub-package with its slash, `cli/`, or without)."""
+    doc = importlib.import_module(package).__doc__ or ""
+    names = [child.rsplit(".", 1)[1] for child in _children(package)]
+    missing = [n for n in names if f"`{n}`" not in doc and f"`{n}/`" not in doc]
+    assert missing == [], f"{package}'s docstring does not name {missing}"
