@@ -519,12 +519,8 @@ class ConsumerService:
         return self._applied_total if self._member is None else self._member.batches.applied_total
 
     def _on_statistics(self, report: str) -> None:
-        next_offsets, caught_up = {}, set()
-        for lease in self._partitions.leases():
-            partition = self._partitions.get(lease.key)
-            next_offsets[lease.key] = lease.next_offset
-            if partition is not None and partition.delivered <= lease.next_offset:
-                caught_up.add(lease.key)
+        next_offsets = {lease.key: lease.next_offset for lease in self._partitions.leases()}
+        caught_up = self._partitions.caught_up(next_offsets)
         self._kafka.brokers(self.metrics.statistics(report, next_offsets, caught_up))
 
 

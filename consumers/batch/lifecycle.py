@@ -304,7 +304,7 @@ class BatchLifecycle:
             self._planner.made(result.batch.changes)
             self._settle_epochs(result)
             self._table.committed(result.committed)
-            self._metrics.advanced(result.committed, self._caught_up(list(result.committed)))
+            self._metrics.advanced(result.committed, self._table.caught_up(result.committed))
             self._refusals.cleared()
             self._mirror(result.committed)
             self._count(result, [result.batch.records[key] for key in result.committed])
@@ -414,15 +414,6 @@ class BatchLifecycle:
     def report(self) -> None:
         """What is due in the log now that no batch brought (progress, dead letters' count)."""
         self._work_log.tick(lag=self._metrics.total_lag(), partitions=len(self._table.keys()))
-
-    def _caught_up(self, keys: list[PartitionKey]) -> set[PartitionKey]:
-        """Those of `keys` whose records Kafka delivered are all applied."""
-        caught_up = set()
-        for key in keys:
-            partition = self._table.get(key)
-            if partition is not None and partition.delivered <= partition.lease.next_offset:
-                caught_up.add(key)
-        return caught_up
 
     def _mirror(self, advanced: dict[PartitionKey, int]) -> None:
         if not self._mirror_offsets:

@@ -23,6 +23,7 @@ what to pause, where to seek and what to report.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
@@ -199,6 +200,16 @@ class PartitionTable:
                 self._move(key, PartitionEvent.REVOKED)
 
     # -- what the service reads ---------------------------------------------------------------
+
+    def caught_up(self, keys: Iterable[PartitionKey]) -> set[PartitionKey]:
+        """Those of `keys` held here whose records Kafka delivered are all applied: the one
+        definition that the lag metrics and the commits' reports share."""
+        found = set()
+        for key in keys:
+            partition = self._partitions.get(key)
+            if partition is not None and partition.delivered <= partition.lease.next_offset:
+                found.add(key)
+        return found
 
     def counts(self) -> dict[PartitionState, int]:
         counts = dict.fromkeys(PartitionState, 0)

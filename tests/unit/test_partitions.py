@@ -86,6 +86,18 @@ def test_a_consuming_partition_with_records_waiting_and_no_commit_is_stalled() -
     assert reasons and "stalled" in reasons[0]
 
 
+def test_a_partition_is_caught_up_once_what_kafka_delivered_is_applied() -> None:
+    table = claimed()
+    other = ("orders", 1)
+    assert table.caught_up([KEY, other]) == {KEY}  # nothing delivered yet; `other` not held
+    table.delivered(KEY, 180)
+    assert table.caught_up([KEY]) == set()
+    table.committed({KEY: 179})
+    assert table.caught_up([KEY]) == set()
+    table.committed({KEY: 180})
+    assert table.caught_up([KEY]) == {KEY}
+
+
 # The moves as the design in docs/architecture.md states them, written out here rather than read
 # from the code's table: state -> {event: the state after, or GONE}; an event not named is refused.
 GONE = "gone"
