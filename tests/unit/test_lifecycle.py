@@ -16,6 +16,7 @@ from confluent_kafka import Message, TopicPartition
 
 from consumers.backoff import HoldBackoff
 from consumers.batch.committer import Batch, CommitResult, Committer, InFlight
+from consumers.batch.epoch_assembly import EpochAssembly
 from consumers.batch.lifecycle import STAGES, BatchLifecycle, IllegalStage, Stage, StageEvent
 from consumers.batch.metrics import ConsumerMetrics
 from consumers.batch.partitions import PartitionTable
@@ -25,6 +26,7 @@ from consumers.database.db_session import DatabaseSession, Refusal
 from consumers.database.offsets import Lease, OffsetStore, PartitionKey
 from consumers.decoding.registry_schemas import RegistryUnavailable
 from consumers.tables.applier import Step
+from tests.unit.test_epoch_assembly import MANIFEST, Clock, Log, assembly, whole_epoch
 
 KEYS: list[PartitionKey] = [("orders", 0), ("orders", 1)]
 
@@ -140,12 +142,13 @@ class _Kafka:
 class Pipeline:
     """A lifecycle over two claimed partitions, with the records it is given numbered on."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, assembly: EpochAssembly | None = None) -> None:
         self.table = PartitionTable()
-        for topic, number in KEYS:
+        for topic, number in [*KEYS, *([(MANIFEST, 0)] if assembly else [])]:
             lease = Lease(topic=topic, partition=number, epoch=1, next_offset=0)
             self.table.claimed(lease, log_start=0, log_end=1_000_000)
         self.planner, self.committer, self.kafka = _Planner(), _Committer(), _Kafka()
+        self.metrics = ConsumerMetrics("g")
         self.refusals = HoldBackoff(what="refused", consequence="waits")
         self.registry = HoldBackoff(what="registry down", consequence="waits")
         self.batches = BatchLifecycle(
@@ -155,11 +158,12 @@ class Pipeline:
             store=cast(OffsetStore, None),
             db=cast(DatabaseSession, _Database()),
             consumer=cast(Any, self.kafka),
-            metrics=ConsumerMetrics("g"),
+            metrics=self.metrics,
             work_log=WorkLog(dead_letters_table="bridge.dead_letters", behind_at=100),
             refusals=self.refusals,
             registry=self.registry,
             mirror_offsets=False,
+            assembly=assembly,
         )
         self.next_offset = 0
 
@@ -298,3 +302,33 @@ def test_a_move_the_table_refuses_raises_naming_it() -> None:
     with pytest.raises(IllegalStage, match="'sent' is not allowed in stage in_flight"):
         pipeline.batches._move(StageEvent.SENT)
     assert pipeline.batches.stage is Stage.IN_FLIGHT
+
+
+def _held_metric(pipeline: Pipeline) -> float | None:
+    return pipeline.metrics.registry.get_sample_value("bridge_consumer_epoch_records_held")
+
+
+def test_records_held_for_their_epoch_send_nothing_and_a_rewind_drops_them() -> None:
+    """The lifecycle's epoch branches: what the assembly holds is not sent and is counted;
+    a rewind (the registry down) drops it with everything polled, to be fetched again."""
+    pipeline = Pipeline(assembly=assembly())
+    records = whole_epoch(Log(), 0)
+    pipeline.batches.submit(records[:3])  # task 0's records, nothing of the manifest yet
+    assert _held_metric(pipeline) == 3
+    assert all(not batch.records for batch in pipeline.committer.sent)
+    assert held(pipeline) == {("orders", 0): 0, ("orders", 1): 0, (MANIFEST, 0): 0}
+
+    pipeline.planner.mode = "no_schema"
+    pipeline.batches.submit(records[3:6])  # held too; the registry fails the batch: rewound
+    assert pipeline.batches.stage == "rewound"
+    assert _held_metric(pipeline) == 0
+    assert sorted(pipeline.kafka.sought) == [(MANIFEST, 0, 0), ("orders", 0, 0), ("orders", 1, 0)]
+
+
+def test_records_held_past_their_time_are_due_for_a_batch_without_new_records() -> None:
+    clock = Clock()
+    pipeline = Pipeline(assembly=assembly(hold_s=2, clock=clock))
+    pipeline.batches.submit(whole_epoch(Log(), 0)[:3])
+    assert _held_metric(pipeline) == 3 and not pipeline.batches.holding_due()
+    clock.now += 2
+    assert pipeline.batches.holding_due()
