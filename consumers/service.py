@@ -14,7 +14,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -36,7 +36,6 @@ from consumers.batch.partitions import PartitionTable
 from consumers.batch.planner import Planner
 from consumers.batch.work_log import WorkLog
 from consumers.database.db_session import DatabaseSession, at_start, refusal_backoff
-from consumers.database.epoch_ledger import EpochKey
 from consumers.database.offsets import OffsetStore, PartitionKey
 from consumers.database.state import ensure_state_tables, sqlalchemy_engine, state_tables
 from consumers.decoding.registry_schemas import SchemaCache, registry_backoff
@@ -175,13 +174,7 @@ class ConsumerService:
         self._route_existing_topics(consumer, router, planner)
         self._starting = "connecting to the database"
         self._db.connect()
-        # A publication lets later epochs of its query go in a batch (`epoch_assembly`).
-        publisher = self._publisher(
-            planner,
-            applier,
-            published=lambda key: batches.epoch_published(key),
-            still_open=lambda keys, as_of: batches.epochs_open(keys, as_of),
-        )
+        publisher = self._publisher(planner, applier)
         batches = BatchLifecycle(
             planner=planner,
             committer=Committer(
@@ -288,14 +281,7 @@ class ConsumerService:
             read_ledger=publisher.manifests,
         )
 
-    def _publisher(
-        self,
-        planner: Planner,
-        applier: Applier,
-        *,
-        published: Callable[[EpochKey], None],
-        still_open: Callable[[set[EpochKey], float], None],
-    ) -> EpochPublisher | None:
+    def _publisher(self, planner: Planner, applier: Applier) -> EpochPublisher | None:
         if not self._config.whole_epochs:
             return None
         return EpochPublisher(
@@ -307,8 +293,6 @@ class ConsumerService:
             metrics=self.metrics,
             whole_topic=self._config.whole_topic,
             incomplete_after_s=self._config.epochs_incomplete_after_ms / 1000,
-            on_published=published,
-            on_open=still_open,
         )
 
     def _serve_http(self) -> None:
@@ -442,7 +426,9 @@ class ConsumerService:
             else:
                 batches.settle()
             if member.publisher is not None:
-                member.publisher.look()
+                # A publication, or an epoch the ledger no longer holds open, lets later
+                # epochs of its query go in a batch (`epoch_assembly`).
+                batches.epochs_looked(member.publisher.look())
 
     def _kafka_error(self, message: Message) -> None:
         error = cast(KafkaError, message.error())  # the caller saw one

@@ -82,6 +82,17 @@ class _Known:
     written: dict[int, dict[str, int]] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class LedgerLook:
+    """What one look of the publisher at the ledger found, for the assembly: the staged epochs
+    this member published, and the epochs the ledger holds open as read at `as_of` (monotonic;
+    None when it was not read this time)."""
+
+    published: tuple[EpochKey, ...] = ()
+    still_open: frozenset[EpochKey] | None = None
+    as_of: float = 0.0
+
+
 class EpochAssembly:
     def __init__(
         self,
@@ -136,6 +147,13 @@ class EpochAssembly:
                 self._known.pop(epoch, None)
             else:
                 self._staged.setdefault(epoch, now)
+
+    def looked(self, look: LedgerLook) -> None:
+        """What the publisher's last look at the ledger found."""
+        for key in look.published:
+            self.published(key)
+        if look.still_open is not None:
+            self.still_open(set(look.still_open), as_of=look.as_of)
 
     def published(self, key: EpochKey) -> None:
         """The publisher published a staged epoch."""

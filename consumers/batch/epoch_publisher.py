@@ -39,6 +39,7 @@ import psycopg
 from psycopg import sql
 
 from consumers.backoff import HoldBackoff
+from consumers.batch.epoch_assembly import LedgerLook
 from consumers.batch.metrics import ConsumerMetrics
 from consumers.batch.planner import Planned, Planner, by_topic
 from consumers.database.db_session import DatabaseSession, is_lost, refusal_of
@@ -92,8 +93,6 @@ class EpochPublisher:
         metrics: ConsumerMetrics,
         whole_topic: Callable[[str], bool],
         incomplete_after_s: float,
-        on_published: Callable[[EpochKey], None] = lambda key: None,
-        on_open: Callable[[set[EpochKey], float], None] = lambda keys, as_of: None,
     ) -> None:
         self._db = db
         self._ledger = ledger
@@ -103,8 +102,9 @@ class EpochPublisher:
         self._metrics = metrics
         self._whole_topic = whole_topic
         self._incomplete_after_s = incomplete_after_s
-        self._on_published = on_published
-        self._on_open = on_open  # the epochs the ledger holds open, each look
+        # What the look under way found, for its report (`LedgerLook`).
+        self._published_now: list[EpochKey] = []
+        self._open_now: tuple[frozenset[EpochKey], float] | None = None
         self._next_look = 0.0
         self._failures = HoldBackoff(
             what="an epoch cannot be published",
@@ -114,8 +114,15 @@ class EpochPublisher:
         self._incomplete: list[str] = []
         self.published_total = 0
 
-    def look(self) -> None:
-        """Publish what is whole, when a look is due; note what is incomplete for too long."""
+    def look(self) -> LedgerLook:
+        """Publish what is whole, when a look is due; note what is incomplete for too long.
+        What it found goes back to the batch owner for the assembly."""
+        self._published_now, self._open_now = [], None
+        self._look()
+        still_open, as_of = self._open_now or (None, 0.0)
+        return LedgerLook(tuple(self._published_now), still_open, as_of)
+
+    def _look(self) -> None:
         now = time.monotonic()
         if now < max(self._next_look, self._failures.retry_at):
             return
@@ -192,7 +199,7 @@ class EpochPublisher:
                 raise
             raise EpochNotPublished(state, str(exc)) from exc
         self._planner.made(done.changes)
-        self._on_published(state.key)
+        self._published_now.append(state.key)
         self._counted(done, stamps, time.perf_counter() - started)
         log.info(
             "epoch published",
@@ -274,7 +281,7 @@ class EpochPublisher:
     def _note_incomplete(self, conn: psycopg.Connection[Any]) -> None:
         as_of = time.monotonic()
         states = open_epochs(conn, self._ledger, self._group)
-        self._on_open({s.key for s in states}, as_of)
+        self._open_now = (frozenset(s.key for s in states), as_of)
         now = database_now(conn)
         ages = [age_s(s, now) for s in states]
         self._metrics.oldest_incomplete_epoch.set(max(ages, default=0.0))

@@ -42,13 +42,12 @@ from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 from bridge.errors import BridgeError
 from consumers.backoff import HoldBackoff
 from consumers.batch.committer import Batch, CommitResult, Committer, InFlight
-from consumers.batch.epoch_assembly import Assembled, EpochAssembly
+from consumers.batch.epoch_assembly import Assembled, EpochAssembly, LedgerLook
 from consumers.batch.metrics import ConsumerMetrics
 from consumers.batch.partitions import PartitionState, PartitionTable
 from consumers.batch.planner import Planned, Planner
 from consumers.batch.work_log import WorkLog
 from consumers.database.db_session import DatabaseSession
-from consumers.database.epoch_ledger import EpochKey
 from consumers.database.offsets import OffsetStore, PartitionKey, StoredRow
 from consumers.decoding.records import Record, RecordStopped, offset_of
 from consumers.decoding.registry_schemas import RegistryUnavailable
@@ -256,15 +255,11 @@ class BatchLifecycle:
         with no new record to go with them."""
         return self._assembly is not None and self._assembly.due()
 
-    def epoch_published(self, key: EpochKey) -> None:
-        """The publisher published a staged epoch: later ones of its query may go in a batch."""
+    def epochs_looked(self, look: LedgerLook) -> None:
+        """What the publisher's look at the ledger found: a staged epoch it published lets
+        later ones of its query go in a batch, and so does one the ledger no longer holds."""
         if self._assembly is not None:
-            self._assembly.published(key)
-
-    def epochs_open(self, keys: set[EpochKey], as_of: float) -> None:
-        """The epochs the ledger holds open, as the publisher read them at `as_of`."""
-        if self._assembly is not None:
-            self._assembly.still_open(keys, as_of=as_of)
+            self._assembly.looked(look)
 
     def _plan(self, ours: dict[PartitionKey, list[Record]], assembled: Assembled | None) -> Planned:
         in_flight = self._in_flight

@@ -11,7 +11,7 @@ from confluent_kafka import Message
 
 from bridge.epoch_manifest import Epoch, Part
 from bridge.names import PROVENANCE_EPOCH, PROVENANCE_PARTITION, PROVENANCE_QUERY
-from consumers.batch.epoch_assembly import Assembled, EpochAssembly
+from consumers.batch.epoch_assembly import Assembled, EpochAssembly, LedgerLook
 from consumers.database.epoch_ledger import Manifest
 from consumers.database.offsets import PartitionKey
 
@@ -177,9 +177,11 @@ def test_an_epoch_held_past_its_time_is_staged_and_later_ones_wait_for_its_publi
     rest = batch(found, [*records[3:], *whole_epoch(log, 1)])
     assert rest.epochs == ()
     assert len(rest.staged.get(TOPIC, [])) + found.holding() == 3 + 6
-    found.published((QUERY, 0))
-    found.drop()  # as a rewind would: epoch 1 comes again
-    assert batch(found, whole_epoch(log, 2)).epochs == ((QUERY, 2),)
+    found.looked(LedgerLook())  # a look that found nothing: epoch 0 still holds them back
+    assert batch(found, whole_epoch(log, 2)).epochs == ()
+    found.looked(LedgerLook(published=((QUERY, 0),)))
+    found.drop()  # as a rewind would: epochs 1 and 2 come again
+    assert batch(found, whole_epoch(log, 3)).epochs == ((QUERY, 3),)
 
 
 def test_more_records_than_the_bound_are_staged_not_held() -> None:
@@ -259,10 +261,10 @@ def test_an_epoch_staged_here_and_settled_elsewhere_stops_holding_later_ones_bac
     found = assembly(clock=clock)
     found.settled([(QUERY, 0)], published=False)
     read_at = clock.now
-    found.still_open(set(), as_of=read_at)  # staged within the last second: kept
+    found.looked(LedgerLook(still_open=frozenset(), as_of=read_at))  # staged just now: kept
     assert batch(found, whole_epoch(log, 1)).epochs == ()
     found.drop()
-    found.still_open(set(), as_of=read_at + 2)
+    found.looked(LedgerLook(still_open=frozenset(), as_of=read_at + 2))
     assert batch(found, whole_epoch(log, 2)).epochs == ((QUERY, 2),)
 
 
