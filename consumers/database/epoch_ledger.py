@@ -26,14 +26,12 @@ for the consumer and the command line alike.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, cast
+from typing import Any
 
 import psycopg
-from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Message
 from psycopg import sql
 from sqlalchemy import (
     BigInteger,
@@ -59,6 +57,7 @@ from bridge.names import (
     EPOCH_STAGED_TABLE,
     EPOCHS_TABLE,
 )
+from consumers.database.dead_letters import write_dead_letters
 from consumers.database.epoch_chunks import unpack_records
 
 PUBLISHED = "published"
@@ -316,50 +315,12 @@ def discard(
     ).fetchall()
     for topic, raw in chunks:
         records = unpack_records(bytes(raw), topic=topic, query=query, epoch=epoch)
-        with conn.cursor() as cursor:
-            cursor.executemany(
-                sql.SQL(
-                    'INSERT INTO {} (group_id, topic, partition, "offset", key, value, headers, '
-                    "error, kafka_timestamp_ms) VALUES (%s, %s, %s, %s, %s, %s, %s::jsonb, %s, "
-                    "%s) ON CONFLICT (group_id, topic, partition, \"offset\") DO UPDATE SET "
-                    "error = EXCLUDED.error, failed_at = now()"
-                ).format(dead_letters),
-                [
-                    (group, topic, r.partition(), r.offset(), r.key(), r.value(),
-                     headers_json(r), error, _timestamp_ms(r))
-                    for r in records
-                ],
-            )  # fmt: skip
+        write_dead_letters(conn, dead_letters, group, [(r, error) for r in records])
         moved += len(records)
     _clear(conn, names, group, key)
     _settle(conn, names, group, key, DISCARDED)
     _audit(conn, names, group, key, "discard", missing, moved, requested_by)
     return moved
-
-
-def headers_json(record: Message) -> str:
-    """A record's headers as the dead letters keep them, as `consumers.decoding.records`
-    writes them there: [[name, text], ...], bytes that are not UTF-8 and NUL (which jsonb
-    refuses) as visible escapes."""
-    headers = cast(list[tuple[str, bytes | None]], record.headers() or [])
-    return json.dumps(
-        [
-            [
-                _visible(name),
-                None if value is None else _visible(value.decode("utf-8", "backslashreplace")),
-            ]
-            for name, value in headers
-        ]
-    )
-
-
-def _timestamp_ms(record: Message) -> int | None:
-    kind, stamp = record.timestamp()
-    return None if kind == TIMESTAMP_NOT_AVAILABLE else stamp
-
-
-def _visible(text: str) -> str:
-    return text.replace("\x00", "\\x00")
 
 
 def force(

@@ -9,7 +9,6 @@ for (a dead letter, a latency sample). Tests build records with `Message`'s own 
 
 from __future__ import annotations
 
-import json
 from typing import cast
 
 from confluent_kafka import Message
@@ -28,24 +27,6 @@ def offset_of(record: Record) -> int:
 def timestamp_ms(record: Record) -> int | None:
     kind, timestamp = record.timestamp()
     return timestamp if kind != _TIMESTAMP_NOT_AVAILABLE else None
-
-
-def headers_json(record: Record) -> str:
-    """The record's headers as a JSON array of [name, text] pairs, for the dead-letter table.
-    Bytes that are not UTF-8, and NUL, which jsonb refuses even escaped, are written as visible
-    escapes (`\\xff`, `\\x00`): a header never keeps a poison record out of the dead letters."""
-    headers = record.headers() or []
-    return json.dumps(
-        [
-            [_visible(str(k)), None if v is None else _visible(v)]
-            for k, v in (headers.items() if isinstance(headers, dict) else headers)
-        ]
-    )
-
-
-def _visible(value: str | bytes) -> str:
-    text = value.decode("utf-8", "backslashreplace") if isinstance(value, bytes) else value
-    return text.replace("\x00", "\\x00")
 
 
 class RecordStopped(BridgeError):

@@ -22,15 +22,14 @@ from confluent_kafka import Message
 from psycopg import sql
 
 from bridge.names import UPSERT_STAGE_PREFIX
+from consumers.database.dead_letters import write_dead_letters
 from consumers.database.pg_errors import RECORD_FAULTS
 from consumers.database.state import StateTables
 from consumers.decoding.records import (
     Record,
     RecordError,
     RecordStopped,
-    headers_json,
     offset_of,
-    timestamp_ms,
 )
 from consumers.decoding.rows import UNSET, Row, projector, row_cursor, runs
 from consumers.tables.targets import Target
@@ -360,31 +359,7 @@ class Applier:
 
     def dead_letter(self, conn: psycopg.Connection, record: Record, error: str) -> DeadLetterNote:
         """Write `record` to the dead letters with `error`, in the caller's transaction."""
-        # The conflict clause is a second guard: a range applied again clears its dead letters
-        # first (`replayed`), so a record's earlier one is only ever replaced, never a failure.
-        # A conflict is a replay's (`consumers.dead_letter_replay`) that failed again: one more
-        # attempt, with the new error.
-        conn.execute(
-            sql.SQL(
-                'INSERT INTO {} AS d (group_id, topic, partition, "offset", key, value, headers, '
-                "error, kafka_timestamp_ms) VALUES (%s, %s, %s, %s, %s, %s, %s::jsonb, %s, %s) "
-                'ON CONFLICT (group_id, topic, partition, "offset") DO UPDATE SET key = '
-                "EXCLUDED.key, value = EXCLUDED.value, headers = EXCLUDED.headers, "
-                "error = EXCLUDED.error, failed_at = EXCLUDED.failed_at, "
-                "attempts = d.attempts + 1"
-            ).format(self._dead_letters),
-            (
-                self._group,
-                record.topic(),
-                record.partition(),
-                record.offset(),
-                record.key(),
-                record.value(),
-                headers_json(record),
-                error,
-                timestamp_ms(record),
-            ),
-        )
+        write_dead_letters(conn, self._dead_letters, self._group, [(record, error)])
         return DeadLetterNote(
             str(record.topic()), cast(int, record.partition()), offset_of(record), error
         )

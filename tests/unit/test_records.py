@@ -6,7 +6,8 @@ import json
 
 from confluent_kafka import TIMESTAMP_CREATE_TIME, TIMESTAMP_NOT_AVAILABLE, Message
 
-from consumers.decoding.records import headers_json, offset_of, timestamp_ms
+from consumers.database.dead_letters import headers_json, timestamp_ms
+from consumers.decoding.records import offset_of
 
 
 def test_headers_become_json_text_pairs_whatever_their_bytes() -> None:
