@@ -77,8 +77,8 @@ def test_every_block_of_the_readme_is_one_that_these_tests_run() -> None:
         ("bash", "bridge consume --config bridge.yaml"),
         ("bash", "bridge offsets show --config bridge.yaml                        # stored "
                  "offsets, lag, owners"),
-        ("bash", "python -m build --wheel --outdir dist .   # dist/bridge-<version>-py3-none-"
-                 "any.whl"),
+        ("bash", "python -m build --wheel --outdir dist .   # dist/bridge-<version>-cp3X-cp3X-"
+                 "<platform>.whl (C inside)"),
     ], shapes  # fmt: skip
 
 
