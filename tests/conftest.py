@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from bridge_shell.stack.kafka import KafkaPorts, KafkaServer, new_cluster_id
-from bridge_shell.stack.process import free_port
+from bridge_shell.stack.process import ENV_PORT_RANGE, free_port
 from consumers.database.state import StateTables, ensure_state
 from tests import leftovers
 from tests.harness import Endpoints, endpoints
@@ -43,6 +43,14 @@ for _directory in (_SESSION_TMP, _CHILDREN_TMP, _OWN_TMP):
     _directory.mkdir(exist_ok=True)
     _directory.chmod(0o1777)  # like /tmp: PostgreSQL runs as its own user
 tempfile.tempdir = str(_OWN_TMP)
+
+# Each worker picks ports (its stack's, its tests' servers', its children's) from a range of its
+# own, so that no two workers ever pick the same one (bridge_shell.stack.process.free_port).
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+if _WORKER.startswith("gw") and _WORKER[2:].isdigit():
+    _span = 12_000 // max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    _first = 20_000 + int(_WORKER[2:]) * _span
+    os.environ[ENV_PORT_RANGE] = f"{_first}-{_first + _span - 1}"
 os.environ["TMPDIR"] = str(_CHILDREN_TMP)
 os.environ["JAVA_TOOL_OPTIONS"] = " ".join(
     filter(None, [os.environ.get("JAVA_TOOL_OPTIONS"), f"-Djava.io.tmpdir={_CHILDREN_TMP}"])

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -18,12 +20,42 @@ import psutil
 _children: dict[int, subprocess.Popen[bytes]] = {}
 
 
+# Ports are picked below the kernel's ephemeral range (32768-60999 by default): a port picked now
+# and bound seconds later (a broker's JVM starting) is then never taken meanwhile as the source
+# port of an outgoing connection. ENV_PORT_RANGE narrows it ("20000-23999": the tests give each
+# worker a range of its own); a port handed out lately is not handed out again.
+ENV_PORT_RANGE = "BRIDGE_PORT_RANGE"
+_PORT_RANGE = (20000, 32000)
+_handed_out: deque[int] = deque(maxlen=512)
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago (the kernel's pick)."""
+    """A TCP port that was free a moment ago, below the ephemeral range (the kernel's pick when
+    none of the range is)."""
+    low, high = _port_range()
+    for _ in range(500):
+        port = random.randrange(low, high)  # noqa: S311 - a port, not a secret
+        if port in _handed_out:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue  # taken, or still in TIME_WAIT
+        _handed_out.append(port)
+        return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
-        port: int = sock.getsockname()[1]
-        return port
+        picked: int = sock.getsockname()[1]
+        return picked
+
+
+def _port_range() -> tuple[int, int]:
+    text = os.environ.get(ENV_PORT_RANGE, "")
+    low, _, high = text.partition("-")
+    if low.isdigit() and high.isdigit() and 1024 <= int(low) < int(high) <= 65536:
+        return int(low), int(high) + 1
+    return _PORT_RANGE
 
 
 def port_open(host: str, port: int, timeout: float = 0.5) -> bool:

@@ -67,7 +67,10 @@ class Producer:
         assert process.wait(timeout) == 0, self.log.read_text()[-3000:]
 
     def fired(self, rule: int = 0) -> bool:
-        return Path(f"{self.rules}.{rule}.fired").exists()
+        """Whether the rule fired: its file is created exclusively, then the pid it fired in is
+        written, so an empty file is a firing still under way."""
+        path = Path(f"{self.rules}.{rule}.fired")
+        return path.exists() and path.read_text().endswith("\n")
 
     def wait_fired(self, process: subprocess.Popen[bytes], timeout: float = 120) -> None:
         deadline = time.monotonic() + timeout
