@@ -29,7 +29,7 @@ DEAD_LETTERS_TABLE: Final = "dead_letters"
 DEAD_LETTER_REPLAYS_TABLE: Final = "dead_letter_replays"
 OFFSET_RESETS_TABLE: Final = "offset_resets"
 OFFSET_DELETIONS_TABLE: Final = "offset_deletions"
-# Whole epochs (consumers.database.epoch_ledger): the ledger of a group's epochs, the manifest's
+# Whole epochs (consumers.epochs.ledger): the ledger of a group's epochs, the manifest's
 # parts, the chunks of records staged until their epoch is whole, their counts, and the
 # operators' actions.
 EPOCHS_TABLE: Final = "epochs"

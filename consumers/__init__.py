@@ -19,21 +19,21 @@ if TYPE_CHECKING:
         Replayer,
         dead_letters,
     )
-    from consumers.database.epoch_ledger import (
-        OVERSTAGED,
-        EpochState,
-        LedgerNames,
-        age_s,
-        database_now,
-        open_epochs,
-    )
-    from consumers.database.epoch_ledger import discard as discard_epoch
-    from consumers.database.epoch_ledger import force as force_epoch
+    from consumers.database.ledger_tables import LedgerNames
     from consumers.database.offset_reset import execute_reset, parse_reset_target, plan_reset
     from consumers.database.offsets import OffsetStore, applied_position
     from consumers.database.positions import Position, caught_up_position, read_positions
     from consumers.database.state import ensure_state, state_tables
     from consumers.decoding.registry_schemas import SchemaCache
+    from consumers.epochs.ledger import (
+        OVERSTAGED,
+        EpochState,
+        age_s,
+        database_now,
+        open_epochs,
+    )
+    from consumers.epochs.ledger import discard as discard_epoch
+    from consumers.epochs.ledger import force as force_epoch
     from consumers.route_check import Checked
     from consumers.route_check import check as check_routes
     from consumers.run import run_consumer
@@ -61,14 +61,14 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "execute_reset": ("consumers.database.offset_reset", "execute_reset"),
     "parse_reset_target": ("consumers.database.offset_reset", "parse_reset_target"),
     # Whole epochs.
-    "EpochState": ("consumers.database.epoch_ledger", "EpochState"),
-    "LedgerNames": ("consumers.database.epoch_ledger", "LedgerNames"),
-    "OVERSTAGED": ("consumers.database.epoch_ledger", "OVERSTAGED"),
-    "open_epochs": ("consumers.database.epoch_ledger", "open_epochs"),
-    "age_s": ("consumers.database.epoch_ledger", "age_s"),
-    "database_now": ("consumers.database.epoch_ledger", "database_now"),
-    "force_epoch": ("consumers.database.epoch_ledger", "force"),
-    "discard_epoch": ("consumers.database.epoch_ledger", "discard"),
+    "EpochState": ("consumers.epochs.ledger", "EpochState"),
+    "LedgerNames": ("consumers.database.ledger_tables", "LedgerNames"),
+    "OVERSTAGED": ("consumers.epochs.ledger", "OVERSTAGED"),
+    "open_epochs": ("consumers.epochs.ledger", "open_epochs"),
+    "age_s": ("consumers.epochs.ledger", "age_s"),
+    "database_now": ("consumers.epochs.ledger", "database_now"),
+    "force_epoch": ("consumers.epochs.ledger", "force"),
+    "discard_epoch": ("consumers.epochs.ledger", "discard"),
     # Dead letters.
     "DeadLetter": ("consumers.batch.dead_letter_replay", "DeadLetter"),
     "Chosen": ("consumers.batch.dead_letter_replay", "Chosen"),

@@ -22,16 +22,12 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 
 from bridge.settings import BridgeSettings, ConsumerSettings, LibrdkafkaValue
 from consumers.batch.committer import Committer
-from consumers.batch.epoch_assembly import EpochAssembly
-from consumers.batch.epoch_publisher import EpochPublisher
-from consumers.batch.epoch_staging import EpochStager
 from consumers.batch.lifecycle import (
     BatchLifecycle,
     mismatch_backoff,
     stop_backoff,
     unrouted_backoff,
 )
-from consumers.batch.metrics import ConsumerMetrics, HealthServer
 from consumers.batch.partitions import PartitionTable
 from consumers.batch.planner import Planner
 from consumers.batch.work_log import WorkLog
@@ -39,8 +35,12 @@ from consumers.database.db_session import DatabaseSession, at_start, refusal_bac
 from consumers.database.offsets import OffsetStore, PartitionKey
 from consumers.database.state import ensure_state_tables, sqlalchemy_engine, state_tables
 from consumers.decoding.registry_schemas import SchemaCache, registry_backoff
+from consumers.epochs.assembly import EpochAssembly
+from consumers.epochs.publisher import EpochPublisher
+from consumers.epochs.staging import EpochStager
 from consumers.membership.kafka_health import KafkaHealth
 from consumers.membership.leases import LeaseKeeper
+from consumers.metrics import ConsumerMetrics, HealthServer
 from consumers.tables.applier import Applier
 from consumers.tables.routing import Routed, Router
 
@@ -427,7 +427,7 @@ class ConsumerService:
                 batches.settle()
             if member.publisher is not None:
                 # A publication, or an epoch the ledger no longer holds open, lets later
-                # epochs of its query go in a batch (`epoch_assembly`).
+                # epochs of its query go in a batch (`consumers.epochs.assembly`).
                 batches.epochs_looked(member.publisher.look())
 
     def _kafka_error(self, message: Message) -> None:

@@ -31,13 +31,13 @@ from typing import Any
 import psycopg
 
 from bridge.errors import BridgeError
-from consumers.batch.epoch_staging import EpochStager
 from consumers.batch.pipelined import PipelinedTransaction
 from consumers.batch.planner import Planned, by_topic
 from consumers.database.db_session import Refusal, is_lost, refusal_of
-from consumers.database.epoch_ledger import EpochKey
 from consumers.database.offsets import Lease, OffsetStore, PartitionKey
 from consumers.decoding.records import Record, RecordStopped, offset_of
+from consumers.epochs.ledger import EpochKey
+from consumers.epochs.staging import EpochStager
 from consumers.tables.applier import Applier, DeadLetterNote, Step, run_steps
 from consumers.tables.table_follower import DRIFT
 
@@ -105,9 +105,9 @@ class CommitResult:
     drifted: bool = False
     # The dead letters written, for the log once committed.
     dead_letters: list[DeadLetterNote] = field(default_factory=list)
-    # Per topic: records staged until their epoch is whole (consumers.batch.epoch_staging).
+    # Per topic: records staged until their epoch is whole (consumers.epochs.staging).
     staged: dict[str, int] = field(default_factory=dict)
-    # Epochs the batch published itself (consumers.batch.epoch_assembly): only when it went as
+    # Epochs the batch published itself (consumers.epochs.assembly): only when it went as
     # one message; written statement by statement, a batch stages their records instead.
     published: tuple[EpochKey, ...] = ()
 

@@ -34,10 +34,10 @@ from psycopg import sql
 from psycopg.rows import dict_row
 
 from bridge.settings import ConsumerSettings
-from consumers.batch.metrics import ConsumerMetrics
 from consumers.batch.planner import Planner
 from consumers.database.state import StateTables
 from consumers.decoding.records import RecordStopped
+from consumers.metrics import ConsumerMetrics
 from consumers.tables.applier import Applier, run_steps
 from consumers.tables.routing import Router
 

@@ -42,8 +42,6 @@ from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 from bridge.errors import BridgeError
 from consumers.backoff import HoldBackoff
 from consumers.batch.committer import Batch, CommitResult, Committer, InFlight
-from consumers.batch.epoch_assembly import Assembled, EpochAssembly, LedgerLook
-from consumers.batch.metrics import ConsumerMetrics
 from consumers.batch.partitions import PartitionState, PartitionTable
 from consumers.batch.planner import Planned, Planner
 from consumers.batch.work_log import WorkLog
@@ -51,6 +49,8 @@ from consumers.database.db_session import DatabaseSession
 from consumers.database.offsets import OffsetStore, PartitionKey, StoredRow
 from consumers.decoding.records import Record, RecordStopped, offset_of
 from consumers.decoding.registry_schemas import RegistryUnavailable
+from consumers.epochs.assembly import Assembled, EpochAssembly, LedgerLook
+from consumers.metrics import ConsumerMetrics
 from consumers.tables.routing import RouteUnresolved
 from consumers.tables.table_follower import TableMismatch
 

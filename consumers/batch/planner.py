@@ -12,7 +12,7 @@ For the records of one poll, by topic:
    (`consumers.batch.pipelined.formatted`) while the batch before is still in flight.
 
 The records of a topic whose route wants whole epochs, and those of the epoch manifest, skip
-steps 1 to 3: they are staged in the ledger (`consumers.batch.epoch_staging`), and planned as
+steps 1 to 3: they are staged in the ledger (`consumers.epochs.staging`), and planned as
 rows when their epoch is published (`plan(..., publishing=True)`).
 
 The three errors are infrastructure faults, never a record's: nothing is written or
@@ -31,14 +31,14 @@ from typing import Any
 import psycopg
 from confluent_kafka import Message
 
-from consumers.batch.epoch_assembly import Assembled
-from consumers.batch.epoch_staging import EpochPlanner, EpochStager
-from consumers.batch.metrics import ConsumerMetrics
 from consumers.batch.pipelined import formatted
-from consumers.database.epoch_chunks import PlannedStep, pack_plan
-from consumers.database.epoch_ledger import EpochKey
 from consumers.database.offsets import PartitionKey
 from consumers.decoding.records import Record
+from consumers.epochs.assembly import Assembled
+from consumers.epochs.chunks import PlannedStep, pack_plan
+from consumers.epochs.ledger import EpochKey
+from consumers.epochs.staging import EpochPlanner, EpochStager
+from consumers.metrics import ConsumerMetrics
 from consumers.tables.applier import Applier, EveryStage, Step
 from consumers.tables.routing import Routed, Router
 from consumers.tables.table_follower import TableFollower
@@ -62,7 +62,7 @@ class Planned:
     # many records of each are staged.
     staging: frozenset[str] = frozenset()
     staged_records: dict[str, int] = field(default_factory=dict)
-    # Epochs the batch publishes itself (`consumers.batch.epoch_assembly`), in order; the rows
+    # Epochs the batch publishes itself (`consumers.epochs.assembly`), in order; the rows
     # their records write, per topic; the records, for the latency; and the statements that
     # settle them in the ledger, after every other, or refuse the batch.
     epochs: tuple[EpochKey, ...] = ()

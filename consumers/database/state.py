@@ -47,7 +47,7 @@ from bridge.names import (
     OFFSET_DELETIONS_TABLE,
     STATE_VERSION_TABLE,
 )
-from consumers.database import epoch_ledger
+from consumers.database import ledger_tables
 from consumers.database.offsets import define_tables
 
 # Any constant works: it only has to be the same for every instance of bridge.
@@ -60,7 +60,7 @@ class StateTables:
     offsets: Table
     dead_letters: Table
     offset_resets: Table
-    ledger: epoch_ledger.LedgerNames  # whole epochs' tables
+    ledger: ledger_tables.LedgerNames  # whole epochs' tables
     dead_letter_replays: Table  # `bridge dead-letters replay`'s audit trail
     offset_deletions: Table  # `bridge offsets delete`'s
 
@@ -117,13 +117,13 @@ def state_tables(schema: str) -> StateTables:
         Column("requested_by", Text, nullable=False),
         Column("deleted_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     )
-    epoch_ledger.define_tables(metadata)
+    ledger_tables.define_tables(metadata)
     return StateTables(
         schema=schema,
         offsets=offsets,
         dead_letters=dead_letters,
         offset_resets=offset_resets,
-        ledger=epoch_ledger.LedgerNames(schema),
+        ledger=ledger_tables.LedgerNames(schema),
         dead_letter_replays=dead_letter_replays,
         offset_deletions=offset_deletions,
     )

@@ -11,7 +11,7 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from bridge.settings import load_settings
-from consumers.batch.metrics import ConsumerMetrics
+from consumers.metrics import ConsumerMetrics
 from spark_jobs.producer_metrics import ProducerMetrics
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,5 +1,5 @@
 """Which records of a batch publish their epoch, wait in memory for the rest of it, or are staged
-(`consumers.batch.epoch_assembly`), on records made here: no broker, no database."""
+(`consumers.epochs.assembly`), on records made here: no broker, no database."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from confluent_kafka import Message
 
 from bridge.epoch_manifest import Epoch, Part
 from bridge.names import PROVENANCE_EPOCH, PROVENANCE_PARTITION, PROVENANCE_QUERY
-from consumers.batch.epoch_assembly import Assembled, EpochAssembly, LedgerLook
-from consumers.database.epoch_ledger import Manifest
 from consumers.database.offsets import PartitionKey
+from consumers.epochs.assembly import Assembled, EpochAssembly, LedgerLook
+from consumers.epochs.ledger import Manifest
 
 TOPIC, MANIFEST = "orders", "bridge-epochs"
 QUERY = "q-1"

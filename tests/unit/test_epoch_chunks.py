@@ -9,7 +9,7 @@ from confluent_kafka import Message
 from hypothesis import given
 from hypothesis import strategies as st
 
-from consumers.database.epoch_chunks import (
+from consumers.epochs.chunks import (
     ChunkError,
     PlannedStep,
     Run,

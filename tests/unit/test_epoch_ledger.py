@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from consumers.database.epoch_ledger import EpochState, publishable
+from consumers.epochs.ledger import EpochState, publishable
 
 
 def whole(topic: str) -> bool:

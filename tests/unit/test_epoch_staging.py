@@ -8,9 +8,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bridge.epoch_manifest import Epoch, Part
-from consumers.batch.epoch_staging import EpochStager, Provenance, provenance_of
-from consumers.database.epoch_ledger import LedgerNames
+from consumers.database.ledger_tables import LedgerNames
 from consumers.database.state import state_tables
+from consumers.epochs.staging import EpochStager, Provenance, provenance_of
 from consumers.tables.applier import Applier
 
 Headers = list[tuple[str, str | bytes | None]]

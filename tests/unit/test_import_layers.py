@@ -18,6 +18,7 @@ _PLACED_BY = {
     "consumers": "consumer-layers",
     "consumers.membership": "consumer-membership",
     "consumers.batch": "consumer-batch",
+    "consumers.epochs": "consumer-epochs",
     "consumers.tables": "consumer-tables",
     "consumers.decoding": "consumer-decoding",
     "consumers.database": "consumer-database",

@@ -16,15 +16,15 @@ from confluent_kafka import Message, TopicPartition
 
 from consumers.backoff import HoldBackoff
 from consumers.batch.committer import Batch, CommitResult, Committer, InFlight
-from consumers.batch.epoch_assembly import EpochAssembly
 from consumers.batch.lifecycle import STAGES, BatchLifecycle, IllegalStage, Stage, StageEvent
-from consumers.batch.metrics import ConsumerMetrics
 from consumers.batch.partitions import PartitionTable
 from consumers.batch.planner import Planned, Planner
 from consumers.batch.work_log import WorkLog
 from consumers.database.db_session import DatabaseSession, Refusal
 from consumers.database.offsets import Lease, OffsetStore, PartitionKey
 from consumers.decoding.registry_schemas import RegistryUnavailable
+from consumers.epochs.assembly import EpochAssembly
+from consumers.metrics import ConsumerMetrics
 from consumers.tables.applier import Step
 from tests.unit.test_epoch_assembly import MANIFEST, Clock, Log, assembly, whole_epoch
 

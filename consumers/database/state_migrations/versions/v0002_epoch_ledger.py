@@ -1,4 +1,4 @@
-"""Version 0002: the ledger of whole epochs (`consumers.database.epoch_ledger`): the epochs a
+"""Version 0002: the ledger of whole epochs (`consumers.epochs.ledger`): the epochs a
 group knows, the manifest's parts, the chunks of records staged until their epoch is whole,
 their counts per Kafka partition, and the audit trail of the operators' actions on epochs."""
 

@@ -1,11 +1,11 @@
 """Whole epochs, the first half: a batch stages what it cannot publish yet.
 
 For a group whose routes want whole epochs, two kinds of topic are written to the ledger
-(`consumers.database.epoch_ledger`) instead of a table, in the batch's own transaction, so that
+(`consumers.epochs.ledger`) instead of a table, in the batch's own transaction, so that
 they commit with their offsets exactly as rows do:
 
 - a **whole topic**'s records (a route with `epochs: whole`) are staged as a chunk per epoch
-  (`consumers.database.epoch_chunks`): the records as Kafka gave them, and, when the planner
+  (`consumers.epochs.chunks`): the records as Kafka gave them, and, when the planner
   could plan them for their table now (`EpochPlanner`), the statements that write them, which
   the publication runs. They are counted per (query, epoch, Spark partition, topic, Kafka
   partition). Their epoch comes from the sink's provenance headers; a record without them
@@ -34,7 +34,9 @@ from psycopg import sql
 
 from bridge.epoch_manifest import Epoch, ManifestError, Part, parse
 from bridge.names import PROVENANCE_EPOCH, PROVENANCE_PARTITION, PROVENANCE_QUERY
-from consumers.database.epoch_chunks import (
+from consumers.database.ledger_tables import LedgerNames
+from consumers.decoding.records import Record
+from consumers.epochs.chunks import (
     CHUNK_COLUMNS,
     Chunk,
     Run,
@@ -42,14 +44,13 @@ from consumers.database.epoch_chunks import (
     pack_records,
     sample_stamps,
 )
-from consumers.database.epoch_ledger import EpochKey, LedgerNames, publish_in_batch
-from consumers.decoding.records import Record
+from consumers.epochs.ledger import EpochKey, publish_in_batch
 from consumers.tables.applier import Applier, DeadLetterNote, Step, run_steps
 
 _MAX_QUERY_ID = 200  # as the manifest bounds it
 _MAX_INT64 = (1 << 63) - 1
 # Plans one epoch's records of a batch for their table, at staging: the plan packed
-# (`consumers.database.epoch_chunks.pack_plan`) and the rows it writes; None when it cannot.
+# (`consumers.epochs.chunks.pack_plan`) and the rows it writes; None when it cannot.
 EpochPlanner = Callable[[list[Record]], tuple[bytes, int] | None]
 
 
@@ -219,7 +220,7 @@ class EpochStager:
         self, epochs: Sequence[EpochKey], parts: Mapping[EpochKey, tuple[int, ...]]
     ) -> list[Step]:
         """The statements that settle `epochs` as published by the batch that writes their
-        records, in order, or refuse it (`epoch_ledger.publish_in_batch`)."""
+        records, in order, or refuse it (`consumers.epochs.ledger.publish_in_batch`)."""
         return [
             Step(statement)
             for epoch in epochs

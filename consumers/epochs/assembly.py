@@ -1,8 +1,8 @@
 """Whole epochs in memory first: a member holding every partition an epoch wrote to publishes it
 in the batch that completes it, its records written once, as the per-partition mode writes them.
 
-Staging (`consumers.batch.epoch_staging`) writes an epoch's records twice, to the ledger and,
-once the publisher (`consumers.batch.epoch_publisher`) finds the epoch whole, to their tables;
+Staging (`consumers.epochs.staging`) writes an epoch's records twice, to the ledger and,
+once the publisher (`consumers.epochs.publisher`) finds the epoch whole, to their tables;
 on 2 cores that ran whole epochs at 0.36x the per-partition mode (bench/epochs.py). Yet a member
 that holds all of a topic's partitions sees each epoch whole, in a batch or two, and its
 manifest with it. For each batch, `assemble`:
@@ -19,7 +19,7 @@ manifest with it. For each batch, `assemble`:
    part is in hand, record for record (`EpochState.missing`, the ledger's own judge), every
    whole topic it wrote to has all its partitions here, none of it was staged, and no earlier
    epoch of its query is in hand unpublished or staged. Their records are planned for their
-   tables like any batch's, and `epoch_ledger.publish_in_batch` settles each epoch in the same
+   tables like any batch's, and `ledger.publish_in_batch` settles each epoch in the same
    transaction, or refuses the batch when the ledger disagrees (an earlier epoch open, records
    staged by another member, a part this member never saw). A refused batch is written again
    statement by statement, staging everything, exactly as without this module;
@@ -43,10 +43,10 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from bridge.epoch_manifest import ManifestError, Part, parse
-from consumers.batch.epoch_staging import provenance_of, runs
-from consumers.database.epoch_ledger import EpochKey, EpochState, Manifest
 from consumers.database.offsets import PartitionKey
 from consumers.decoding.records import Record, offset_of
+from consumers.epochs.ledger import EpochKey, EpochState, Manifest
+from consumers.epochs.staging import provenance_of, runs
 
 _KNOWN_EPOCHS = 10_000  # manifests remembered; the oldest forgotten first (staged, then)
 _LOOK_AGAIN_S = 0.5  # the ledger asked again about an epoch whose manifest is not all known

@@ -1,6 +1,6 @@
 """Whole epochs, the second half: an epoch becomes visible in one transaction.
 
-Every member of a group with whole-epoch routes looks at the ledger (`epoch_ledger`) between
+Every member of a group with whole-epoch routes looks at the ledger (`ledger`) between
 batches, at most every `_LOOK_EVERY_S`, on a connection of its own (the session's may have a
 batch in flight). For each query, its first open epoch, when it is whole (or an operator forced
 it), is published:
@@ -8,7 +8,7 @@ it), is published:
 1. its `epochs` row is locked, FOR UPDATE SKIP LOCKED: a member that finds it locked leaves it
    to the one publishing it;
 2. under the lock the ledger is read again, and the epoch must still be whole;
-3. its chunks (`consumers.database.epoch_chunks`) are written in the order they were staged,
+3. its chunks (`consumers.epochs.chunks`) are written in the order they were staged,
    which is each Kafka partition's offset order: a chunk's plan, made when it was staged, runs
    under a savepoint; a chunk without one (a followed table, a mode that counts what it skips,
    a record that is not a row), or whose plan the table refuses, has its records written as any
@@ -33,21 +33,22 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import chain
-from typing import Any
+from typing import Any, Protocol
 
 import psycopg
 from psycopg import sql
 
 from consumers.backoff import HoldBackoff
-from consumers.batch.epoch_assembly import LedgerLook
-from consumers.batch.metrics import ConsumerMetrics
-from consumers.batch.planner import Planned, Planner, by_topic
 from consumers.database.db_session import DatabaseSession, is_lost, refusal_of
-from consumers.database.epoch_chunks import stamps_of, unpack_plan, unpack_records
-from consumers.database.epoch_ledger import (
+from consumers.database.ledger_tables import LedgerNames
+from consumers.database.offsets import PartitionKey
+from consumers.database.pg_errors import RECORD_FAULTS
+from consumers.decoding.records import Record
+from consumers.epochs.assembly import LedgerLook
+from consumers.epochs.chunks import stamps_of, unpack_plan, unpack_records
+from consumers.epochs.ledger import (
     EpochKey,
     EpochState,
-    LedgerNames,
     Manifest,
     age_s,
     database_now,
@@ -57,11 +58,10 @@ from consumers.database.epoch_ledger import (
     publishable,
     published,
 )
-from consumers.database.offsets import PartitionKey
-from consumers.database.pg_errors import RECORD_FAULTS
-from consumers.decoding.records import Record
+from consumers.metrics import ConsumerMetrics
 from consumers.tables.applier import Applier, EveryStage, Step, run_steps
 from consumers.tables.table_follower import DRIFT
+from consumers.tables.targets import Target
 
 log = logging.getLogger("bridge.consumer")
 
@@ -72,6 +72,37 @@ _CHUNK_IDS = sql.SQL(
 )
 _CHUNK_PLAN = sql.SQL("SELECT topic, records, rows, plan, stamps FROM {} WHERE id = %s")
 _CHUNK_RAW = sql.SQL("SELECT raw FROM {} WHERE id = %s")
+
+
+class Planned(Protocol):
+    """What the batch's planner (`consumers.batch.planner`) makes of an epoch's records that
+    were staged without a plan, as the publisher uses it."""
+
+    @property
+    def targets(self) -> dict[str, Target]: ...
+    @property
+    def plans(self) -> dict[str, list[Step]] | None: ...
+    @property
+    def changes(self) -> list[Step]: ...
+
+
+class Planner(Protocol):
+    """The batch's planner, as the publisher uses it. A protocol, so that the epochs sit below
+    the batch that uses them (import contract `consumer-layers`)."""
+
+    @property
+    def follows(self) -> bool: ...
+    def plan(
+        self,
+        records: dict[PartitionKey, list[Record]],
+        conn: psycopg.Connection[Any] | None,
+        *,
+        in_flight: list[Step],
+        publishing: bool = False,
+        staged: set[str] | None = None,
+    ) -> Planned: ...
+    def made(self, changes: list[Step]) -> None: ...
+    def drifted(self) -> None: ...
 
 
 @dataclass
@@ -148,8 +179,8 @@ class EpochPublisher:
             self._failures.failed(f"database: {exc}")
 
     def manifests(self, keys: list[EpochKey]) -> dict[EpochKey, Manifest]:
-        """The ledger's manifest of each open epoch of `keys` (`epoch_ledger.manifests`), for
-        `consumers.batch.epoch_assembly`; nothing when the database cannot say now, and the
+        """The ledger's manifest of each open epoch of `keys` (`ledger.manifests`), for
+        `consumers.epochs.assembly`; nothing when the database cannot say now, and the
         epochs' records are held, then staged, as with no manifest yet."""
         try:
             conn = self._db.open_connection() or self._db.connect()
@@ -263,7 +294,7 @@ class EpochPublisher:
                     rows = sum(len(s.rows) for s in plan if s.rows is not None)
                     _add(applied, topic, (rows, 0, 0))
                 return
-        for topic, of_topic in by_topic(_by_partition(records)).items():
+        for topic, of_topic in _by_topic(records).items():
             counts = self._applier.apply(conn, planned.targets[topic], of_topic, staged)
             _add(applied, topic, (counts.applied + counts.deleted, counts.dead, counts.skipped))
 
@@ -321,6 +352,14 @@ def _by_partition(records: list[Record]) -> dict[PartitionKey, list[Record]]:
     found: dict[PartitionKey, list[Record]] = defaultdict(list)
     for record in records:
         found[(record.topic(), record.partition())].append(record)  # type: ignore[index]
+    return dict(found)
+
+
+def _by_topic(records: list[Record]) -> dict[str, list[Record]]:
+    """Each topic's records, partition after partition, as the batch's planner groups them."""
+    found: dict[str, list[Record]] = defaultdict(list)
+    for (topic, _), of_partition in _by_partition(records).items():
+        found[topic].extend(of_partition)
     return dict(found)
 
 
