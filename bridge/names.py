@@ -35,6 +35,8 @@ OFFSET_DELETIONS_TABLE: Final = "offset_deletions"
 EPOCHS_TABLE: Final = "epochs"
 EPOCH_PARTS_TABLE: Final = "epoch_parts"
 EPOCH_CHUNKS_TABLE: Final = "epoch_chunks"
+# The one judge of whether an epoch is whole: a function in the state schema (migration 0004).
+EPOCH_JUDGE_FUNCTION: Final = "epoch_lacks"
 EPOCH_STAGED_TABLE: Final = "epoch_staged"
 EPOCH_ACTIONS_TABLE: Final = "epoch_actions"
 # Alembic's version table for the tables above: which version of their shape the schema holds.

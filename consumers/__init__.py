@@ -26,14 +26,17 @@ if TYPE_CHECKING:
     from consumers.database.state import ensure_state, state_tables
     from consumers.decoding.registry_schemas import SchemaCache
     from consumers.epochs.ledger import (
-        OVERSTAGED,
+        EpochPhase,
         EpochState,
+        Held,
+        IllegalEpochMove,
         age_s,
         database_now,
         open_epochs,
     )
     from consumers.epochs.ledger import discard as discard_epoch
     from consumers.epochs.ledger import force as force_epoch
+    from consumers.epochs.ledger import hold as hold_epoch
     from consumers.route_check import Checked
     from consumers.route_check import check as check_routes
     from consumers.run import run_consumer
@@ -63,7 +66,10 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     # Whole epochs.
     "EpochState": ("consumers.epochs.ledger", "EpochState"),
     "LedgerNames": ("consumers.database.ledger_tables", "LedgerNames"),
-    "OVERSTAGED": ("consumers.epochs.ledger", "OVERSTAGED"),
+    "EpochPhase": ("consumers.epochs.ledger", "EpochPhase"),
+    "Held": ("consumers.epochs.ledger", "Held"),
+    "IllegalEpochMove": ("consumers.epochs.ledger", "IllegalEpochMove"),
+    "hold_epoch": ("consumers.epochs.ledger", "hold"),
     "open_epochs": ("consumers.epochs.ledger", "open_epochs"),
     "age_s": ("consumers.epochs.ledger", "age_s"),
     "database_now": ("consumers.epochs.ledger", "database_now"),
@@ -78,12 +84,14 @@ _EXPORTS: dict[str, tuple[str, str]] = {
 }
 
 __all__ = [
-    "OVERSTAGED",
     "Checked",
     "Chosen",
     "ConsumerService",
     "DeadLetter",
+    "EpochPhase",
     "EpochState",
+    "Held",
+    "IllegalEpochMove",
     "LedgerNames",
     "OffsetStore",
     "Position",
@@ -101,6 +109,7 @@ __all__ = [
     "ensure_state",
     "execute_reset",
     "force_epoch",
+    "hold_epoch",
     "open_epochs",
     "parse_reset_target",
     "plan_reset",

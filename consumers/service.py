@@ -22,24 +22,20 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 
 from bridge.settings import BridgeSettings, ConsumerSettings, LibrdkafkaValue
 from consumers.batch.committer import Committer
-from consumers.batch.lifecycle import (
-    BatchLifecycle,
-    mismatch_backoff,
-    stop_backoff,
-    unrouted_backoff,
-)
+from consumers.batch.lifecycle import BatchLifecycle
 from consumers.batch.partitions import PartitionTable
 from consumers.batch.planner import Planner
 from consumers.batch.work_log import WorkLog
-from consumers.database.db_session import DatabaseSession, at_start, refusal_backoff
+from consumers.database.db_session import DatabaseSession, at_start
 from consumers.database.offsets import OffsetStore, PartitionKey
 from consumers.database.state import ensure_state_tables, sqlalchemy_engine, state_tables
-from consumers.decoding.registry_schemas import SchemaCache, registry_backoff
+from consumers.decoding.registry_schemas import SchemaCache
 from consumers.epochs.assembly import EpochAssembly
 from consumers.epochs.publisher import EpochPublisher
 from consumers.epochs.staging import EpochStager
 from consumers.membership.kafka_health import KafkaHealth
 from consumers.membership.leases import LeaseKeeper
+from consumers.membership.topic_sizes import TopicSizes
 from consumers.metrics import ConsumerMetrics, HealthServer
 from consumers.tables.applier import Applier
 from consumers.tables.routing import Routed, Router
@@ -60,8 +56,6 @@ _STATISTICS_INTERVAL_MS = 5_000  # how often librdkafka reports the last stable 
 _RECONCILE_INTERVAL_S = 1.0  # how often leases are compared with the offsets table
 _STALLED_AFTER_S = 60.0  # /healthz fails when the poll loop has not turned for this long
 _LIST_TOPICS_TIMEOUT_S = 10  # the topics patterns match at start-up: a Kafka that does not answer
-_TOPIC_SIZE_TTL_S = 30.0  # a whole topic's partition count, asked again after this
-_TOPIC_SIZE_TIMEOUT_S = 2.0  # in the poll loop: a broker that does not answer soon stages
 
 
 @dataclass(frozen=True)
@@ -73,6 +67,7 @@ class _Member:
     batches: BatchLifecycle
     leases: LeaseKeeper
     publisher: EpochPublisher | None  # with routes that want whole epochs
+    sizes: TopicSizes | None  # with them too: the whole topics' partition counts
 
 
 class ConsumerService:
@@ -88,11 +83,6 @@ class ConsumerService:
         self._stop = threading.Event()
         self.metrics = ConsumerMetrics(self._config.group_id)
         self._db = self._session()
-        self._refusals = refusal_backoff()
-        self._registry = registry_backoff()
-        self._mismatches = mismatch_backoff()
-        self._stops = stop_backoff()
-        self._unrouted = unrouted_backoff()
         # Writer schemas by id, for the routes whose values are registry-framed (from start).
         self._schemas: SchemaCache | None = None
         self._partitions = PartitionTable()
@@ -175,6 +165,7 @@ class ConsumerService:
         self._starting = "connecting to the database"
         self._db.connect()
         publisher = self._publisher(planner, applier)
+        sizes = None if publisher is None else TopicSizes(self._partitions, self._whole_topics())
         batches = BatchLifecycle(
             planner=planner,
             committer=Committer(
@@ -192,13 +183,8 @@ class ConsumerService:
                 dead_letters_table=f"{self._config.state_schema}.{self._tables.dead_letters.name}",
                 behind_at=self._config.batch_max_records,
             ),
-            refusals=self._refusals,
-            registry=self._registry,
-            mismatches=self._mismatches,
-            stops=self._stops,
-            unrouted=self._unrouted,
             mirror_offsets=self._config.mirror_offsets_to_kafka,
-            assembly=self._assembly(consumer, publisher),
+            assembly=self._assembly(sizes),
         )
         leases = LeaseKeeper(
             table=self._partitions,
@@ -210,7 +196,7 @@ class ConsumerService:
             forget=self.metrics.forget,
             dead_letters_ends=applier.dead_letters_ends,
         )
-        self._member = _Member(consumer, batches, leases, publisher)
+        self._member = _Member(consumer, batches, leases, publisher, sizes)
         consumer.subscribe(
             self._config.subscription(),
             on_assign=leases.on_assign,
@@ -247,39 +233,23 @@ class ConsumerService:
             applier=applier,
         )
 
-    def _assembly(
-        self, consumer: Consumer, publisher: EpochPublisher | None
-    ) -> EpochAssembly | None:
-        if publisher is None:  # no whole epochs
+    def _assembly(self, sizes: TopicSizes | None) -> EpochAssembly | None:
+        if sizes is None:  # no whole epochs
             return None
-        sizes: dict[str, tuple[float, int | None]] = {}
-
-        def held_in_full(topic: str) -> bool:
-            """Whether this member holds every partition of `topic`: Kafka's count, asked
-            again every `_TOPIC_SIZE_TTL_S` (topics grow), against the partitions claimed."""
-            now = time.monotonic()
-            at, count = sizes.get(topic, (-_TOPIC_SIZE_TTL_S, None))
-            if now - at >= _TOPIC_SIZE_TTL_S:
-                count = None
-                try:
-                    found = consumer.list_topics(topic, timeout=_TOPIC_SIZE_TIMEOUT_S).topics
-                    if topic in found and found[topic].error is None:
-                        count = len(found[topic].partitions)
-                except KafkaException:
-                    pass  # not known: its epochs are staged, as any member's may be
-                sizes[topic] = (now, count)
-            held = sum(1 for lease in self._partitions.leases() if lease.topic == topic)
-            return count is not None and held >= count
-
         return EpochAssembly(
             group_id=self._config.group_id,
             manifest_topic=self._config.epochs_topic,
             whole_topic=self._config.whole_topic,
-            held_in_full=held_in_full,
+            held_in_full=sizes.held_in_full,
             hold_records=self._config.epochs_hold_records,
             hold_s=self._config.epochs_hold_ms / 1000,
-            read_ledger=publisher.manifests,
         )
+
+    def _whole_topics(self) -> list[str]:
+        """The routes' named topics that wait for whole epochs (a pattern's are found later)."""
+        return [
+            r.topic for r in self._config.routes if r.topic and self._config.whole_topic(r.topic)
+        ]
 
     def _publisher(self, planner: Planner, applier: Applier) -> EpochPublisher | None:
         if not self._config.whole_epochs:
@@ -400,16 +370,12 @@ class ConsumerService:
                 batches.settle()  # caught up: nothing to overlap the commit with
             # The database refused a batch, the registry could not answer for one, a table
             # does not fit its schema, or a record stopped its partition.
-            retry_at = max(
-                self._refusals.retry_at,
-                self._registry.retry_at,
-                self._mismatches.retry_at,
-                self._stops.retry_at,
-                self._unrouted.retry_at,
-            )
+            retry_at = batches.retry_at
             if self._last_turn < retry_at:
                 self._stop.wait(min(1.0, retry_at - self._last_turn))
                 continue
+            if member.sizes is not None and member.sizes.wanted():
+                member.sizes.refresh(member.consumer)  # Kafka's metadata, between batches
             batches.polling()
             messages = member.consumer.consume(
                 self._config.batch_max_records, self._config.batch_max_wait_ms / 1000
@@ -428,7 +394,7 @@ class ConsumerService:
             if member.publisher is not None:
                 # A publication, or an epoch the ledger no longer holds open, lets later
                 # epochs of its query go in a batch (`consumers.epochs.assembly`).
-                batches.epochs_looked(member.publisher.look())
+                batches.epochs_looked(member.publisher.look(batches.epochs_asking()))
 
     def _kafka_error(self, message: Message) -> None:
         error = cast(KafkaError, message.error())  # the caller saw one
@@ -473,11 +439,7 @@ class ConsumerService:
             self._kafka.reasons()
             + self._member.leases.reasons()
             + self._db.reasons()
-            + self._refusals.reasons()
-            + self._registry.reasons()
-            + self._mismatches.reasons()
-            + self._stops.reasons()
-            + self._unrouted.reasons()
+            + self._member.batches.reasons()
             + self._partitions.not_progressing(stalled_after_s=stalled_after)
             + (self._member.publisher.reasons() if self._member.publisher is not None else [])
         )

@@ -33,7 +33,7 @@ from bridge_shell.cli.options import (
 if TYPE_CHECKING:  # imported where used: every `bridge` command imports this module
     import psycopg
 
-    from consumers import EpochState, LedgerNames
+    from consumers import EpochState, Held, LedgerNames
 
 app = typer.Typer(
     help="Whole epochs a consumer group holds back: see them, publish or discard one."
@@ -111,15 +111,6 @@ def show(
         console.print(f"no open epochs for group {group!r}")
 
 
-def _find(states: list[EpochState], query: str, epoch: int) -> EpochState:
-    for state in states:
-        if state.key == (query, epoch):
-            return state
-    raise BridgeError(
-        f"query {query} epoch {epoch} is not open in this group (published or unknown)"
-    )
-
-
 @app.command()
 def publish(
     query: Query,
@@ -133,18 +124,10 @@ def publish(
     """Publish an epoch as it is, whole or not: the next member of the group to look applies
     what it holds, in one transaction. A dry run unless --execute; an audit row either way
     it acts."""
-    from consumers import OVERSTAGED, force_epoch
+    from consumers import force_epoch
 
-    def act(
-        conn: psycopg.Connection[Any], names: LedgerNames, found: EpochState, lacks: str
-    ) -> str:
-        if OVERSTAGED in lacks:
-            raise BridgeError(
-                f"query {query} epoch {epoch} holds records staged twice (an offsets reset "
-                "read them again): publishing it would write them twice; discard it instead"
-            )
-        force_epoch(conn, names, group=found.group, key=found.key, missing=lacks,
-                    staged=found.staged_records, requested_by=requested_by())  # fmt: skip
+    def act(conn: psycopg.Connection[Any], names: LedgerNames, held: Held) -> str:
+        force_epoch(conn, names, held, requested_by=requested_by())
         return "marked to publish: a running member of the group publishes it within a second"
 
     _act(query, epoch, group, execute, schema, tools_settings(config, stack_dir),
@@ -169,12 +152,9 @@ def discard(
     from bridge.names import DEAD_LETTERS_TABLE
     from consumers import discard_epoch
 
-    def act(
-        conn: psycopg.Connection[Any], names: LedgerNames, found: EpochState, lacks: str
-    ) -> str:
+    def act(conn: psycopg.Connection[Any], names: LedgerNames, held: Held) -> str:
         dead_letters = sql.Identifier(names.schema, DEAD_LETTERS_TABLE)
-        moved = discard_epoch(conn, names, dead_letters, group=found.group, key=found.key,
-                              missing=lacks, requested_by=requested_by())  # fmt: skip
+        moved = discard_epoch(conn, names, dead_letters, held, requested_by=requested_by())
         return f'discarded: {moved} staged record(s) moved to "{names.schema}".{DEAD_LETTERS_TABLE}'
 
     _act(query, epoch, group, execute, schema, tools_settings(config, stack_dir),
@@ -190,23 +170,32 @@ def _act(
     settings: BridgeSettings,
     *,
     dry: str,
-    act: Callable[[psycopg.Connection[Any], LedgerNames, EpochState, str], str],
+    act: Callable[[psycopg.Connection[Any], LedgerNames, Held], str],
 ) -> None:
-    """Find the open epoch, say what it holds and lacks, and with --execute act on it in one
-    transaction."""
-    from consumers import LedgerNames
+    """In one transaction: lock the epoch, read it and judge it under the lock (nothing
+    settles it meanwhile), say what it holds and lacks, and with --execute act on it."""
+    import psycopg
+
+    from consumers import LedgerNames, hold_epoch
 
     schema = state_schema(settings, schema)
     group = group_of(settings, group)
+    names = LedgerNames(schema)
     with connect_postgres(settings) as conn:
-        state = _find(_open(conn, schema, group), query, epoch)
-        missing = "; ".join(state.missing(_whole_topic(settings))) or "nothing"
-        console.print(
-            f"query {query} epoch {epoch}: {state.staged_records} records staged; lacks: {missing}"
-        )
-        if not execute:
-            console.print(f"dry run: nothing changed; add --execute to {dry}")
-            return
-        with conn.transaction():
-            done = act(conn, LedgerNames(schema), state, missing)
-    console.print(f'{done}; audit row in "{schema}".{EPOCH_ACTIONS_TABLE}')
+        try:
+            with conn.transaction():
+                held = hold_epoch(conn, names, group, (query, epoch), _whole_topic(settings))
+                console.print(
+                    f"query {query} epoch {epoch} ({held.phase}): "
+                    f"{held.state.staged_records} records staged; lacks: {held.lacking}"
+                )
+                if not execute:
+                    console.print(f"dry run: nothing changed; add --execute to {dry}")
+                    raise psycopg.Rollback()
+                done = act(conn, names, held)
+        except psycopg.errors.UndefinedTable:
+            raise BridgeError(
+                f"no epoch ledger in schema {schema!r}: no consumer of this release has run there"
+            ) from None
+    if execute:
+        console.print(f'{done}; audit row in "{schema}".{EPOCH_ACTIONS_TABLE}')

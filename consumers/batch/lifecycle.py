@@ -45,11 +45,12 @@ from consumers.batch.committer import Batch, CommitResult, Committer, InFlight
 from consumers.batch.partitions import PartitionState, PartitionTable
 from consumers.batch.planner import Planned, Planner
 from consumers.batch.work_log import WorkLog
-from consumers.database.db_session import DatabaseSession
+from consumers.database.db_session import DatabaseSession, refusal_backoff
 from consumers.database.offsets import OffsetStore, PartitionKey, StoredRow
 from consumers.decoding.records import Record, RecordStopped, offset_of
-from consumers.decoding.registry_schemas import RegistryUnavailable
+from consumers.decoding.registry_schemas import RegistryUnavailable, registry_backoff
 from consumers.epochs.assembly import Assembled, EpochAssembly, LedgerLook
+from consumers.epochs.ledger import EpochKey
 from consumers.metrics import ConsumerMetrics
 from consumers.tables.routing import RouteUnresolved
 from consumers.tables.table_follower import TableMismatch
@@ -103,12 +104,7 @@ class BatchLifecycle:
         consumer: Consumer,
         metrics: ConsumerMetrics,
         work_log: WorkLog,
-        refusals: HoldBackoff,
-        registry: HoldBackoff,
         mirror_offsets: bool,
-        mismatches: HoldBackoff | None = None,
-        stops: HoldBackoff | None = None,
-        unrouted: HoldBackoff | None = None,
         assembly: EpochAssembly | None = None,
     ) -> None:
         self._planner = planner
@@ -121,14 +117,17 @@ class BatchLifecycle:
         self._consumer = consumer
         self._metrics = metrics
         self._work_log = work_log
-        self._refusals = refusals
-        self._registry = registry
-        # A writer schema a followed table cannot take (consumers.tables.table_follower).
-        self._mismatches = mismatches or mismatch_backoff()
-        # A record of an `on_record_error: stop` route that cannot be written, and where.
-        self._stops = stops or stop_backoff()
-        # A topic a pattern matched whose table cannot take its records yet.
-        self._unrouted = unrouted or unrouted_backoff()
+        # What holds batches back, each with its growing wait and its `/readyz` reason:
+        # the database refusing writes (a read-only standby, a full disk);
+        self.refusals = refusal_backoff()
+        # the registry unable to give a writer schema;
+        self.registry = registry_backoff()
+        # a writer schema a followed table cannot take (consumers.tables.table_follower);
+        self.mismatches = mismatch_backoff()
+        # a record of an `on_record_error: stop` route that cannot be written, and where;
+        self.stops = stop_backoff()
+        # a topic a pattern matched whose table cannot take its records yet.
+        self.unrouted = unrouted_backoff()
         self._stopped_at: tuple[PartitionKey, int] | None = None
         self._mirror_offsets = mirror_offsets
         self._stage = Stage.IDLE
@@ -191,24 +190,24 @@ class BatchLifecycle:
             # the wait is over, and nothing of them is written or dead-lettered meanwhile.
             self.settle()
             self._metrics.registry_unavailable.inc()
-            self._registry.failed(str(exc))
+            self.registry.failed(str(exc))
             self._seek_to_leases()
             return
         except TableMismatch as exc:
             # Not the records' fault either: they wait until the table is mended.
             self.settle()
             self._metrics.table_mismatch.inc()
-            self._mismatches.failed(str(exc))
+            self.mismatches.failed(str(exc))
             self._seek_to_leases()
             return
         except RouteUnresolved as exc:  # nor theirs: they wait for a table that takes them
             self.settle()
-            self._unrouted.failed(str(exc))
+            self.unrouted.failed(str(exc))
             self._seek_to_leases()
             return
-        self._registry.cleared()
-        self._mismatches.cleared()
-        self._unrouted.cleared()
+        self.registry.cleared()
+        self.mismatches.cleared()
+        self.unrouted.cleared()
         # Step 2
         self.settle()
         leases = {key: lease for key in ours if (lease := self._table.lease(key))}
@@ -255,6 +254,23 @@ class BatchLifecycle:
         with no new record to go with them."""
         return self._assembly is not None and self._assembly.due()
 
+    @property
+    def retry_at(self) -> float:
+        """When the next batch may be polled (monotonic): after every hold's wait."""
+        return max(h.retry_at for h in self._holds)
+
+    def reasons(self) -> list[str]:
+        """For `/readyz`: what holds batches back, one line a reason."""
+        return [reason for hold in self._holds for reason in hold.reasons()]
+
+    @property
+    def _holds(self) -> tuple[HoldBackoff, ...]:
+        return (self.refusals, self.registry, self.mismatches, self.stops, self.unrouted)
+
+    def epochs_asking(self) -> list[EpochKey]:
+        """The epochs whose manifest the assembly asks the ledger about, between batches."""
+        return self._assembly.asking() if self._assembly is not None else []
+
     def epochs_looked(self, look: LedgerLook) -> None:
         """What the publisher's look at the ledger found: a staged epoch it published lets
         later ones of its query go in a batch, and so does one the ledger no longer holds."""
@@ -300,14 +316,14 @@ class BatchLifecycle:
             self._settle_epochs(result)
             self._table.committed(result.committed)
             self._metrics.advanced(result.committed, self._table.caught_up(result.committed))
-            self._refusals.cleared()
+            self.refusals.cleared()
             self._mirror(result.committed)
             self._count(result, [result.batch.records[key] for key in result.committed])
         if result.drifted:
             self._planner.drifted()
         if result.refusal is not None:  # answered and refused: nothing was written
             self._metrics.refusals(result.refusal.sqlstate).inc()
-            self._refusals.failed(f"{result.refusal.sqlstate}: {result.refusal.message}")
+            self.refusals.failed(f"{result.refusal.sqlstate}: {result.refusal.message}")
             self._seek_to_leases()
         if result.stopped is not None:
             self._stopped(result.stopped)
@@ -315,7 +331,7 @@ class BatchLifecycle:
             key, offset = self._stopped_at
             if result.committed.get(key, offset) > offset or key not in self._table:
                 self._stopped_at = None  # let through: fixed, reset, or no longer ours
-                self._stops.cleared()
+                self.stops.cleared()
         if (result.refused or result.unknown) and self._resolve(result):
             self._count(result, list(result.batch.records.values()))  # its reply was lost
 
@@ -333,7 +349,7 @@ class BatchLifecycle:
         """Its partition holds at the record; the member's batches wait between tries."""
         self._stopped_at = ((stop.topic, stop.partition), stop.offset)
         self._metrics.records_stopped(stop.topic).inc()
-        self._stops.failed(str(stop))
+        self.stops.failed(str(stop))
         self._seek_to_leases()
 
     def _resolve(self, result: CommitResult) -> bool:

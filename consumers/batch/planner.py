@@ -35,7 +35,7 @@ from consumers.batch.pipelined import formatted
 from consumers.database.offsets import PartitionKey
 from consumers.decoding.records import Record
 from consumers.epochs.assembly import Assembled
-from consumers.epochs.chunks import PlannedStep, pack_plan
+from consumers.epochs.chunks import PlannedStep, pack_plan, plan_fingerprint
 from consumers.epochs.ledger import EpochKey
 from consumers.epochs.staging import EpochPlanner, EpochStager
 from consumers.metrics import ConsumerMetrics
@@ -183,7 +183,7 @@ class Planner:
 
     def _guards(self, assembled: Assembled | None) -> list[Step]:
         assert self.stager is not None and assembled is not None  # noqa: S101 - with epochs
-        return self.stager.publish_steps(assembled.epochs, assembled.parts)
+        return self.stager.publish_steps(assembled.epochs, assembled.judged)
 
     @property
     def follows(self) -> bool:
@@ -253,8 +253,9 @@ class Planner:
         a mode that counts what it skips), and the records are planned when published."""
         if conn is None:
             return None
+        made_for = plan_fingerprint(target)
 
-        def planned(records: list[Record]) -> tuple[bytes, int] | None:
+        def planned(records: list[Record]) -> tuple[bytes, int, str] | None:
             steps = self._applier.plan(target, records, EveryStage())
             if steps is None:
                 return None
@@ -266,9 +267,15 @@ class Planner:
                 ])  # fmt: skip
             except psycopg.Error:  # a value psycopg will not send: planned when published
                 return None
-            return packed, sum(len(s.rows) for s in steps if s.rows is not None)
+            return packed, sum(len(s.rows) for s in steps if s.rows is not None), made_for
 
         return planned
+
+    def fingerprint(self, topic: str) -> str | None:
+        """What this member would plan `topic`'s records for now
+        (`consumers.epochs.chunks.plan_fingerprint`); None before its route is resolved."""
+        target = self._targets.get(topic)
+        return None if target is None else plan_fingerprint(target)
 
     @staticmethod
     def _formatted(plan: list[Step], conn: psycopg.Connection[Any] | None) -> list[Step]:

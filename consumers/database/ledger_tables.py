@@ -27,6 +27,7 @@ from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from bridge.names import (
     EPOCH_ACTIONS_TABLE,
     EPOCH_CHUNKS_TABLE,
+    EPOCH_JUDGE_FUNCTION,
     EPOCH_PARTS_TABLE,
     EPOCH_STAGED_TABLE,
     EPOCHS_TABLE,
@@ -74,6 +75,8 @@ def define_tables(metadata: MetaData) -> list[Table]:
         Column("plan", LargeBinary),
         # Timestamps (ms) of up to 100 of its records, for the latency once published.
         Column("stamps", LargeBinary, nullable=False),
+        # The route and release its plan was made for (`consumers.epochs.chunks.fingerprint`).
+        Column("fingerprint", Text),
     )
     Index("epoch_chunks_of_epoch", chunks.c.group_id, chunks.c.query, chunks.c.epoch, chunks.c.id)
     staged = Table(
@@ -120,6 +123,7 @@ class LedgerNames:
             "chunks": EPOCH_CHUNKS_TABLE,
             "staged": EPOCH_STAGED_TABLE,
             "actions": EPOCH_ACTIONS_TABLE,
+            "judge": EPOCH_JUDGE_FUNCTION,  # a function: `consumers.epochs.ledger.judge`
         }
         if name not in tables:
             raise AttributeError(name)

@@ -13,16 +13,19 @@ manifest with it. For each batch, `assemble`:
    one no longer this member's and one whose lease moved past them (an operator's reset);
 2. learns the manifest's records in the batch: each epoch's parts and its epoch record, first
    seen kept, as the ledger keeps them; what this member did not read (committed before it
-   joined) is asked of the ledger, at most every `_LOOK_AGAIN_S` an epoch;
+   joined) is asked of the ledger between batches (`asking`, answered by the publisher's next
+   look), at most every `_LOOK_AGAIN_S` an epoch;
 3. counts the whole topics' records per epoch (their provenance headers, read once per run of a
    task's records) and finds the epochs the batch **publishes**: the epoch record is known, every
-   part is in hand, record for record (`EpochState.missing`, the ledger's own judge), every
+   part is in hand, record for record (`EpochState.lacks`, the judge's rule), every
    whole topic it wrote to has all its partitions here, none of it was staged, and no earlier
    epoch of its query is in hand unpublished or staged. Their records are planned for their
    tables like any batch's, and `ledger.publish_in_batch` settles each epoch in the same
-   transaction, or refuses the batch when the ledger disagrees (an earlier epoch open, records
-   staged by another member, a part this member never saw). A refused batch is written again
-   statement by statement, staging everything, exactly as without this module;
+   transaction, or refuses the batch when the ledger disagrees: its judge (`epoch_lacks`),
+   with the batch's records counted, finds the epoch lacking, or an earlier epoch is open,
+   records were staged by another member, or it knows a part this member never saw. A refused
+   batch is written again statement by statement, staging everything, exactly as without this
+   module;
 4. **holds back**, per partition, the records from the first one of an epoch that may yet
    complete here: its topics all held in full, waiting less than `hold_s`, while the held
    records number at most `hold_records`. Their offsets do not advance, so a crash loses
@@ -30,8 +33,9 @@ manifest with it. For each batch, `assemble`:
    over several members, one waiting too long (a slow task, a manifest late), more than the
    bound holds, a record without provenance (a dead letter, naming why).
 
-Nothing here is a guarantee: the ledger's checks in the batch's transaction are. This module
-only decides which way is likely to pass them, and costs a rolled-back batch when it is wrong.
+Nothing here is a guarantee: the ledger's judge in the batch's transaction is. This module only
+forecasts, with the judge's rule in memory (`EpochState.lacks`), which way is likely to pass
+it, and costs a rolled-back batch when it is wrong.
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ from typing import NamedTuple
 from bridge.epoch_manifest import ManifestError, Part, parse
 from consumers.database.offsets import PartitionKey
 from consumers.decoding.records import Record, offset_of
-from consumers.epochs.ledger import EpochKey, EpochState, Manifest
+from consumers.epochs.ledger import EpochKey, EpochState, Judged, Manifest
 from consumers.epochs.staging import provenance_of, runs
 
 _KNOWN_EPOCHS = 10_000  # manifests remembered; the oldest forgotten first (staged, then)
@@ -61,8 +65,8 @@ class Assembled:
     published: dict[str, list[Record]]  # whole topics' records of the epochs it publishes
     staged: dict[str, list[Record]]  # whole topics' records it stages
     epochs: tuple[EpochKey, ...] = ()  # the epochs it publishes, in order
-    # The Spark partitions each published epoch was judged whole with, for the ledger's check.
-    parts: dict[EpochKey, tuple[int, ...]] = field(default_factory=dict)
+    # What each published epoch was judged whole with, for the ledger's check.
+    judged: dict[EpochKey, Judged] = field(default_factory=dict)
 
 
 class _Run(NamedTuple):
@@ -85,12 +89,14 @@ class _Known:
 @dataclass(frozen=True)
 class LedgerLook:
     """What one look of the publisher at the ledger found, for the assembly: the staged epochs
-    this member published, and the epochs the ledger holds open as read at `as_of` (monotonic;
-    None when it was not read this time)."""
+    this member published, the epochs the ledger holds open as read at `as_of` (monotonic;
+    None when it was not read this time), and the manifests of the epochs the assembly asked
+    about (`EpochAssembly.asking`; None when they were not read)."""
 
     published: tuple[EpochKey, ...] = ()
     still_open: frozenset[EpochKey] | None = None
     as_of: float = 0.0
+    manifests: dict[EpochKey, Manifest] | None = None
 
 
 class EpochAssembly:
@@ -103,7 +109,6 @@ class EpochAssembly:
         held_in_full: Callable[[str], bool],
         hold_records: int,
         hold_s: float,
-        read_ledger: Callable[[list[EpochKey]], dict[EpochKey, Manifest]] = lambda keys: {},
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._group = group_id
@@ -112,9 +117,10 @@ class EpochAssembly:
         self._held_in_full = held_in_full  # this member holds every partition of the topic
         self._hold_records = hold_records
         self._hold_s = hold_s
-        self._read_ledger = read_ledger
         self._clock = clock  # monotonic seconds; a test's own clock moves only when told
         self._looked: dict[EpochKey, float] = {}  # when the ledger was last asked about each
+        self._asking: list[EpochKey] = []  # epochs whose manifest the next look reads
+        self._answered = False  # a look brought manifests since the last batch
         self._known: dict[EpochKey, _Known] = {}
         self._held: dict[PartitionKey, list[_Run]] = {}
         self._waiting: dict[EpochKey, float] = {}  # epochs held back, since when
@@ -130,6 +136,8 @@ class EpochAssembly:
     def due(self) -> bool:
         """Records are held for an epoch that has waited its time: a batch must stage them,
         even with no new record."""
+        if self._held and self._answered:
+            return True  # the ledger completed a manifest: the held records may publish now
         now = self._clock()
         return bool(self._held) and any(now - t >= self._hold_s for t in self._waiting.values())
 
@@ -148,12 +156,24 @@ class EpochAssembly:
             else:
                 self._staged.setdefault(epoch, now)
 
+    def asking(self) -> list[EpochKey]:
+        """The epochs whose manifest the ledger is to be asked about, between batches: a batch
+        found their records and not all of their manifest (step 2)."""
+        return list(self._asking)
+
     def looked(self, look: LedgerLook) -> None:
         """What the publisher's last look at the ledger found."""
         for key in look.published:
             self.published(key)
         if look.still_open is not None:
             self.still_open(set(look.still_open), as_of=look.as_of)
+        if look.manifests is not None:
+            self._answered, self._asking = bool(look.manifests), []
+            for epoch, (parts, written) in look.manifests.items():
+                known = self._known.get(epoch) or self._remember(epoch)
+                known.parts = known.parts or parts
+                for part, records in written.items():
+                    known.written.setdefault(part, records)
 
     def published(self, key: EpochKey) -> None:
         """The publisher published a staged epoch."""
@@ -182,6 +202,7 @@ class EpochAssembly:
         """Steps 1 to 4 for the records a poll brought (`ours`, this member's, by partition);
         `stored`: where a partition's lease says its next batch starts, None once it is not
         this member's to apply."""
+        self._answered = False
         records, found = self._with_held(ours, stored)  # step 1
         for (topic, _), of_key in ours.items():  # step 2
             if topic == self._manifest_topic:
@@ -223,7 +244,7 @@ class EpochAssembly:
         cuts, kept = self._cuts(found, publishing, may_wait)  # step 4
         if sum(_after(found[key], cut) for key, cut in cuts.items()) > self._hold_records:
             cuts, kept = self._cuts(found, publishing, set())  # too many: none held
-        return self._split(records, found, cuts, kept)
+        return self._split(records, found, cuts, kept, in_hand)
 
     # -- steps --------------------------------------------------------------------------------
 
@@ -266,9 +287,10 @@ class EpochAssembly:
         return known
 
     def _consult(self, in_hand: dict[EpochKey, Counter[tuple[int, str]]], now: float) -> None:
-        """What the ledger knows of epochs in hand whose manifest this member has not seen
-        whole: its first records may have been committed before this member (re)joined. At
-        most every `_LOOK_AGAIN_S` an epoch."""
+        """The epochs in hand whose manifest this member has not seen whole, for the ledger to
+        be asked about between batches (`asking`): their first records may have been committed
+        before this member (re)joined. At most every `_LOOK_AGAIN_S` an epoch. Meanwhile their
+        records are held, as for a manifest still to come."""
         wanted = [
             epoch
             for epoch in in_hand
@@ -276,15 +298,9 @@ class EpochAssembly:
             and now - self._looked.get(epoch, -_LOOK_AGAIN_S) >= _LOOK_AGAIN_S
         ]
         self._looked = {e: t for e, t in self._looked.items() if e in in_hand}
-        if not wanted:
-            return
         for epoch in wanted:
             self._looked[epoch] = now
-        for epoch, (parts, written) in self._read_ledger(wanted).items():
-            known = self._known.get(epoch) or self._remember(epoch)
-            known.parts = known.parts or parts
-            for part, records in written.items():
-                known.written.setdefault(part, records)
+        self._asking = sorted({e for e in self._asking if e in in_hand} | set(wanted))
 
     def _manifest_known(self, epoch: EpochKey) -> bool:
         known = self._known.get(epoch)
@@ -325,7 +341,7 @@ class EpochAssembly:
             return False
         state = EpochState(self._group, *epoch, parts=known.parts, written=known.written,
                            staged=dict(counts))  # fmt: skip
-        if state.missing(self._whole_topic):
+        if state.lacks(self._whole_topic):
             return False
         return all(self._held_in_full(topic) for topic in self._topics(epoch))
 
@@ -367,6 +383,7 @@ class EpochAssembly:
         found: dict[PartitionKey, list[_Run]],
         cuts: dict[PartitionKey, int],
         publishing: set[EpochKey],
+        in_hand: dict[EpochKey, Counter[tuple[int, str]]],
     ) -> Assembled:
         kept = dict(records)
         published: dict[str, list[Record]] = {}
@@ -397,11 +414,20 @@ class EpochAssembly:
             self._staged.setdefault(epoch, now)
         self._waiting = {e: t for e, t in self._waiting.items() if e in waiting}
         epochs = tuple(sorted(e for e in publishing if e not in staged_epochs))
-        parts = {}
+        judged = {}
         for epoch in epochs:
             known = self._known[epoch]
-            parts[epoch] = tuple(sorted(set(known.parts or ()) | set(known.written)))
-        return Assembled(kept, published, staged, epochs, parts)
+            counted: dict[int, dict[str, int]] = {}
+            for (part, topic), n in sorted(in_hand[epoch].items()):
+                counted.setdefault(part, {})[topic] = n
+            judged[epoch] = Judged(
+                parts=tuple(sorted(set(known.parts or ()) | set(known.written))),
+                held_back=tuple(sorted(
+                    {t for w in known.written.values() for t in w if self._whole_topic(t)}
+                )),
+                counted=counted,
+            )  # fmt: skip
+        return Assembled(kept, published, staged, epochs, judged)
 
 
 def _after(of_key: list[_Run], cut: int) -> int:

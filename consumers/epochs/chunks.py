@@ -2,10 +2,11 @@
 
 A chunk holds, for one topic and one (query, epoch), the records a batch staged, packed as Kafka
 gave them (`pack_records`), and, when the batch could plan them for their table, the statements
-that write them with their COPY text (`pack_plan`). Publishing runs the planned statements; the
-records are there for when it cannot (a record the table refuses, a table changed since, a
-route that plans only at publication), and for an operator's discard, which keeps them as dead
-letters.
+that write them with their COPY text (`pack_plan`), and what the plan was made for
+(`plan_fingerprint`). Publishing runs the planned statements when the publishing member would
+plan the same; the records are there for when it cannot (a record the table refuses, a route,
+table or release changed since, a route that plans only at publication), and for an operator's
+discard, which keeps them as dead letters.
 
 Packing costs a few C loops over the batch: the records' fields as arrays, their keys and values
 each joined into one string of bytes, and the headers once per run of a task's records (the
@@ -19,6 +20,7 @@ sizes it is given, and raises ChunkError for a chunk that is not one.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import struct
 from array import array
@@ -29,8 +31,10 @@ from typing import NamedTuple, cast
 
 from confluent_kafka import Message
 
+from bridge import __version__
 from bridge.errors import BridgeError
 from bridge.names import PROVENANCE_EPOCH, PROVENANCE_PARTITION, PROVENANCE_QUERY
+from consumers.tables.targets import Target
 
 _VERSION = 1
 _LENGTH = struct.Struct(">I")
@@ -141,6 +145,7 @@ _COPY_TRAILER = struct.pack(">h", -1)
 _FIELD = struct.Struct(">i")
 CHUNK_COLUMNS = (
     "group_id", "query", "epoch", "topic", "records", "rows", "raw", "plan", "stamps",
+    "fingerprint",
 )  # fmt: skip
 LATENCY_SAMPLES = 100  # the timestamps a chunk keeps for the latency histogram
 
@@ -155,6 +160,22 @@ class Chunk(NamedTuple):
     raw: bytes
     plan: bytes | None
     stamps: bytes  # `sample_stamps`
+    fingerprint: str | None  # `plan_fingerprint` of the target `plan` was made for
+
+
+def plan_fingerprint(target: Target) -> str:
+    """What a staged plan was made for: the route as configured, the table as reflected, and
+    the release that wrote the statements. A plan whose fingerprint is not the publishing
+    member's for the same topic is not run: a route changed, a table altered, or an upgrade
+    between staging and publication would otherwise mix old plans with new ones."""
+    made_for = {
+        "release": [__version__, _VERSION],
+        "route": target.route.model_dump(mode="json"),
+        "table": [target.schema, target.name, list(target.columns)],
+        "kinds": [sorted(target.required), sorted(target.defaulted), sorted(target.generated),
+                  sorted(target.arrays), sorted(target.timestamps), sorted(target.binaries)],
+    }  # fmt: skip
+    return hashlib.sha256(json.dumps(made_for, sort_keys=True).encode()).hexdigest()[:32]
 
 
 def sample_stamps(records: Sequence[Message]) -> bytes:
@@ -172,12 +193,13 @@ def copy_binary(chunks: Sequence[Chunk]) -> bytes:
     them."""
     out = [_COPY_HEADER]
     for chunk in chunks:
+        made_for = None if chunk.fingerprint is None else chunk.fingerprint.encode()
         out.append(struct.pack(">h", len(CHUNK_COLUMNS)))
         for field in (chunk.group_id.encode(), chunk.query.encode(),
                       struct.pack(">q", chunk.epoch), chunk.topic.encode(),
                       struct.pack(">i", chunk.records),
                       None if chunk.rows is None else struct.pack(">i", chunk.rows),
-                      chunk.raw, chunk.plan, chunk.stamps):  # fmt: skip
+                      chunk.raw, chunk.plan, chunk.stamps, made_for):  # fmt: skip
             if field is None:
                 out.append(_FIELD.pack(-1))
             else:

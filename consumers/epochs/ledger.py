@@ -20,31 +20,165 @@ A group whose routes want whole epochs (`epochs: whole`) keeps, per (query, epoc
 The members coordinate through these rows only: an epoch is published by whichever member first
 locks its `epochs` row (FOR UPDATE SKIP LOCKED) and finds it whole under the lock.
 
-This module is the tables' one home and the one judge of an epoch's state (`EpochState.missing`),
-for the consumer and the command line alike.
+**The one judge.** Whether an epoch is whole is `epoch_lacks`, a function of the state schema
+(migration 0004), asked under the epoch's row lock by every path that settles an epoch: the
+publisher (`take`), the batch that publishes an epoch itself (`publish_in_batch`), and the
+operator's commands (`judge`, after `lock`). `EpochState.lacks` is the same rule in memory, for
+what only forecasts (the assembly choosing to hold records, the publisher choosing what to
+lock) and for display; tests/integration/test_epoch_judge.py holds the two equal.
+
+**Phases.** An epoch's phase is read from its row and the judge's verdict (`EpochState.phase`):
+
+| phase        | meaning                                                  | leaves by          |
+|--------------|----------------------------------------------------------|--------------------|
+| `open`       | its record, a part or some of its records are to come    | staging; operator  |
+| `whole`      | nothing lacking: the next member to look publishes it    | publication        |
+| `forced`     | an operator asked to publish it as it is                 | publication        |
+| `overstaged` | more records staged than its parts wrote, or staged      | discard only       |
+|              | after it was settled (an offsets reset read them again)  | (publish: twice)   |
+| `published`  | its records are in their tables                          | records restaged   |
+| `discarded`  | its staged records are dead letters                      | records restaged   |
+
+Every move is an event (`EpochEvent`) looked up in `TRANSITIONS`; a pair it does not list is
+refused (`IllegalEpochMove`), which is how `bridge epochs publish` refuses an overstaged epoch.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import json
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from enum import StrEnum
+from typing import Any, NamedTuple
 
 import psycopg
 from psycopg import sql
 
+from bridge.errors import BridgeError
 from consumers.database.dead_letters import write_dead_letters
 from consumers.database.ledger_tables import LedgerNames
 from consumers.epochs.chunks import unpack_records
 
 PUBLISHED = "published"
-# Records staged twice (an offsets reset read them again): publishing would write them twice.
-OVERSTAGED = "more records staged than written"
 DISCARDED = "discarded"
 
 
+class EpochPhase(StrEnum):
+    OPEN = "open"
+    WHOLE = "whole"
+    FORCED = "forced"
+    OVERSTAGED = "overstaged"
+    PUBLISHED = "published"
+    DISCARDED = "discarded"
+
+
+class EpochEvent(StrEnum):
+    STAGED = "staged"  # records, a part or the epoch record came, and it still lacks some
+    COMPLETED = "completed"  # ... and now it lacks nothing
+    STAGED_TWICE = "staged_twice"  # more records staged than written, or after it was settled
+    FORCED = "forced"  # `bridge epochs publish`
+    PUBLISHED = "published"  # by the publisher, or by the batch that held it whole
+    DISCARDED = "discarded"  # `bridge epochs discard`
+
+
+P, E = EpochPhase, EpochEvent
+# (phase, event) -> the phase it moves to. A pair not listed is refused.
+TRANSITIONS: dict[tuple[EpochPhase, EpochEvent], EpochPhase] = {
+    (P.OPEN, E.STAGED): P.OPEN,
+    (P.OPEN, E.COMPLETED): P.WHOLE,
+    (P.OPEN, E.STAGED_TWICE): P.OVERSTAGED,
+    (P.OPEN, E.FORCED): P.FORCED,
+    # Only by the batch that holds it whole in memory: the judge counts that batch's records.
+    (P.OPEN, E.PUBLISHED): P.PUBLISHED,
+    (P.OPEN, E.DISCARDED): P.DISCARDED,
+    # A replayed task's part may come after the others: it can lack again.
+    (P.WHOLE, E.STAGED): P.OPEN,
+    (P.WHOLE, E.COMPLETED): P.WHOLE,
+    (P.WHOLE, E.STAGED_TWICE): P.OVERSTAGED,
+    (P.WHOLE, E.FORCED): P.FORCED,
+    (P.WHOLE, E.PUBLISHED): P.PUBLISHED,
+    (P.WHOLE, E.DISCARDED): P.DISCARDED,
+    (P.FORCED, E.STAGED): P.FORCED,
+    (P.FORCED, E.COMPLETED): P.FORCED,
+    (P.FORCED, E.STAGED_TWICE): P.OVERSTAGED,
+    (P.FORCED, E.FORCED): P.FORCED,
+    (P.FORCED, E.PUBLISHED): P.PUBLISHED,
+    (P.FORCED, E.DISCARDED): P.DISCARDED,
+    (P.OVERSTAGED, E.STAGED): P.OVERSTAGED,
+    (P.OVERSTAGED, E.STAGED_TWICE): P.OVERSTAGED,
+    (P.OVERSTAGED, E.DISCARDED): P.DISCARDED,
+    # A settled epoch's record again (a replayed commit hook) changes nothing; its records
+    # again (a partition reset below them) are staged twice.
+    (P.PUBLISHED, E.STAGED): P.PUBLISHED,
+    (P.PUBLISHED, E.STAGED_TWICE): P.OVERSTAGED,
+    (P.DISCARDED, E.STAGED): P.DISCARDED,
+    (P.DISCARDED, E.STAGED_TWICE): P.OVERSTAGED,
+}
+del P, E
+
+
+class IllegalEpochMove(BridgeError):
+    def __init__(self, what: str, phase: EpochPhase, event: EpochEvent) -> None:
+        refusal = {
+            EpochPhase.OVERSTAGED: (
+                "it holds records staged twice (an offsets reset read them again): "
+                "publishing it would write them twice; discard it instead"
+            ),
+            EpochPhase.PUBLISHED: "it is published",
+            EpochPhase.DISCARDED: "it is discarded",
+        }.get(phase, f"{event} is not a move from {phase}")
+        super().__init__(f"{what} is {phase}: {refusal}")
+        self.phase, self.event = phase, event
+
+
+def move(what: str, phase: EpochPhase, event: EpochEvent) -> EpochPhase:
+    """The phase `event` moves an epoch in `phase` to; `IllegalEpochMove` when it may not."""
+    found = TRANSITIONS.get((phase, event))
+    if found is None:
+        raise IllegalEpochMove(what, phase, event)
+    return found
+
+
+class Lack(NamedTuple):
+    """One thing an epoch lacks to be whole: a row of the judge (`epoch_lacks`)."""
+
+    kind: str  # one of the LACK_* below
+    spark_partition: int | None = None
+    topic: str | None = None
+    have: int | None = None  # records staged (or counted by the batch)
+    wrote: int | None = None  # records its part wrote
+
+    def __str__(self) -> str:
+        part, topic, have, wrote = self.spark_partition, self.topic, self.have, self.wrote
+        return {
+            LACK_RECORD: "no epoch record in the manifest: the driver has not committed the epoch",
+            LACK_PART: f"Spark partition {part}: its part is not in the manifest",
+            LACK_RECORDS: f"Spark partition {part}, topic {topic}: "
+            f"{have} of {wrote} records staged",
+            LACK_OVERSTAGED: f"more records staged than written: Spark partition {part}, "
+            f"topic {topic}: {have} staged, its part wrote {wrote}",
+            LACK_STRAY: f"records staged from Spark partition {part}, which has no part in the "
+            "manifest",
+        }[self.kind]
+
+    @property
+    def order(self) -> tuple[int, int, str]:
+        """The order a reader checks an epoch in, as the judge's rule reads."""
+        rank = 2 if self.kind == LACK_STRAY else 1
+        return (
+            0 if self.kind == LACK_RECORD else rank,
+            self.spark_partition or 0,
+            self.topic or "",
+        )
+
+
+LACK_RECORD, LACK_PART, LACK_RECORDS = "no epoch record", "part missing", "short"
+LACK_OVERSTAGED, LACK_STRAY = "overstaged", "stray part"
+
+
 EpochKey = tuple[str, int]  # (query, epoch)
+Counted = Mapping[int, Mapping[str, int]]  # spark partition: {topic: records}
 
 
 @dataclass
@@ -70,11 +204,12 @@ class EpochState:
     def staged_records(self) -> int:
         return sum(self.staged.values())
 
-    def missing(self, whole_topic: Callable[[str], bool]) -> list[str]:
-        """What the epoch lacks to be whole for a group whose `whole_topic` records wait for
-        it; empty when it is whole. Topics the group does not hold back are not waited for."""
+    def lacks(self, whole_topic: Callable[[str], bool]) -> list[Lack]:
+        """The judge's rule (`epoch_lacks`) on what this state holds, in memory: what the
+        epoch lacks to be whole for a group whose `whole_topic` records wait for it. Topics the
+        group does not hold back are not waited for."""
         if self.parts is None:
-            return ["no epoch record in the manifest: the driver has not committed the epoch"]
+            return [Lack(LACK_RECORD)]
         lacking = []
         # The parts the epoch record names, and any other part of the epoch in the manifest:
         # a replay whose tasks are fewer (Spark's parallelism changed with its executors) names
@@ -84,31 +219,71 @@ class EpochState:
         for part in sorted(set(self.parts) | set(self.written)):
             written = self.written.get(part)
             if written is None:
-                lacking.append(f"Spark partition {part}: its part is not in the manifest")
+                lacking.append(Lack(LACK_PART, part))
                 continue
             for topic, records in sorted(written.items()):
                 if not whole_topic(topic):
                     continue
                 staged = self.staged.get((part, topic), 0)
-                if staged < records:
-                    lacking.append(
-                        f"Spark partition {part}, topic {topic}: {staged} of {records} "
-                        "records staged"
-                    )
-                elif staged > records:
-                    lacking.append(f"{OVERSTAGED}: Spark partition {part}, topic {topic}: "
-                                   f"{staged} staged, its part wrote {records}")  # fmt: skip
+                if staged != records:
+                    kind = LACK_RECORDS if staged < records else LACK_OVERSTAGED
+                    lacking.append(Lack(kind, part, topic, staged, records))
         strays = sorted({part for part, _ in self.staged if part not in self.written})
-        if strays:
-            lacking.append(
-                "records staged from Spark partitions with no part in the manifest: "
-                + ", ".join(map(str, strays))
-            )
+        lacking += [Lack(LACK_STRAY, part) for part in strays]
         return lacking
+
+    def missing(self, whole_topic: Callable[[str], bool]) -> list[str]:
+        """What the epoch lacks, in words; empty when it is whole."""
+        return [str(lack) for lack in self.lacks(whole_topic)]
+
+    def phase(self, lacks: Iterable[Lack]) -> EpochPhase:
+        """Its phase, by its row and the judge's `lacks` of it."""
+        if self.outcome is not None:
+            return EpochPhase.OVERSTAGED if self.staged else EpochPhase(self.outcome)
+        lacking = list(lacks)
+        if any(lack.kind == LACK_OVERSTAGED for lack in lacking):
+            return EpochPhase.OVERSTAGED
+        if self.forced:
+            return EpochPhase.FORCED
+        return EpochPhase.OPEN if lacking else EpochPhase.WHOLE
 
     def describe(self, whole_topic: Callable[[str], bool]) -> str:
         what = "; ".join(self.missing(whole_topic)) or "whole"
         return f"query {self.query} epoch {self.epoch} ({self.staged_records} staged): {what}"
+
+
+def judge(
+    conn: psycopg.Connection[Any],
+    names: LedgerNames,
+    group: str,
+    key: EpochKey,
+    whole_topic: Callable[[str], bool],
+    counted: Counted | None = None,
+) -> list[Lack]:
+    """What the epoch lacks to be whole, by the ledger's one judge (`epoch_lacks`), in the
+    caller's transaction: under the epoch's row lock, for a verdict that holds until it
+    commits. `counted`: records a batch holds of it, judged instead of those staged."""
+    topics = [
+        topic
+        for (topic,) in conn.execute(
+            sql.SQL(
+                "SELECT DISTINCT jsonb_object_keys(records) FROM {} "
+                "WHERE group_id = %s AND query = %s AND epoch = %s"
+            ).format(names.parts),
+            (group, *key),
+        )
+    ]
+    found = conn.execute(
+        sql.SQL("SELECT * FROM {}(%s, %s, %s, %s::text[], %s::jsonb)").format(names.judge),
+        (group, *key, [t for t in topics if whole_topic(t)], _counted_json(counted)),
+    ).fetchall()
+    return sorted((Lack(*row) for row in found), key=lambda lack: lack.order)
+
+
+def _counted_json(counted: Counted | None) -> str | None:
+    if counted is None:
+        return None
+    return json.dumps({str(part): dict(topics) for part, topics in counted.items()})
 
 
 def open_epochs(conn: psycopg.Connection[Any], names: LedgerNames, group: str) -> list[EpochState]:
@@ -151,16 +326,20 @@ def open_epochs(conn: psycopg.Connection[Any], names: LedgerNames, group: str) -
     return [states[key] for key in sorted(states)]
 
 
+_READY = (EpochPhase.WHOLE, EpochPhase.FORCED)
+
+
 def publishable(
     states: Iterable[EpochState], whole_topic: Callable[[str], bool]
 ) -> list[EpochState]:
-    """Of each query's open epochs, the first, when it is whole or forced: epochs of a query
-    publish in epoch order, so a later one waits for the one before."""
+    """Of each query's open epochs, the first, when it looks whole or is forced: epochs of a
+    query publish in epoch order, so a later one waits for the one before. A forecast, from
+    what was read without a lock: `take` asks the judge under it."""
     first: dict[str, EpochState] = {}
     for found in states:
         if found.outcome is None or found.staged:
             first.setdefault(found.query, found)
-    return [s for s in first.values() if s.forced or not s.missing(whole_topic)]
+    return [s for s in first.values() if s.phase(s.lacks(whole_topic)) in _READY]
 
 
 def age_s(found: EpochState, now: datetime) -> float:
@@ -174,22 +353,79 @@ def database_now(conn: psycopg.Connection[Any]) -> datetime:
     return row[0]  # type: ignore[no-any-return]
 
 
+@dataclass(frozen=True)
+class Held:
+    """An epoch an operator acts on, locked in the command's transaction, and judged under
+    the lock: nothing settles it meanwhile."""
+
+    state: EpochState
+    lacks: list[Lack]
+    phase: EpochPhase
+
+    @property
+    def lacking(self) -> str:
+        return "; ".join(map(str, self.lacks)) or "nothing"
+
+    @property
+    def what(self) -> str:
+        return f"query {self.state.query} epoch {self.state.epoch}"
+
+
+def hold(
+    conn: psycopg.Connection[Any],
+    names: LedgerNames,
+    group: str,
+    key: EpochKey,
+    whole_topic: Callable[[str], bool],
+) -> Held:
+    """In the caller's transaction: the epoch's row locked, then read and judged. A member
+    publishing it is waited for. Only an epoch that is open, or holds staged records, can be
+    held; `BridgeError` otherwise."""
+    query, epoch = key
+    unknown = BridgeError(f"query {query} epoch {epoch} is not open in this group "
+                          "(published or unknown)")  # fmt: skip
+    where = sql.SQL("WHERE group_id = %s AND query = %s AND epoch = %s")
+    locked = conn.execute(
+        sql.SQL("SELECT 1 FROM {} ").format(names.epochs) + where + sql.SQL(" FOR UPDATE"),
+        (group, *key),
+    ).fetchone()
+    if locked is None:  # only staged records know it (their parts never came): its row made
+        if conn.execute(sql.SQL("SELECT 1 FROM {} ").format(names.staged) + where + sql.SQL(
+                " LIMIT 1"), (group, *key)).fetchone() is None:  # fmt: skip
+            raise unknown
+        conn.execute(
+            sql.SQL(
+                "INSERT INTO {} (group_id, query, epoch) VALUES (%s, %s, %s) ON CONFLICT DO NOTHING"
+            ).format(names.epochs),
+            (group, *key),
+        )
+        conn.execute(
+            sql.SQL("SELECT 1 FROM {} ").format(names.epochs) + where + sql.SQL(" FOR UPDATE"),
+            (group, *key),
+        )
+    found = _state(conn, names, group, key)
+    if found is None:
+        raise unknown
+    lacks = judge(conn, names, group, key, whole_topic)
+    return Held(found, lacks, found.phase(lacks))
+
+
 def discard(
     conn: psycopg.Connection[Any],
     names: LedgerNames,
     dead_letters: sql.Identifier,
+    held: Held,
     *,
-    group: str,
-    key: EpochKey,
-    missing: str,
     requested_by: str,
 ) -> int:
-    """In the caller's transaction: the epoch's staged records go to the dead letters (nothing
-    is lost: they can be replayed from there), the epoch is settled as discarded, and the audit
-    row names who asked and what the epoch lacked. Returns how many records it held."""
+    """In the transaction that `hold` locked it in: the epoch's staged records go to the dead
+    letters (nothing is lost: they can be replayed from there), the epoch is settled as
+    discarded, and the audit row names who asked and what the epoch lacked. Returns how many
+    records it held."""
+    move(held.what, held.phase, EpochEvent.DISCARDED)
+    group, key = held.state.group, held.state.key
     query, epoch = key
-    _lock(conn, names, group, key)
-    error = f"epoch {epoch} of query {query} discarded by {requested_by}: {missing}"
+    error = f"epoch {epoch} of query {query} discarded by {requested_by}: {held.lacking}"
     moved = 0
     chunks = conn.execute(
         sql.SQL(
@@ -204,47 +440,32 @@ def discard(
         moved += len(records)
     _clear(conn, names, group, key)
     _settle(conn, names, group, key, DISCARDED)
-    _audit(conn, names, group, key, "discard", missing, moved, requested_by)
+    _audit(conn, names, group, key, "discard", held.lacking, moved, requested_by)
     return moved
 
 
 def force(
-    conn: psycopg.Connection[Any],
-    names: LedgerNames,
-    *,
-    group: str,
-    key: EpochKey,
-    missing: str,
-    staged: int,
-    requested_by: str,
+    conn: psycopg.Connection[Any], names: LedgerNames, held: Held, *, requested_by: str
 ) -> None:
-    """In the caller's transaction: the epoch is marked to be published as it is, by the next
-    member that looks (whole or not), with the audit row."""
-    _lock(conn, names, group, key)
+    """In the transaction that `hold` locked it in: the epoch is marked to be published as it
+    is, by the next member that looks (whole or not), with the audit row. An overstaged epoch
+    is refused (`IllegalEpochMove`): publishing it would write records twice."""
+    move(held.what, held.phase, EpochEvent.FORCED)
+    group, key = held.state.group, held.state.key
     conn.execute(
         sql.SQL(
             "UPDATE {} SET forced = true WHERE group_id = %s AND query = %s AND epoch = %s"
         ).format(names.epochs),
         (group, *key),
     )
-    _audit(conn, names, group, key, "publish", missing, staged, requested_by)
+    _audit(conn, names, group, key, "publish", held.lacking, held.state.staged_records,
+           requested_by)  # fmt: skip
 
 
-def _lock(conn: psycopg.Connection[Any], names: LedgerNames, group: str, key: EpochKey) -> None:
-    """The epoch's row, made if only staged records knew it, and locked: a member publishing
-    it is waited for."""
-    conn.execute(
-        sql.SQL(
-            "INSERT INTO {} (group_id, query, epoch) VALUES (%s, %s, %s) ON CONFLICT DO NOTHING"
-        ).format(names.epochs),
-        (group, *key),
-    )
-    conn.execute(
-        sql.SQL(
-            "SELECT 1 FROM {} WHERE group_id = %s AND query = %s AND epoch = %s FOR UPDATE"
-        ).format(names.epochs),
-        (group, *key),
-    )
+def _state(
+    conn: psycopg.Connection[Any], names: LedgerNames, group: str, key: EpochKey
+) -> EpochState | None:
+    return next((s for s in open_epochs(conn, names, group) if s.key == key), None)
 
 
 def _clear(conn: psycopg.Connection[Any], names: LedgerNames, group: str, key: EpochKey) -> None:
@@ -295,9 +516,17 @@ def published(conn: psycopg.Connection[Any], names: LedgerNames, group: str, key
     _settle(conn, names, group, key, PUBLISHED)
 
 
-def lock_open(conn: psycopg.Connection[Any], names: LedgerNames, group: str, key: EpochKey) -> bool:
-    """In the publishing transaction: the epoch's row locked, unless another member holds it
-    (it is publishing it, or an operator is acting on it): then False, and it is left alone."""
+def take(
+    conn: psycopg.Connection[Any],
+    names: LedgerNames,
+    group: str,
+    key: EpochKey,
+    whole_topic: Callable[[str], bool],
+) -> EpochState | None:
+    """In the publishing transaction: the epoch's row locked and the epoch judged whole (or
+    forced) under the lock, for the caller to write its staged records and settle it
+    (`published`). None when another member holds the row (it is publishing it, or an operator
+    is acting on it: it is left alone), or the judge finds it not ready."""
     row = conn.execute(
         sql.SQL(
             "SELECT 1 FROM {} WHERE group_id = %s AND query = %s AND epoch = %s "
@@ -305,30 +534,56 @@ def lock_open(conn: psycopg.Connection[Any], names: LedgerNames, group: str, key
         ).format(names.epochs),
         (group, *key),
     ).fetchone()
-    return row is not None
+    if row is None:
+        return None
+    found = _state(conn, names, group, key)
+    if found is None:
+        return None
+    phase = found.phase(judge(conn, names, group, key, whole_topic))
+    if phase not in _READY:
+        return None
+    move(f"query {key[0]} epoch {key[1]}", phase, EpochEvent.PUBLISHED)
+    return found
+
+
+@dataclass(frozen=True)
+class Judged:
+    """What a batch judged an epoch whole with, for the ledger's check in its transaction."""
+
+    parts: tuple[int, ...]  # every Spark partition of the epoch the batch knew of
+    held_back: tuple[str, ...]  # the topics its parts wrote that the group holds back
+    counted: dict[int, dict[str, int]]  # the records the batch holds: part: {topic: records}
 
 
 def publish_in_batch(
-    names: LedgerNames, group: str, key: EpochKey, parts: tuple[int, ...]
+    names: LedgerNames, group: str, key: EpochKey, judged: Judged
 ) -> list[sql.Composed]:
     """For a batch that holds a whole epoch and writes its records to their tables itself
     (`consumers.epochs.assembly`): statements that settle it as published in the batch's
-    transaction, or fail it, so that nothing of the batch is written, unless the ledger agrees
-    the epoch is whole without any record staged: its epoch record is in, every part the ledger
-    knows of is one of `parts` (those the batch was judged whole with), none of its records
-    and no earlier epoch of its query is open or holds staged records (epochs publish in
-    order)."""
+    transaction, or fail it, so that nothing of the batch is written, unless the ledger agrees:
+    every part the ledger knows of is one the batch knew (so the topics it holds back are the
+    ones the batch counted); the judge (`epoch_lacks`) finds it whole with the batch's records
+    counted; none of its records, and none of an earlier epoch of its query, is staged; and no
+    earlier epoch of its query is open (epochs publish in order)."""
     query, epoch = key
     where = sql.SQL("group_id = {} AND query = {} AND epoch").format(
         sql.Literal(group), sql.Literal(query)
     )
     this = sql.SQL("{} = {}").format(where, sql.Literal(epoch))
-    known = sql.SQL("{}::integer[]").format(sql.Literal(list(parts)))
+    known = sql.SQL("{}::integer[]").format(sql.Literal(list(judged.parts)))
+    lacks = sql.SQL("{}({}, {}, {}, {}::text[], {}::jsonb)").format(
+        names.judge,
+        sql.Literal(group),
+        sql.Literal(query),
+        sql.Literal(epoch),
+        sql.Literal(list(judged.held_back)),
+        sql.Literal(_counted_json(judged.counted)),
+    )
     settle = sql.SQL(
         "WITH settled AS (UPDATE {epochs} SET outcome = {published}, settled_at = now(), "
-        "forced = false WHERE {this} AND outcome IS NULL AND parts IS NOT NULL "
-        "AND parts <@ {known} "
+        "forced = false WHERE {this} AND outcome IS NULL "
         "AND NOT EXISTS (SELECT FROM {parts} WHERE {this} AND spark_partition <> ALL({known})) "
+        "AND NOT EXISTS (SELECT FROM {lacks}) "
         "AND NOT EXISTS (SELECT FROM {staged} WHERE {where} <= {epoch}) "
         "AND NOT EXISTS (SELECT FROM {epochs} WHERE {where} < {epoch} AND outcome IS NULL) "
         "RETURNING 1) "
@@ -345,10 +600,11 @@ def publish_in_batch(
         where=where,
         epoch=sql.Literal(epoch),
         known=known,
+        lacks=lacks,
         refusal=sql.Literal(
             f"epoch {epoch} of query {query} cannot be published by its batch: the ledger "
-            "holds an earlier epoch open, records of it staged, or a part the batch did not "
-            "count; settled "
+            "holds an earlier epoch open, records of it staged, a part the batch did not "
+            "count, or finds it lacking; settled "
         ),
     )
     clear = sql.SQL("DELETE FROM {} WHERE {}").format(names.parts, this)

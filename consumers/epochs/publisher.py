@@ -7,14 +7,17 @@ it), is published:
 
 1. its `epochs` row is locked, FOR UPDATE SKIP LOCKED: a member that finds it locked leaves it
    to the one publishing it;
-2. under the lock the ledger is read again, and the epoch must still be whole;
+2. under the lock the ledger's judge (`ledger.take`) must find it whole, or forced and not
+   overstaged;
 3. its chunks (`consumers.epochs.chunks`) are written in the order they were staged,
    which is each Kafka partition's offset order: a chunk's plan, made when it was staged, runs
-   under a savepoint; a chunk without one (a followed table, a mode that counts what it skips,
-   a record that is not a row), or whose plan the table refuses, has its records written as any
-   batch's are (`consumers.batch.planner` with `publishing=True`, `consumers.tables.applier`):
-   followed tables made or changed first, tombstones, dead letters for what cannot be a row,
-   `on_record_error: stop` refusing the whole publication;
+   under a savepoint when it was made for the route, table and release this member would plan
+   for now (its fingerprint); a chunk without one (a followed table, a mode that counts what it
+   skips, a record that is not a row), with one made for others, or whose plan the table
+   refuses, has its records written as any batch's are (`consumers.batch.planner` with
+   `publishing=True`, `consumers.tables.applier`): followed tables made or changed first,
+   tombstones, dead letters for what cannot be a row, `on_record_error: stop` refusing the
+   whole publication;
 4. the chunks, counts and parts are deleted, the epoch marked published, and the transaction
    commits: every table the epoch touched in this group changes at once.
 
@@ -52,11 +55,11 @@ from consumers.epochs.ledger import (
     Manifest,
     age_s,
     database_now,
-    lock_open,
     manifests,
     open_epochs,
     publishable,
     published,
+    take,
 )
 from consumers.metrics import ConsumerMetrics
 from consumers.tables.applier import Applier, EveryStage, Step, run_steps
@@ -70,7 +73,9 @@ _PUBLISH_BUDGET_S = 2.0  # publications in one look: the poll loop turns in betw
 _CHUNK_IDS = sql.SQL(
     "SELECT id FROM {} WHERE group_id = %s AND query = %s AND epoch = %s ORDER BY id"
 )
-_CHUNK_PLAN = sql.SQL("SELECT topic, records, rows, plan, stamps FROM {} WHERE id = %s")
+_CHUNK_PLAN = sql.SQL(
+    "SELECT topic, records, rows, plan, stamps, fingerprint FROM {} WHERE id = %s"
+)
 _CHUNK_RAW = sql.SQL("SELECT raw FROM {} WHERE id = %s")
 
 
@@ -103,6 +108,7 @@ class Planner(Protocol):
     ) -> Planned: ...
     def made(self, changes: list[Step]) -> None: ...
     def drifted(self) -> None: ...
+    def fingerprint(self, topic: str) -> str | None: ...
 
 
 @dataclass
@@ -145,13 +151,15 @@ class EpochPublisher:
         self._incomplete: list[str] = []
         self.published_total = 0
 
-    def look(self) -> LedgerLook:
-        """Publish what is whole, when a look is due; note what is incomplete for too long.
-        What it found goes back to the batch owner for the assembly."""
+    def look(self, asking: list[EpochKey] | None = None) -> LedgerLook:
+        """Publish what is whole, when a look is due; note what is incomplete for too long;
+        read the manifests of the epochs `asking` names (`EpochAssembly.asking`). What it
+        found goes back to the batch owner for the assembly."""
         self._published_now, self._open_now = [], None
         self._look()
         still_open, as_of = self._open_now or (None, 0.0)
-        return LedgerLook(tuple(self._published_now), still_open, as_of)
+        found = self._manifests(asking) if asking else None
+        return LedgerLook(tuple(self._published_now), still_open, as_of, found)
 
     def _look(self) -> None:
         now = time.monotonic()
@@ -178,10 +186,10 @@ class EpochPublisher:
             self._db.close()
             self._failures.failed(f"database: {exc}")
 
-    def manifests(self, keys: list[EpochKey]) -> dict[EpochKey, Manifest]:
-        """The ledger's manifest of each open epoch of `keys` (`ledger.manifests`), for
-        `consumers.epochs.assembly`; nothing when the database cannot say now, and the
-        epochs' records are held, then staged, as with no manifest yet."""
+    def _manifests(self, keys: list[EpochKey]) -> dict[EpochKey, Manifest] | None:
+        """The ledger's manifest of each open epoch of `keys` (`ledger.manifests`), for the
+        assembly; None when the database cannot say now: the epochs' records are held, then
+        staged, as with no manifest yet, and asked about again."""
         try:
             conn = self._db.open_connection() or self._db.connect()
             return manifests(conn, self._ledger, self._group, keys)
@@ -189,7 +197,7 @@ class EpochPublisher:
             if isinstance(exc, psycopg.OperationalError):
                 self._db.close()
             log.warning("the ledger could not say what it holds of epochs %s: %s", keys, exc)
-            return {}
+            return None
 
     def reasons(self) -> list[str]:
         """For `/readyz`: a publication that fails, and epochs incomplete for too long."""
@@ -213,11 +221,9 @@ class EpochPublisher:
         stamps: list[int] = []
         try:
             with conn.transaction():
-                if not lock_open(conn, self._ledger, self._group, state.key):  # step 1
-                    return False
-                now = {s.key: s for s in open_epochs(conn, self._ledger, self._group)}  # step 2
-                locked = now.get(state.key)
-                if locked is None or not (locked.forced or not locked.missing(self._whole_topic)):
+                # Steps 1 and 2: locked, and judged ready under the lock.
+                locked = take(conn, self._ledger, self._group, state.key, self._whole_topic)
+                if locked is None:
                     return False
                 stamps = self._apply_staged(conn, state.key, done)  # step 3
                 published(conn, self._ledger, self._group, state.key)  # step 4
@@ -257,9 +263,15 @@ class EpochPublisher:
         for (chunk,) in ids:  # one chunk's bytes in memory at a time
             row = read.execute(_CHUNK_PLAN.format(self._ledger.chunks), (chunk,)).fetchone()
             assert row is not None  # noqa: S101 - the epoch's row is locked: nothing deletes it
-            topic, records, rows, plan, stamps = row
+            topic, records, rows, plan, stamps, made_for = row
             done.records += records
             sample += stamps_of(stamps)
+            if plan is not None and made_for != self._planner.fingerprint(topic):
+                log.info(
+                    "a staged plan of topic %s was made for another route, table or release: "
+                    "its records are planned again", topic,
+                )  # fmt: skip
+                plan = None
             if plan is not None and _ran(conn, plan):
                 _add(done.applied, topic, (rows, 0, 0))
                 continue

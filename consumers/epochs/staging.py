@@ -44,14 +44,15 @@ from consumers.epochs.chunks import (
     pack_records,
     sample_stamps,
 )
-from consumers.epochs.ledger import EpochKey, publish_in_batch
+from consumers.epochs.ledger import EpochKey, Judged, publish_in_batch
 from consumers.tables.applier import Applier, DeadLetterNote, Step, run_steps
 
 _MAX_QUERY_ID = 200  # as the manifest bounds it
 _MAX_INT64 = (1 << 63) - 1
 # Plans one epoch's records of a batch for their table, at staging: the plan packed
-# (`consumers.epochs.chunks.pack_plan`) and the rows it writes; None when it cannot.
-EpochPlanner = Callable[[list[Record]], tuple[bytes, int] | None]
+# (`consumers.epochs.chunks.pack_plan`), the rows it writes, and what it was made for
+# (`consumers.epochs.chunks.plan_fingerprint`); None when it cannot.
+EpochPlanner = Callable[[list[Record]], tuple[bytes, int, str] | None]
 
 
 Headers = list[tuple[str, bytes | None]]
@@ -190,10 +191,10 @@ class EpochStager:
         for (query, epoch), of_epoch in epochs.items():
             records = [record for run in of_epoch for record in run.records]
             planned = plan_epoch(records) if plan_epoch is not None else None
-            plan, rows = planned if planned is not None else (None, None)
+            plan, rows, made_for = planned if planned is not None else (None, None, None)
             chunks.append(
                 Chunk(group, query, epoch, topic, len(records), rows, pack_records(of_epoch),
-                      plan, sample_stamps(records))
+                      plan, sample_stamps(records), made_for)
             )  # fmt: skip
         columns = sql.SQL(", ").join(map(sql.Identifier, CHUNK_COLUMNS))
         copy = Step(
@@ -217,14 +218,14 @@ class EpochStager:
         return [copy, count]
 
     def publish_steps(
-        self, epochs: Sequence[EpochKey], parts: Mapping[EpochKey, tuple[int, ...]]
+        self, epochs: Sequence[EpochKey], judged: Mapping[EpochKey, Judged]
     ) -> list[Step]:
         """The statements that settle `epochs` as published by the batch that writes their
         records, in order, or refuse it (`consumers.epochs.ledger.publish_in_batch`)."""
         return [
             Step(statement)
             for epoch in epochs
-            for statement in publish_in_batch(self._ledger, self._group, epoch, parts[epoch])
+            for statement in publish_in_batch(self._ledger, self._group, epoch, judged[epoch])
         ]
 
     def _manifest_steps(self, documents: list[Part | Epoch]) -> list[Step]:

@@ -1,3 +1,4 @@
 """This member's place in its Kafka group: the partitions Kafka assigns, claimed in the offsets
-table before anything is read (`leases`), and what Kafka's own health says on `/readyz`
-(`kafka_health`). It hands the batch owner (`consumers.batch`) nothing but leases."""
+table before anything is read (`leases`), what Kafka's own health says on `/readyz`
+(`kafka_health`), and the whole-epoch topics' partition counts, asked between batches
+(`topic_sizes`). It hands the batch owner (`consumers.batch`) nothing but leases."""

@@ -38,6 +38,10 @@ _VIOLATIONS = [
     ("consumer-batch", "consumers/batch/pipelined.py", "import consumers.batch.committer"),
     # The planner hands the committer data; it never calls up into the batch's owner.
     ("consumer-batch", "consumers/batch/planner.py", "import consumers.batch.lifecycle"),
+    # The ledger judges; it never reaches up into the publication that asks it.
+    ("consumer-epochs", "consumers/epochs/ledger.py", "import consumers.epochs.publisher"),
+    # The epochs sit under the batch that holds, stages and publishes them.
+    ("consumer-layers", "consumers/epochs/assembly.py", "import consumers.batch.lifecycle"),
     ("consumer-tables", "consumers/tables/table_follower.py", "import consumers.tables.routing"),
     ("consumer-tables", "consumers/tables/targets.py", "import consumers.tables.applier"),
     ("consumer-decoding", "consumers/decoding/records.py", "import consumers.decoding.rows"),

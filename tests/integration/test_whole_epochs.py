@@ -339,6 +339,37 @@ def test_members_killed_while_staging_and_while_publishing_lose_double_and_show_
     assert counts(stack, pipeline) == (epochs * TASKS * per_task,) * 2
 
 
+def test_a_route_moved_between_staging_and_publication_plans_the_staged_records_again(
+    stack: Endpoints, names: dict[str, str], pipeline: dict[str, Any]
+) -> None:
+    """Epoch 1's records are staged with their plans, made for the route's tables; the member
+    stops, the routes move to other tables, and the epoch record comes. The staged plans were
+    made for another route (their fingerprint): the records land where the routes now say."""
+    query = f"q-{uuid.uuid4()}"
+    sink = HandSink(stack, manifest_topic=pipeline["manifest"], query=query)
+    per_task = 20
+    with running(settings(stack, names, pipeline, "whole", epochs_hold_ms=0)):
+        for task in range(TASKS):
+            sink.task(1, task, epoch_records(pipeline, 1, task, per_task))
+        eventually(lambda: staged(stack.dsn, names["schema"], query, 1) == TASKS * per_task)
+    planned = sql(
+        stack,
+        f'SELECT count(*) FILTER (WHERE plan IS NOT NULL), count(*) FROM "{names["schema"]}"'
+        f".epoch_chunks WHERE query = '{query}'",
+    )
+    assert planned[0][0] == planned[0][1] > 0, planned  # what a stale plan would have written
+    moved = dict(pipeline, tables=[f"{t}_moved" for t in pipeline["tables"]])
+    with psycopg.connect(stack.dsn, autocommit=True) as conn:
+        for table in moved["tables"]:
+            conn.execute(f"CREATE TABLE {table} (id bigint PRIMARY KEY, epoch_no int)")
+            conn.execute(f"GRANT ALL ON {table} TO PUBLIC")
+    with running(settings(stack, names, moved, "whole")):
+        sink.commit(1, list(range(TASKS)))
+        eventually(lambda: published(stack.dsn, names["schema"], query) == 1)
+    assert counts(stack, moved) == (TASKS * per_task,) * 2
+    assert counts(stack, pipeline) == (0, 0)
+
+
 def _owners(stack: Endpoints, names: dict[str, str], topics: list[str]) -> int:
     """How many members own partitions of `topics`; 0 before the offsets table exists."""
     if not _exists(stack, f"{names['schema']}.offsets"):

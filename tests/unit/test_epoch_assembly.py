@@ -13,7 +13,7 @@ from bridge.epoch_manifest import Epoch, Part
 from bridge.names import PROVENANCE_EPOCH, PROVENANCE_PARTITION, PROVENANCE_QUERY
 from consumers.database.offsets import PartitionKey
 from consumers.epochs.assembly import Assembled, EpochAssembly, LedgerLook
-from consumers.epochs.ledger import Manifest
+from consumers.epochs.ledger import Judged
 
 TOPIC, MANIFEST = "orders", "bridge-epochs"
 QUERY = "q-1"
@@ -117,7 +117,7 @@ def test_an_epoch_whole_in_the_batch_is_published_by_it() -> None:
     log, found = Log(), assembly()
     done = batch(found, whole_epoch(log, 0))
     assert done.epochs == ((QUERY, 0),)
-    assert done.parts == {(QUERY, 0): (0, 1)}
+    assert done.judged == {(QUERY, 0): Judged((0, 1), (TOPIC,), {0: {TOPIC: 3}, 1: {TOPIC: 3}})}
     assert len(done.published[TOPIC]) == 6 and done.staged == {}
     assert offsets(done) == {0: [0, 2, 4], 1: [0, 2, 4]}
     assert found.holding() == 0
@@ -234,23 +234,29 @@ def test_queries_publish_independently(queries: list[str]) -> None:
 
 def test_parts_committed_before_the_member_joined_are_read_from_the_ledger() -> None:
     """A member (re)joined after the manifest's parts were committed sees only the epoch's
-    record: the ledger has the rest, asked once however many batches the epoch takes."""
+    record: the ledger has the rest, asked between batches (through the publisher's look),
+    once however many batches the epoch takes."""
     log = Log()
-    asked: list[list[tuple[str, int]]] = []
-
-    def ledger(keys: list[tuple[str, int]]) -> dict[tuple[str, int], Manifest]:
-        asked.append(keys)
-        return {(QUERY, 0): (None, {0: {TOPIC: 3}, 1: {TOPIC: 3}})}
-
-    found = EpochAssembly(group_id="g", manifest_topic=MANIFEST, whole_topic=lambda t: t == TOPIC,
-                          held_in_full=lambda t: True, hold_records=100, hold_s=60,
-                          read_ledger=ledger)  # fmt: skip
+    found = assembly()
     records = whole_epoch(log, 0)
     assert batch(found, records[:3]).epochs == ()  # task 0's records; nothing of the manifest
-    assert asked == [[(QUERY, 0)]]
+    assert found.holding() == 3  # held meanwhile, as for a manifest still to come
+    assert found.asking() == [(QUERY, 0)]
+    assert not found.due()
+    found.looked(LedgerLook(manifests={(QUERY, 0): (None, {0: {TOPIC: 3}, 1: {TOPIC: 3}})}))
+    assert found.asking() == []
+    assert found.due()  # the held records go in a batch even if nothing new comes
     done = batch(found, [*records[3:6], records[-1]])  # task 1's, and the epoch's record
-    assert done.epochs == ((QUERY, 0),) and done.parts == {(QUERY, 0): (0, 1)}
-    assert len(asked) == 1  # the epoch record completed what the ledger told
+    assert done.epochs == ((QUERY, 0),) and done.judged[QUERY, 0].parts == (0, 1)
+    assert found.asking() == []  # the epoch record completed what the ledger told
+
+
+def test_an_unanswered_question_to_the_ledger_is_asked_again() -> None:
+    log, found = Log(), assembly()
+    records = whole_epoch(log, 0)
+    batch(found, records[:3])
+    found.looked(LedgerLook())  # the database could not say
+    assert found.asking() == [(QUERY, 0)]
 
 
 def test_an_epoch_staged_here_and_settled_elsewhere_stops_holding_later_ones_back() -> None:

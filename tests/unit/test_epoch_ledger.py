@@ -1,8 +1,20 @@
-"""The ledger's judgement of an epoch: whole, or what it lacks; and which epochs may publish."""
+"""The judge's rule in memory (`EpochState.lacks`): whole, or what an epoch lacks; its phase and
+the moves the phases allow; and which epochs may publish. The same rule in PostgreSQL, and the
+moves through the ledger's calls, are tests/integration/test_epoch_judge.py's."""
 
 from __future__ import annotations
 
-from consumers.epochs.ledger import EpochState, publishable
+import pytest
+
+from consumers.epochs.ledger import (
+    TRANSITIONS,
+    EpochEvent,
+    EpochPhase,
+    EpochState,
+    IllegalEpochMove,
+    move,
+    publishable,
+)
 
 
 def whole(topic: str) -> bool:
@@ -37,7 +49,7 @@ def test_what_an_epoch_lacks_is_named_part_by_part() -> None:
     ]
     stray = state(parts=(0,), written={0: {}}, staged={(5, "a"): 1})
     assert stray.missing(whole) == [
-        "records staged from Spark partitions with no part in the manifest: 5"
+        "records staged from Spark partition 5, which has no part in the manifest"
     ]
 
 
@@ -82,3 +94,50 @@ def test_records_staged_twice_are_named_and_hold_the_epoch() -> None:
         "more records staged than written: Spark partition 0, topic a: 4 staged, its part wrote 2"
     ]
     assert publishable([twice], whole) == []
+
+
+def test_a_forced_epoch_with_records_staged_twice_does_not_publish() -> None:
+    twice = state(parts=(0,), written={0: {"a": 2}}, staged={(0, "a"): 4}, forced=True)
+    assert twice.phase(twice.lacks(whole)) is EpochPhase.OVERSTAGED
+    assert publishable([twice], whole) == []
+
+
+@pytest.mark.parametrize(
+    ("found", "phase"),
+    [
+        (state(), EpochPhase.OPEN),
+        (state(parts=(0,), written={0: {"a": 1}}), EpochPhase.OPEN),
+        (state(parts=(0,), written={0: {"a": 1}}, staged={(0, "a"): 1}), EpochPhase.WHOLE),
+        (state(parts=(0,), written={0: {"audit": 9}}), EpochPhase.WHOLE),  # not held back
+        (state(forced=True), EpochPhase.FORCED),
+        (state(parts=(0,), written={0: {"a": 1}}, staged={(0, "a"): 2}), EpochPhase.OVERSTAGED),
+        (state(outcome="published"), EpochPhase.PUBLISHED),
+        (state(outcome="discarded"), EpochPhase.DISCARDED),
+        (state(outcome="published", staged={(0, "a"): 1}), EpochPhase.OVERSTAGED),
+        (state(outcome="discarded", staged={(0, "a"): 1}), EpochPhase.OVERSTAGED),
+    ],
+)
+def test_an_epochs_phase_is_read_from_its_row_and_what_it_lacks(
+    found: EpochState, phase: EpochPhase
+) -> None:
+    assert found.phase(found.lacks(whole)) is phase
+
+
+def test_an_overstaged_or_settled_epoch_cannot_be_forced_nor_a_settled_one_discarded() -> None:
+    for phase in (EpochPhase.OVERSTAGED, EpochPhase.PUBLISHED, EpochPhase.DISCARDED):
+        with pytest.raises(IllegalEpochMove, match=f"query q epoch 1 is {phase}"):
+            move("query q epoch 1", phase, EpochEvent.FORCED)
+    with pytest.raises(IllegalEpochMove, match="publishing it would write them twice"):
+        move("query q epoch 1", EpochPhase.OVERSTAGED, EpochEvent.FORCED)
+    assert move("e", EpochPhase.OVERSTAGED, EpochEvent.DISCARDED) is EpochPhase.DISCARDED
+    for phase in (EpochPhase.PUBLISHED, EpochPhase.DISCARDED):
+        with pytest.raises(IllegalEpochMove):
+            move("e", phase, EpochEvent.DISCARDED)
+
+
+def test_every_phase_can_be_reached_and_every_unsettled_one_left_for_a_settled_one() -> None:
+    reached = {EpochPhase.OPEN} | set(TRANSITIONS.values())
+    assert reached == set(EpochPhase)
+    settled = {EpochPhase.PUBLISHED, EpochPhase.DISCARDED}
+    for phase in set(EpochPhase) - settled:
+        assert {TRANSITIONS.get((phase, e)) for e in EpochEvent} & settled, phase

@@ -14,7 +14,6 @@ from typing import Any, cast
 import pytest
 from confluent_kafka import Message, TopicPartition
 
-from consumers.backoff import HoldBackoff
 from consumers.batch.committer import Batch, CommitResult, Committer, InFlight
 from consumers.batch.lifecycle import STAGES, BatchLifecycle, IllegalStage, Stage, StageEvent
 from consumers.batch.partitions import PartitionTable
@@ -149,8 +148,6 @@ class Pipeline:
             self.table.claimed(lease, log_start=0, log_end=1_000_000)
         self.planner, self.committer, self.kafka = _Planner(), _Committer(), _Kafka()
         self.metrics = ConsumerMetrics("g")
-        self.refusals = HoldBackoff(what="refused", consequence="waits")
-        self.registry = HoldBackoff(what="registry down", consequence="waits")
         self.batches = BatchLifecycle(
             planner=cast(Planner, self.planner),
             committer=cast(Committer, self.committer),
@@ -160,12 +157,11 @@ class Pipeline:
             consumer=cast(Any, self.kafka),
             metrics=self.metrics,
             work_log=WorkLog(dead_letters_table="bridge.dead_letters", behind_at=100),
-            refusals=self.refusals,
-            registry=self.registry,
             mirror_offsets=False,
             assembly=assembly,
         )
         self.next_offset = 0
+        self.refusals, self.registry = self.batches.refusals, self.batches.registry
 
     def records(self, count: int = 3) -> list[Message]:
         first, self.next_offset = self.next_offset, self.next_offset + count
