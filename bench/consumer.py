@@ -291,7 +291,14 @@ class Service:
         if value_format != "json":
             route["value_format"] = value_format
         route |= route_options or {}
-        consumer: dict[str, Any] = {"group_id": self.group, "routes": [route]}
+        # Another tree (another release) keeps its state tables apart: a newer release migrates
+        # them forward, and an older one refuses tables newer than it knows.
+        self.state_schema = (
+            DEFAULT_STATE_SCHEMA if tree is None else f"{DEFAULT_STATE_SCHEMA}_baseline"
+        )
+        consumer: dict[str, Any] = {
+            "group_id": self.group, "routes": [route], "state_schema": self.state_schema,
+        }  # fmt: skip
         if batch_max_wait_ms is not None:
             consumer["batch_max_wait_ms"] = batch_max_wait_ms
         if http_port is not None:
@@ -322,7 +329,7 @@ class Service:
         return self._watcher
 
     def position(self) -> int:
-        return applied_position(self.watcher(), self.group, DEFAULT_STATE_SCHEMA)
+        return applied_position(self.watcher(), self.group, self.state_schema)
 
     def held_partitions(self) -> int:
         """Partitions whose row in the offsets table names an owner: the claim the service
@@ -333,7 +340,7 @@ class Service:
                 .execute(
                     sql_ident.SQL(
                         "SELECT count(*) FROM {} WHERE group_id = %s AND owner IS NOT NULL"
-                    ).format(sql_ident.Identifier(DEFAULT_STATE_SCHEMA, OFFSETS_TABLE)),
+                    ).format(sql_ident.Identifier(self.state_schema, OFFSETS_TABLE)),
                     (self.group,),
                 )
                 .fetchone()
