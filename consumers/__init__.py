@@ -12,18 +12,18 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from consumers.batch.dead_letter_replay import (
+    from consumers.database.ledger_tables import LedgerNames
+    from consumers.database.offset_reset import execute_reset, parse_reset_target, plan_reset
+    from consumers.database.offsets import OffsetStore, applied_position
+    from consumers.database.positions import Position, caught_up_position, read_positions
+    from consumers.database.state import ensure_state, state_tables
+    from consumers.dead_letter_replay import (
         Chosen,
         DeadLetter,
         Replayed,
         Replayer,
         dead_letters,
     )
-    from consumers.database.ledger_tables import LedgerNames
-    from consumers.database.offset_reset import execute_reset, parse_reset_target, plan_reset
-    from consumers.database.offsets import OffsetStore, applied_position
-    from consumers.database.positions import Position, caught_up_position, read_positions
-    from consumers.database.state import ensure_state, state_tables
     from consumers.decoding.registry_schemas import SchemaCache
     from consumers.epochs.ledger import (
         EpochPhase,
@@ -76,11 +76,11 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "force_epoch": ("consumers.epochs.ledger", "force"),
     "discard_epoch": ("consumers.epochs.ledger", "discard"),
     # Dead letters.
-    "DeadLetter": ("consumers.batch.dead_letter_replay", "DeadLetter"),
-    "Chosen": ("consumers.batch.dead_letter_replay", "Chosen"),
-    "Replayed": ("consumers.batch.dead_letter_replay", "Replayed"),
-    "Replayer": ("consumers.batch.dead_letter_replay", "Replayer"),
-    "dead_letters": ("consumers.batch.dead_letter_replay", "dead_letters"),
+    "DeadLetter": ("consumers.dead_letter_replay", "DeadLetter"),
+    "Chosen": ("consumers.dead_letter_replay", "Chosen"),
+    "Replayed": ("consumers.dead_letter_replay", "Replayed"),
+    "Replayer": ("consumers.dead_letter_replay", "Replayer"),
+    "dead_letters": ("consumers.dead_letter_replay", "dead_letters"),
 }
 
 __all__ = [

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from tenacity import RetryCallState, Retrying, wait_exponential
@@ -31,17 +32,22 @@ class HoldBackoff:
     recovered: str | None = None  # logged when it clears after a failure: "... again"
     current: str | None = None  # why it holds now; None while it does not
     retry_at: float = 0.0  # monotonic: no batch before this
+    # Where the records it holds start, per (topic, partition); empty when it holds no record
+    # of its own (the database refusing writes). Their owner clears the hold once every one of
+    # them has moved past (an offsets reset, a skip) or left the member: on an idle topic no
+    # batch comes to clear it.
+    at: dict[tuple[str, int], int] = field(default_factory=dict)
     _since: float = 0.0
     _attempt: RetryCallState = field(
         default_factory=lambda: RetryCallState(Retrying(), None, (), {}), repr=False
     )
 
-    def failed(self, why: str) -> None:
+    def failed(self, why: str, at: Mapping[tuple[str, int], int] | None = None) -> None:
         now = time.monotonic()
         if self.current is None:
             self._since = now
             self._attempt.attempt_number = 0
-        self.current = why
+        self.current, self.at = why, dict(at or {})
         self._attempt.attempt_number += 1
         delay = self.wait(self._attempt)
         self.retry_at = now + delay
@@ -50,7 +56,7 @@ class HoldBackoff:
     def cleared(self) -> None:
         if self.current is not None and self.recovered is not None:
             log.info("%s after %.0fs", self.recovered, time.monotonic() - self._since)
-        self.current, self.retry_at = None, 0.0
+        self.current, self.retry_at, self.at = None, 0.0, {}
 
     def reasons(self) -> list[str]:
         if self.current is None:

@@ -23,7 +23,6 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 from bridge.settings import BridgeSettings, ConsumerSettings, LibrdkafkaValue
 from consumers.batch.committer import Committer
 from consumers.batch.lifecycle import BatchLifecycle
-from consumers.batch.partitions import PartitionTable
 from consumers.batch.planner import Planner
 from consumers.batch.work_log import WorkLog
 from consumers.database.db_session import DatabaseSession, at_start
@@ -37,6 +36,7 @@ from consumers.membership.kafka_health import KafkaHealth
 from consumers.membership.leases import LeaseKeeper
 from consumers.membership.topic_sizes import TopicSizes
 from consumers.metrics import ConsumerMetrics, HealthServer
+from consumers.partitions import PartitionTable
 from consumers.tables.applier import Applier
 from consumers.tables.routing import Routed, Router
 
@@ -51,6 +51,14 @@ rdkafka_log = logging.getLogger("bridge.rdkafka")
 # default, before it fetches again, although the loop drains that queue in a fraction of it:
 # catching up after downtime crawled at about 170k records/s with the process mostly idle.
 CONSUMER_FETCH_DEFAULTS: dict[str, LibrdkafkaValue] = {"fetch.queue.backoff.ms": 10}
+# With the classic protocol, how soon a dead member's partitions move: librdkafka's 45 s session
+# held every whole epoch of the group back for over a minute after a SIGKILL (each epoch spans
+# the dead member's partitions). Heartbeats come from librdkafka's own thread, so a long batch
+# does not miss them; 6 s is the broker's least session (`group.min.session.timeout.ms`).
+CLASSIC_SESSION_DEFAULTS: dict[str, LibrdkafkaValue] = {
+    "session.timeout.ms": 6_000,
+    "heartbeat.interval.ms": 2_000,
+}
 _METADATA_REFRESH_MS = 10_000
 _STATISTICS_INTERVAL_MS = 5_000  # how often librdkafka reports the last stable offsets (lag)
 _RECONCILE_INTERVAL_S = 1.0  # how often leases are compared with the offsets table
@@ -315,9 +323,10 @@ class ConsumerService:
             overrides["group.protocol"] = "consumer"
         else:
             overrides["partition.assignment.strategy"] = "cooperative-sticky"
-        config: dict[str, Any] = self._settings.kafka.client_config(
-            defaults=CONSUMER_FETCH_DEFAULTS, **overrides
-        )
+        defaults = dict(CONSUMER_FETCH_DEFAULTS)
+        if self._config.group_protocol == "classic":
+            defaults |= CLASSIC_SESSION_DEFAULTS  # the broker owns the session under `consumer`
+        config: dict[str, Any] = self._settings.kafka.client_config(defaults=defaults, **overrides)
         config["stats_cb"] = self._on_statistics
         config["error_cb"] = self._kafka.client_error
         config["on_commit"] = _on_mirror_commit

@@ -111,15 +111,20 @@ class Reader:
 
 
 @contextmanager
-def reading(reader: Reader, every_s: float = 0.01) -> Iterator[Reader]:
-    """`reader` polling on a thread of its own for as long as the block runs."""
-    with polling(reader.dsn, reader.poll, every_s):
+def reading(reader: Reader, every_s: float = 0.01, *, reconnect: bool = False) -> Iterator[Reader]:
+    """`reader` polling on a thread of its own for as long as the block runs; with
+    `reconnect`, through a lost server (a failover), connecting again until the block ends."""
+    with polling(reader.dsn, reader.poll, every_s, reconnect=reconnect):
         yield reader
 
 
 @contextmanager
 def polling(
-    dsn: str, poll: Callable[[psycopg.Connection[Any]], None], every_s: float = 0.01
+    dsn: str,
+    poll: Callable[[psycopg.Connection[Any]], None],
+    every_s: float = 0.01,
+    *,
+    reconnect: bool = False,
 ) -> Iterator[None]:
     """`poll` called on a thread of its own, with a connection of its own, for as long as the
     block runs; what it raises is raised in the test's thread at the end."""
@@ -127,13 +132,20 @@ def polling(
     failure: list[BaseException] = []
 
     def loop() -> None:
-        try:
-            with psycopg.connect(dsn, autocommit=True) as conn:
-                while not stop.is_set():
-                    poll(conn)
-                    stop.wait(every_s)
-        except BaseException as exc:  # noqa: BLE001 - handed to the test's thread
-            failure.append(exc)
+        while not stop.is_set():
+            try:
+                with psycopg.connect(dsn, autocommit=True, connect_timeout=5) as conn:
+                    while not stop.is_set():
+                        poll(conn)
+                        stop.wait(every_s)
+            except psycopg.OperationalError as exc:
+                if not reconnect:
+                    failure.append(exc)
+                    return
+                stop.wait(0.1)  # the server is gone, or not yet promoted: try again
+            except BaseException as exc:  # noqa: BLE001 - handed to the test's thread
+                failure.append(exc)
+                return
 
     thread = threading.Thread(target=loop, daemon=True)
     thread.start()

@@ -1,5 +1,5 @@
 """`bridge dead-letters show|replay`: the records a group's routes refused, and each applied
-again through its route, exactly once, after a fix (`consumers.batch.dead_letter_replay`)."""
+again through its route, exactly once, after a fix (`consumers.dead_letter_replay`)."""
 
 from __future__ import annotations
 

@@ -24,25 +24,22 @@ from __future__ import annotations
 
 import logging
 import re
-import signal
-import threading
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from bridge.errors import ConfigError
 from bridge.names import SINK_FORMAT
 from bridge_shell.spark.locations import local_path, progress_path, spark_location
 from bridge_shell.spark.spark_session import build_session, stop_session
+from spark_jobs.graceful_stop import stop_on_signal
 from spark_jobs.progress import SinkCounters
 from spark_jobs.spark_kafka_options import java_client_options
 
 log = logging.getLogger("bridge.produce")
 
 AVAILABLE_NOW = "available-now"
-_STOP_POLL_S = 1  # how soon a stop request is acted on
 _INTERVAL = re.compile(r"^\d+(\.\d+)?\s*(ms|milliseconds?|s|seconds?|m|minutes?|h|hours?)$")
 _FIELD = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*$")
 _CORRUPT = "_bridge_unreadable_line"  # where from_json puts a line it cannot read by the schema
@@ -158,7 +155,8 @@ class ProducerJob:
 
 
 def run(job: ProducerJob, spark: Any | None = None) -> SinkCounters:
-    """Run the query until it has consumed what is available (available-now) or until SIGTERM.
+    """Run the query until it has consumed what is available (available-now) or until SIGTERM
+    or SIGINT, which stop it at its next epoch boundary (`spark_jobs.graceful_stop`).
 
     `spark`: a session to run in (left running); by default the job starts and stops its own."""
     job.check()
@@ -184,10 +182,9 @@ def run(job: ProducerJob, spark: Any | None = None) -> SinkCounters:
             )
         query = _start(spark, job)
         log.info("query %s started (checkpoint %s)", query.id, job.checkpoint)
-        if job.trigger == AVAILABLE_NOW:
-            query.awaitTermination()
-        else:
-            _await_or_stop_on_signal(query)
+        # Until the query ends (available-now: when it has read what was there), or a signal
+        # stops it between two epochs (a deploy is not a crash).
+        stop_on_signal(query)
     finally:
         if own:
             stop_session(spark)
@@ -308,22 +305,3 @@ def _read(spark: Any, job: ProducerJob) -> Any:
         F.col("offset").alias("source_offset"),
         F.col("timestamp"),
     )
-
-
-def _await_or_stop_on_signal(query: Any) -> None:
-    """Until the query ends on its own (raising its error if it failed), or SIGTERM / SIGINT
-    ask it to stop. The handler only flags the request: the main thread may be inside a Py4J
-    call, and a second call from a signal handler on the same connection breaks it (Py4J's
-    "reentrant call"), which killed the driver with an error instead of stopping it."""
-    requested = threading.Event()
-
-    def request_stop(signum: int, frame: FrameType | None) -> None:
-        log.info("signal %d: stopping the query", signum)
-        requested.set()
-
-    signal.signal(signal.SIGTERM, request_stop)
-    signal.signal(signal.SIGINT, request_stop)
-    while not query.awaitTermination(_STOP_POLL_S):
-        if requested.is_set():
-            query.stop()  # Spark interrupts a running epoch; the next run replays it
-            return

@@ -42,7 +42,6 @@ from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 from bridge.errors import BridgeError
 from consumers.backoff import HoldBackoff
 from consumers.batch.committer import Batch, CommitResult, Committer, InFlight
-from consumers.batch.partitions import PartitionState, PartitionTable
 from consumers.batch.planner import Planned, Planner
 from consumers.batch.work_log import WorkLog
 from consumers.database.db_session import DatabaseSession, refusal_backoff
@@ -52,6 +51,7 @@ from consumers.decoding.registry_schemas import RegistryUnavailable, registry_ba
 from consumers.epochs.assembly import Assembled, EpochAssembly, LedgerLook
 from consumers.epochs.ledger import EpochKey
 from consumers.metrics import ConsumerMetrics
+from consumers.partitions import PartitionState, PartitionTable
 from consumers.tables.routing import RouteUnresolved
 from consumers.tables.table_follower import TableMismatch
 
@@ -190,19 +190,19 @@ class BatchLifecycle:
             # the wait is over, and nothing of them is written or dead-lettered meanwhile.
             self.settle()
             self._metrics.registry_unavailable.inc()
-            self.registry.failed(str(exc))
+            self.registry.failed(str(exc), _starts(ours))
             self._seek_to_leases()
             return
         except TableMismatch as exc:
             # Not the records' fault either: they wait until the table is mended.
             self.settle()
             self._metrics.table_mismatch.inc()
-            self.mismatches.failed(str(exc))
+            self.mismatches.failed(str(exc), _starts(ours))
             self._seek_to_leases()
             return
         except RouteUnresolved as exc:  # nor theirs: they wait for a table that takes them
             self.settle()
-            self.unrouted.failed(str(exc))
+            self.unrouted.failed(str(exc), _starts(ours))
             self._seek_to_leases()
             return
         self.registry.cleared()
@@ -349,8 +349,26 @@ class BatchLifecycle:
         """Its partition holds at the record; the member's batches wait between tries."""
         self._stopped_at = ((stop.topic, stop.partition), stop.offset)
         self._metrics.records_stopped(stop.topic).inc()
-        self.stops.failed(str(stop))
+        self.stops.failed(str(stop), {(stop.topic, stop.partition): stop.offset})
         self._seek_to_leases()
+
+    def _release_moved_past(self) -> None:
+        """Clear each hold whose records are no longer this member's to apply: every partition
+        it held has moved past them (an operator's reset or skip) or left this member. A batch
+        would clear it too, but on an idle topic none comes, and `/readyz` would keep a reason
+        whose cause is gone."""
+        for hold in self._holds:
+            if hold.current is None or not hold.at:
+                continue
+            if all(
+                (lease := self._table.lease(key)) is None or lease.next_offset > offset
+                for key, offset in hold.at.items()
+            ):
+                log.info("what held the batches is behind every partition it held: %s",
+                         hold.current)  # fmt: skip
+                if hold is self.stops:
+                    self._stopped_at = None
+                hold.cleared()
 
     def _resolve(self, result: CommitResult) -> bool:
         """After a batch whose advance was refused or whose connection was lost: read where
@@ -423,7 +441,9 @@ class BatchLifecycle:
         )
 
     def report(self) -> None:
-        """What is due in the log now that no batch brought (progress, dead letters' count)."""
+        """What is due now that no batch brought: holds whose records were moved past, the
+        log's progress and dead letters' count."""
+        self._release_moved_past()
         self._work_log.tick(lag=self._metrics.total_lag(), partitions=len(self._table.keys()))
 
     def _mirror(self, advanced: dict[PartitionKey, int]) -> None:
@@ -459,3 +479,8 @@ def mismatch_backoff() -> HoldBackoff:
         what="table does not fit its records' schema",
         consequence="the batch waits until the table is mended, nothing is dead-lettered",
     )
+
+
+def _starts(records: dict[PartitionKey, list[Record]]) -> dict[PartitionKey, int]:
+    """Where each partition's records of a held batch start."""
+    return {key: offset_of(of_key[0]) for key, of_key in records.items() if of_key}

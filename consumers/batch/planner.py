@@ -41,7 +41,7 @@ from consumers.epochs.staging import EpochPlanner, EpochStager
 from consumers.metrics import ConsumerMetrics
 from consumers.tables.applier import Applier, EveryStage, Step
 from consumers.tables.routing import Routed, Router
-from consumers.tables.table_follower import TableFollower
+from consumers.tables.table_follower import TableFollower, TableMismatch
 from consumers.tables.targets import Target
 
 log = logging.getLogger("bridge.consumer")
@@ -144,10 +144,19 @@ class Planner:
         for topic, of_topic in of_topics.items():  # step 2
             follower = self._followers.get(topic)
             if follower is not None:
-                follower.follow(
-                    list(filter(None, map(Message.value, of_topic))),
-                    list(filter(None, map(Message.key, of_topic))),
-                )
+                try:
+                    follower.follow(
+                        list(filter(None, map(Message.value, of_topic))),
+                        list(filter(None, map(Message.key, of_topic))),
+                    )
+                except TableMismatch as exc:
+                    first = exc.first_record(of_topic)
+                    if first is None:
+                        raise
+                    raise TableMismatch(
+                        f"{exc}; first record: topic {topic} partition {first.partition()} "
+                        f"offset {first.offset()}"
+                    ) from exc
                 if follower.target is not None:
                     self._targets[topic] = follower.target
         targets = {topic: self._targets[topic] for topic in of_topics}

@@ -5,7 +5,7 @@ may write it (the owner epoch). This module claims partitions on assignment and 
 on revocation (the rebalance callbacks, run inside `consume`), compares the leases with the
 table once a second (`reconcile`), and pauses a partition Kafka will not fetch from its stored
 offset. Each of these reaches the batch in flight through one entry point, `_batch_settled_first`,
-then moves the partitions' states (`consumers.batch.partitions`) and the consumer's positions:
+then moves the partitions' states (`consumers.partitions`) and the consumer's positions:
 assigned, paused, resumed.
 """
 
@@ -23,9 +23,9 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from bridge.settings import ConsumerSettings
 from consumers.batch.lifecycle import BatchLifecycle
-from consumers.batch.partitions import PartitionState, PartitionTable, out_of_range_reason
 from consumers.database.db_session import DatabaseSession, is_lost, refusal_of
 from consumers.database.offsets import Lease, OffsetStore, PartitionKey, StoredRow
+from consumers.partitions import PartitionState, PartitionTable, out_of_range_reason
 
 log = logging.getLogger("bridge.consumer")
 

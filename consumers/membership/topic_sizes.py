@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 
 from confluent_kafka import Consumer, KafkaException
 
-from consumers.batch.partitions import PartitionTable
+from consumers.partitions import PartitionTable
 
 _TTL_S = 30.0
 _TIMEOUT_S = 2.0  # a broker that does not answer soon: the topic's epochs are staged meanwhile

@@ -29,6 +29,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import psycopg
+from confluent_kafka import Message
 from psycopg import sql
 from sqlalchemy import Engine
 
@@ -52,6 +53,18 @@ DRIFT = (psycopg.errors.DuplicateTable, psycopg.errors.UndefinedColumn)
 
 class TableMismatch(BridgeError):
     """A writer schema the table cannot take by adding a column: the batch waits."""
+
+    writer: int | None = None  # the writer schema's id, when one schema is at fault
+
+    def first_record(self, records: Sequence[Message]) -> Message | None:
+        """The first of `records` written with the schema at fault, for the reason to name."""
+        if self.writer is None:
+            return None
+        for record in records:
+            value = record.value()
+            if value is not None and schema_id(_head(value)) == self.writer:
+                return record
+        return None
 
 
 @dataclass(frozen=True)
@@ -261,8 +274,9 @@ class TableFollower:
                 continue  # its records are dead letters naming why (consumers.decoding)
             try:
                 self._take(writer, self._as_columns(fields))
-            except TableMismatch:
+            except TableMismatch as exc:
                 self._stale = True
+                exc.writer = writer
                 raise
             self._checked.add(writer)
         return list(self.pending)

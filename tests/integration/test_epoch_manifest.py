@@ -6,6 +6,7 @@ through the kills, a consumer group with whole epochs shows a reader only whole 
 from __future__ import annotations
 
 import json
+import signal
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
@@ -186,3 +187,36 @@ def test_a_driver_killed_around_its_commit_hook_leaves_every_epoch_whole(
     query = _query_of(producer.checkpoint)
     records = assert_whole(stack, DEFAULT_EPOCHS_TOPIC, {topic_name: 3}, query, {0, 1})
     assert len(records[1]) == records_of_epoch_1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "rule",
+    [
+        # A task of epoch 1 has written its records and waits before its commit.
+        {"point": "before-commit", "partition": 0, "epoch": 1, "action": "pause", "seconds": 4},
+        # Every task of epoch 1 committed; the driver's commit hook waits before its record.
+        {"point": "manifest-before-commit", "epoch": 1, "action": "pause", "seconds": 4},
+    ],
+    ids=["in-a-task", "in-the-hook"],
+)
+def test_a_deploys_sigterm_mid_epoch_lets_the_epoch_finish_then_stops(
+    stack: Endpoints, topic_name: str, tmp_path: Path, rule: dict[str, object]
+) -> None:
+    """A supervisor's SIGTERM while epoch 1 is in flight: the job lets it finish, its tasks and
+    its record, then stops with exit 0. Spark logged the epoch (nothing to replay), and every
+    epoch in the manifest has its record: no consumer group waits on an open epoch."""
+    producer, process, expected = started_to_fault(
+        stack, tmp_path, topic_name, rule, "--epochs", "whole", "--trigger", "1 second"
+    )
+    process.send_signal(signal.SIGTERM)
+    code = process.wait(120)
+    output = producer.log.read_text()
+    assert code == 0, output[-3000:]
+    assert "the query stopped between epochs" in output, output[-3000:]
+    assert "Traceback" not in output, output[-3000:]
+    assert (producer.checkpoint / "commits" / "1").exists()  # Spark logged epoch 1
+    query = _query_of(producer.checkpoint)
+    parts, records = manifest_of(stack, DEFAULT_EPOCHS_TOPIC, query)
+    assert {epoch for epoch, _ in parts} == set(records) == {0, 1}
+    assert_exactly(stack, topic_name, 3, expected)

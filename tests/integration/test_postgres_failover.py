@@ -16,6 +16,7 @@ import os
 import shutil
 import signal
 import tempfile
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from bridge.names import POSTGRES_DATABASE, POSTGRES_USER
 from bridge_shell.stack.postgres import PostgresServer
 from bridge_shell.stack.process import free_port
 from tests.consumer_helpers import drained, eventually, produce, running, settings_for, sql
+from tests.epoch_helpers import HandSink, Reader, published, reading
 from tests.harness import Endpoints
 
 pytestmark = pytest.mark.slow
@@ -139,3 +141,81 @@ def test_the_primary_killed_and_its_standby_promoted_loses_and_doubles_nothing(
     else:
         assert lost == CHUNK, (acknowledged, on_the_new_primary)
         assert reapplied == lost
+
+
+@pytest.mark.parametrize("synchronous", [True, False], ids=["synchronous", "asynchronous"])
+def test_whole_epochs_through_a_failover_lose_double_and_show_nothing_partial(
+    stack: Endpoints,
+    names: dict[str, str],
+    replicated: tuple[PostgresServer, PostgresServer],
+    synchronous: bool,
+) -> None:
+    """Epochs of 3 tasks over two topics, with whole epochs: the primary is killed with epoch 4
+    committed by it alone (asynchronous) or waiting for its standby (synchronous). A reader of
+    whichever server is primary never sees part of an epoch; on the promoted standby the epoch
+    the old primary lost is published again, from Kafka, and every id is in its table once."""
+    primary, standby = replicated
+    primary.replicate_synchronously(synchronous)
+    expected_sync = "sync" if synchronous else "async"
+    eventually(lambda: ("streaming", expected_sync) in primary.replication())
+    failover = Endpoints(
+        bootstrap_servers=stack.bootstrap_servers,
+        dsn=multi_host_dsn(primary, standby),
+        origin="a primary and its standby",
+    )
+    suffix = uuid.uuid4().hex[:8]
+    topics, manifest = [f"fo-a-{suffix}", f"fo-b-{suffix}"], f"fo-epochs-{suffix}"
+    tables = [f"public.fo_a_{suffix}", f"public.fo_b_{suffix}"]
+    for topic in topics:
+        create_topic(stack.bootstrap_servers, topic, partitions=3)
+    create_topic(stack.bootstrap_servers, manifest, partitions=1)
+    for table in tables:
+        sql(failover, f"CREATE TABLE {table} (id bigint PRIMARY KEY, epoch_no int)")
+    tasks, per_task, epochs = 3, 60, 8
+    query = f"q-{uuid.uuid4()}"
+    sink = HandSink(stack, manifest_topic=manifest, query=query)
+
+    def write(epoch: int) -> None:
+        for task in range(tasks):
+            records = []
+            for i in range(per_task):
+                record_id = (epoch * tasks + task) * per_task + i
+                value = f'{{"id": {record_id}, "epoch_no": {epoch}}}'.encode()
+                records.append((topics[i % 2], record_id % 3, None, value))
+            sink.task(epoch, task, records)
+        sink.commit(epoch, list(range(tasks)))
+
+    def settled() -> int:
+        return published(failover.dsn, names["schema"], query)
+
+    config = settings_for(failover, names, consumer={
+        "routes": [{"topic": t, "table": table, "epochs": "whole"}
+                   for t, table in zip(topics, tables, strict=True)],
+        "epochs_topic": manifest,
+    })  # fmt: skip
+    reader = Reader(failover.dsn, tables, dict.fromkeys(range(epochs), tasks * per_task))
+    with running(config), reading(reader, reconnect=True):
+        for epoch in range(4):
+            write(epoch)
+        eventually(lambda: settled() == 4, timeout=120)
+        sender = wal_sender(primary)
+        os.kill(sender, signal.SIGSTOP)
+        try:
+            write(4)
+            if synchronous:  # the batch's COMMIT waits for a standby that receives nothing
+                eventually(lambda: waiting_for_the_standby(primary))
+            else:  # published on the primary alone
+                eventually(lambda: settled() == 5)
+            primary.kill()
+        finally:
+            os.kill(sender, signal.SIGKILL)  # what it holds never reaches the standby
+        standby.promote()
+        assert published(standby.dsn, names["schema"], query) == 4  # epoch 4 is not there
+        for epoch in range(5, epochs):
+            write(epoch)
+        eventually(lambda: settled() == epochs, timeout=180)
+    assert reader.partial == [], f"part of an epoch seen: {reader.partial[:5]}"
+    assert reader.polls > 50
+    for table in tables:
+        rows, distinct = sql(failover, f"SELECT count(*), count(DISTINCT id) FROM {table}")[0]
+        assert rows == distinct == epochs * tasks * per_task // 2

@@ -78,3 +78,28 @@ def test_a_bad_record_stops_its_partition_until_it_is_let_through(
     assert dead == ([(0, BAD_OFFSET)] if resume == "config" else [])
     expected = GOOD if resume == "table" else [i for i in GOOD if i != BAD_OFFSET]
     assert _ids(stack, table) == expected
+
+
+def test_a_stopped_record_reset_past_while_running_clears_readyz_on_an_idle_topic(
+    stack: Endpoints, names: dict[str, str]
+) -> None:
+    """The bad record is the last of its partition: after `bridge offsets reset --force` past
+    it, with the member running, no batch comes; `/readyz` clears all the same."""
+    table = f"public.{names['table']}"
+    create_topic(stack.bootstrap_servers, names["topic"], partitions=1)
+    sql(stack, f"CREATE TABLE {table} (id int, body text CHECK (body <> 'bad'))")
+    producer = transactional_producer(stack.bootstrap_servers, config=stack.properties())
+    producer.begin_transaction()
+    for i in range(BAD_OFFSET + 1):
+        body = "bad" if i == BAD_OFFSET else "ok"
+        producer.produce(names["topic"], value=json.dumps({"id": i, "body": body}).encode())
+    producer.commit_transaction(30)
+    where = f"{names['topic']}[0]@{BAD_OFFSET}"
+    with running(settings_for(stack, names, on_record_error="stop")) as service:
+        eventually(lambda: any(where in r for r in service.not_ready()))
+        reset = bridge(stack, "offsets", "reset", "--group", names["group"], "--schema",
+                       names["schema"], "--topic", names["topic"], "--partition", "0",
+                       "--to", str(BAD_OFFSET + 1), "--execute", "--force")  # fmt: skip
+        assert reset.returncode == 0, reset.stderr
+        eventually(lambda: service.not_ready() == [], timeout=30)
+    assert _ids(stack, table) == list(range(BAD_OFFSET))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -27,6 +28,7 @@ from spark_jobs.registry_frames import register
 from tests.consumer_helpers import drained, eventually, produce, running, sample, settings_for, sql
 from tests.harness import Endpoints
 from tests.integration.test_consumer_faults import start_consumer
+from tests.integration.test_operator_tools import bridge
 
 PARTITIONS = 2
 V1: dict[str, Any] = {
@@ -477,3 +479,30 @@ def test_sigkill_before_inside_and_after_the_altering_transaction_loses_nothing(
     assert sql(
         stack, f"SELECT count(*) FROM {table} WHERE (id >= 100) <> (region IS NOT NULL)"
     ) == [(0,)]
+
+
+def test_a_record_reset_past_on_an_idle_topic_clears_readyz_which_named_it(
+    stack: Endpoints, names: dict[str, str], registry_url: str, table: str
+) -> None:
+    """The documented way out of a record the table cannot take: `bridge offsets reset` past
+    it, with the member running. `/readyz` named the record (topic, partition, offset), and
+    clears once the partition has moved past it, though no record comes after it."""
+    keyless = {**V1, "fields": [f for f in V1["fields"] if f["name"] != "id"]}
+    (bad,) = _ids(stack, registry_url, names["topic"], keyless)
+    record = {k: v for k, v in _record(1).items() if k != "id"}
+    produce(stack, names["topic"], [(None, _framed(bad, keyless, record))])
+    settings = settings_for(stack, names, registry_url=registry_url, value_format="avro",
+                            auto_create=True, mode="upsert", key_columns=["id"])  # fmt: skip
+    with running(settings) as service:
+        eventually(lambda: any("key column(s) id" in r for r in service.not_ready()), timeout=60)
+        (reason,) = [r for r in service.not_ready() if "key column(s) id" in r]
+        found = re.search(rf"first record: topic {names['topic']} partition (\d+) offset (\d+)",
+                          reason)  # fmt: skip
+        assert found is not None, reason
+        partition, offset = found.groups()
+        reset = bridge(stack, "offsets", "reset", "--group", names["group"], "--schema",
+                       names["schema"], "--topic", names["topic"], "--partition", partition,
+                       "--to", str(int(offset) + 1), "--execute", "--force")  # fmt: skip
+        assert reset.returncode == 0, reset.stderr
+        eventually(lambda: service.not_ready() == [], timeout=30)
+    assert sql(stack, f"SELECT count(*) FROM {names['schema']}.dead_letters") == [(0,)]

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from decimal import Decimal
 from pathlib import Path
 
@@ -131,3 +133,85 @@ def test_a_users_own_avro_job_with_a_tombstone_runs_with_and_without_an_activate
         )
     ]
     assert sql(stack, f"SELECT count(*) FROM {names['schema']}.dead_letters") == [(0,)]
+
+
+# docs/sink.md's graceful stop, in a job of the user's own with whole epochs: one file an epoch.
+STOPPABLE_JOB = """
+import sys
+
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+from spark_jobs.graceful_stop import stop_on_signal
+from spark_jobs.sink import register
+
+source, checkpoint, bootstrap, topic = sys.argv[1:5]
+spark = SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false").getOrCreate()
+register(spark)
+orders = spark.readStream.schema("id BIGINT, amount INT").option("maxFilesPerTrigger", 1)
+rows = orders.json(source).select(
+    F.col("id").cast("string").alias("key"), F.to_json(F.struct("id", "amount")).alias("value")
+)
+query = (
+    rows.writeStream.format("bridge-kafka")
+    .option("kafka.bootstrap.servers", bootstrap)
+    .option("topic", topic)
+    .option("epochs", "whole")
+    .option("checkpointLocation", checkpoint)
+    .trigger(processingTime="1 second")
+    .start()
+)
+print("stopped by a signal" if stop_on_signal(query) else "ended")
+spark.stop()
+"""
+
+
+def test_a_users_own_job_stopped_with_sigterm_mid_epoch_finishes_the_epoch_first(
+    stack: Endpoints, names: dict[str, str], tmp_path: Path
+) -> None:
+    """SIGTERM from outside while the driver's commit hook of epoch 1 is under way: the job's
+    `stop_on_signal` lets the epoch finish, then stops; exit 0, no traceback, and every epoch in
+    the manifest has its record."""
+    from bridge.kafka_admin import create_topic
+    from bridge.names import DEFAULT_EPOCHS_TOPIC
+    from tests.integration.test_epoch_manifest import _query_of, manifest_of
+
+    topic = names["topic"]
+    create_topic(stack.bootstrap_servers, topic, partitions=PARTITIONS)
+    source = tmp_path / "in"
+    source.mkdir()
+    for n in range(2):
+        lines = [{"id": n * 100 + i, "amount": i} for i in range(100)]
+        (source / f"part-{n}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    job = tmp_path / "job.py"
+    job.write_text(STOPPABLE_JOB)
+    rules = tmp_path / "faults.json"
+    rules.write_text(json.dumps([{"point": "manifest-before-commit", "epoch": 1,
+                                  "action": "pause", "seconds": 4}]))  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("BRIDGE_", "PYSPARK_"))}
+    env["BRIDGE_SINK_FAULTS"] = str(rules)
+    checkpoint = tmp_path / "checkpoint"
+    log = tmp_path / "job.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [sys.executable, str(job), str(source), str(checkpoint), stack.bootstrap_servers,
+             topic], stdout=out, stderr=subprocess.STDOUT, env=env,
+        )  # fmt: skip
+    try:
+        fired = Path(f"{rules}.0.fired")
+        deadline = time.monotonic() + 180
+        while not (fired.exists() and fired.read_text().endswith("\n")):
+            assert process.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.1)
+        process.send_signal(signal.SIGTERM)
+        code = process.wait(120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(30)
+    output = log.read_text()
+    assert code == 0, output[-3000:]
+    assert "stopped by a signal" in output, output[-3000:]
+    assert "Traceback" not in output, output[-3000:]
+    parts, records = manifest_of(stack, DEFAULT_EPOCHS_TOPIC, _query_of(checkpoint))
+    assert {epoch for epoch, _ in parts} == set(records) == {0, 1}

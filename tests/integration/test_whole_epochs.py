@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import uuid
 from pathlib import Path
 from typing import Any
@@ -337,6 +338,68 @@ def test_members_killed_while_staging_and_while_publishing_lose_double_and_show_
                 member.kill()
     assert reader.partial == [], f"part of an epoch seen: {reader.partial[:5]}"
     assert counts(stack, pipeline) == (epochs * TASKS * per_task,) * 2
+
+
+def test_a_member_killed_while_epochs_flow_holds_them_back_for_at_most_15_seconds(
+    stack: Endpoints, names: dict[str, str], pipeline: dict[str, Any], tmp_path: Path
+) -> None:
+    """Two members with the product's own Kafka settings, an epoch written every 0.3 s; one is
+    SIGKILLed. Every epoch spans every partition, so none can complete until the dead member's
+    partitions move: the session timeout, the rebalance, the claim and a publication. The next
+    epoch is published within 15 s of the kill (docs/consumer.md says what sets the bound), and
+    nothing is lost, doubled or seen in part."""
+    query = f"q-{uuid.uuid4()}"
+    sink = HandSink(stack, manifest_topic=pipeline["manifest"], query=query)
+    per_task = 24
+    config = tmp_path / "consumer.yaml"
+    routes = [{"topic": t, "table": table, "epochs": "whole"}
+              for t, table in zip(pipeline["topics"], pipeline["tables"], strict=True)]  # fmt: skip
+    config.write_text(yaml.safe_dump(plain_config(stack, names, routes=routes,
+                                                  epochs_topic=pipeline["manifest"])))  # fmt: skip
+    members = [Member(config, tmp_path / f"member-{i}.log") for i in range(2)]
+    written: list[int] = []
+    stop = threading.Event()
+
+    def flow() -> None:
+        while not stop.is_set():
+            epoch = len(written)
+            for task in range(TASKS):
+                sink.task(epoch, task, epoch_records(pipeline, epoch, task, per_task))
+            sink.commit(epoch, list(range(TASKS)))
+            written.append(epoch)
+            stop.wait(0.3)
+
+    def settled_at() -> list[float]:
+        rows = sql(
+            stack,
+            f"SELECT extract(epoch FROM settled_at) FROM {names['schema']}.epochs "
+            f"WHERE query = '{query}' AND outcome = 'published' ORDER BY settled_at",
+        )
+        return [float(row[0]) for row in rows]
+
+    # Every epoch has the same rows; far more epochs than 0.3 s apiece can write here.
+    reader = Reader(stack.dsn, pipeline["tables"], dict.fromkeys(range(10_000), TASKS * per_task))
+    writer = threading.Thread(target=flow, daemon=True)
+    try:
+        eventually(lambda: _owners(stack, names, pipeline["topics"]) == 2, timeout=90)
+        with reading(reader):
+            writer.start()
+            eventually(lambda: len(settled_at()) >= 5, timeout=90)
+            killed_at = float(sql(stack, "SELECT extract(epoch FROM now())")[0][0])
+            members[0].kill()
+            eventually(lambda: any(t > killed_at for t in settled_at()), timeout=60)
+            after = min(t for t in settled_at() if t > killed_at)
+            stop.set()
+            writer.join(60)
+            eventually(lambda: len(settled_at()) == len(written), timeout=90)
+    finally:
+        stop.set()
+        for member in members:
+            if member.process.poll() is None:
+                member.kill()
+    assert after - killed_at <= 15, f"the next epoch came {after - killed_at:.1f} s after the kill"
+    assert reader.partial == [], f"part of an epoch seen: {reader.partial[:5]}"
+    assert counts(stack, pipeline) == (len(written) * TASKS * per_task,) * 2
 
 
 def test_a_route_moved_between_staging_and_publication_plans_the_staged_records_again(

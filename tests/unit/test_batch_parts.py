@@ -7,11 +7,11 @@ import psycopg
 from confluent_kafka import Message
 
 from consumers.batch.committer import Batch, CommitResult
-from consumers.batch.partitions import PartitionTable
 from consumers.batch.planner import Planned, by_topic
 from consumers.database.db_session import Refusal, is_lost, refusal_of
 from consumers.database.offsets import Lease, StoredRow
 from consumers.membership.leases import compare_with_rows
+from consumers.partitions import PartitionTable
 
 
 class _Record:

@@ -16,7 +16,6 @@ from confluent_kafka import Message, TopicPartition
 
 from consumers.batch.committer import Batch, CommitResult, Committer, InFlight
 from consumers.batch.lifecycle import STAGES, BatchLifecycle, IllegalStage, Stage, StageEvent
-from consumers.batch.partitions import PartitionTable
 from consumers.batch.planner import Planned, Planner
 from consumers.batch.work_log import WorkLog
 from consumers.database.db_session import DatabaseSession, Refusal
@@ -24,6 +23,7 @@ from consumers.database.offsets import Lease, OffsetStore, PartitionKey
 from consumers.decoding.registry_schemas import RegistryUnavailable
 from consumers.epochs.assembly import EpochAssembly
 from consumers.metrics import ConsumerMetrics
+from consumers.partitions import PartitionTable
 from consumers.tables.applier import Step
 from tests.unit.test_epoch_assembly import MANIFEST, Clock, Log, assembly, whole_epoch
 

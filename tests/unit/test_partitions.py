@@ -6,13 +6,13 @@ from collections.abc import Callable
 
 import pytest
 
-from consumers.batch.partitions import (
+from consumers.database.offsets import Lease, StoredRow
+from consumers.partitions import (
     IllegalTransition,
     PartitionEvent,
     PartitionState,
     PartitionTable,
 )
-from consumers.database.offsets import Lease, StoredRow
 
 KEY = ("orders", 0)
 

@@ -1,6 +1,6 @@
 """Version 0003: dead letters that can be replayed, and groups that can be deleted. Each dead
 letter keeps its record's Kafka timestamp and how many times it was tried; `dead_letter_replays`
-is the audit trail of `bridge dead-letters replay` (`consumers.batch.dead_letter_replay`), and
+is the audit trail of `bridge dead-letters replay` (`consumers.dead_letter_replay`), and
 `offset_deletions` that of `bridge offsets delete`."""
 
 from __future__ import annotations
