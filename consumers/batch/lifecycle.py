@@ -336,13 +336,14 @@ class BatchLifecycle:
             self._count(result, list(result.batch.records.values()))  # its reply was lost
 
     def _settle_epochs(self, result: CommitResult) -> None:
-        epochs = result.batch.planned.epochs
-        if not epochs or self._assembly is None:
+        """The batch committed: what it held pending of whole epochs is settled with it."""
+        pending = result.batch.planned.pending
+        if pending is None or self._assembly is None:
             return
-        self._assembly.settled(epochs, published=bool(result.published))
-        if result.published:
-            self._metrics.epochs_published(path="in_batch").inc(len(epochs))
-            for query, epoch in epochs:
+        self._assembly.settled(pending, published=bool(result.published))
+        if result.published and pending.publishing:
+            self._metrics.epochs_published(path="in_batch").inc(len(pending.publishing))
+            for query, epoch in pending.publishing:
                 log.info("epoch published", extra={"query": query, "epoch": epoch, "batch": True})
 
     def _stopped(self, stop: RecordStopped) -> None:

@@ -34,7 +34,7 @@ from confluent_kafka import Message
 from consumers.batch.pipelined import formatted
 from consumers.database.offsets import PartitionKey
 from consumers.decoding.records import Record
-from consumers.epochs.assembly import Assembled
+from consumers.epochs.assembly import Assembled, PendingEpochs
 from consumers.epochs.chunks import PlannedStep, pack_plan, plan_fingerprint
 from consumers.epochs.ledger import EpochKey
 from consumers.epochs.staging import EpochPlanner, EpochStager
@@ -69,6 +69,8 @@ class Planned:
     published_rows: dict[str, int] = field(default_factory=dict)
     published_records: list[Record] = field(default_factory=list)
     guards: list[Step] = field(default_factory=list)
+    # What the batch holds pending of whole epochs, settled or dropped with its outcome.
+    pending: PendingEpochs | None = None
 
 
 def by_topic(records: dict[PartitionKey, list[Record]]) -> dict[str, list[Record]]:
@@ -188,6 +190,7 @@ class Planner:
             published_rows=rows,
             published_records=[r for of_topic in published.values() for r in of_topic],
             guards=self._guards(assembled) if epochs else [],
+            pending=assembled.pending if assembled is not None else None,
         )
 
     def _guards(self, assembled: Assembled | None) -> list[Step]:

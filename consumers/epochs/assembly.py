@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -58,6 +58,17 @@ _STAGED_GRACE_S = 1.0  # a batch's commit, after it staged, before the ledger sh
 
 
 @dataclass(frozen=True)
+class PendingEpochs:
+    """What one batch holds pending of whole epochs until its outcome: the epochs it publishes
+    itself and those it stages. Made by `assemble`, settled with the batch (`settled`) when it
+    commits, and dropped with it when it does not (`drop`): nothing is recorded as staged, or
+    forgotten as published, before the commit."""
+
+    publishing: tuple[EpochKey, ...] = ()
+    staging: frozenset[EpochKey] = frozenset()
+
+
+@dataclass(frozen=True)
 class Assembled:
     """What one batch commits, and how."""
 
@@ -67,6 +78,7 @@ class Assembled:
     epochs: tuple[EpochKey, ...] = ()  # the epochs it publishes, in order
     # What each published epoch was judged whole with, for the ledger's check.
     judged: dict[EpochKey, Judged] = field(default_factory=dict)
+    pending: PendingEpochs = PendingEpochs()  # settled or dropped with the batch
 
 
 class _Run(NamedTuple):
@@ -125,8 +137,11 @@ class EpochAssembly:
         self._held: dict[PartitionKey, list[_Run]] = {}
         self._waiting: dict[EpochKey, float] = {}  # epochs held back, since when
         # Epochs with records staged (here, or by a batch refused and written again), since
-        # when: later epochs of their query wait for their publication.
+        # when their batch committed: later epochs of their query wait for their publication.
         self._staged: dict[EpochKey, float] = {}
+        # The batches assembled and not yet settled, in order: what they stage holds later
+        # epochs back as if it were staged already (it will be, if they commit).
+        self._pending: list[PendingEpochs] = []
 
     # -- the lifecycle's calls ----------------------------------------------------------------
 
@@ -142,19 +157,24 @@ class EpochAssembly:
         return bool(self._held) and any(now - t >= self._hold_s for t in self._waiting.values())
 
     def drop(self) -> None:
-        """The positions went back to the stored offsets: what is held is fetched again."""
+        """The positions went back to the stored offsets: what is held is fetched again, and
+        the batches not settled are dropped (their records come again too)."""
         self._held.clear()
         self._waiting.clear()
+        self._pending.clear()
 
-    def settled(self, epochs: Iterable[EpochKey], *, published: bool) -> None:
-        """A batch that meant to publish `epochs` committed: by publishing them, or, refused
-        as a whole and written again, by staging them."""
+    def settled(self, pending: PendingEpochs, *, published: bool) -> None:
+        """The batch that held `pending` committed: by publishing its epochs, or, refused as a
+        whole and written again, by staging them; and what it staged is staged."""
+        self._pending = [p for p in self._pending if p is not pending]
         now = self._clock()
-        for epoch in epochs:
+        for epoch in pending.publishing:
             if published:
                 self._known.pop(epoch, None)
             else:
                 self._staged.setdefault(epoch, now)
+        for epoch in pending.staging:
+            self._staged.setdefault(epoch, now)
 
     def asking(self) -> list[EpochKey]:
         """The epochs whose manifest the ledger is to be asked about, between batches: a batch
@@ -232,11 +252,12 @@ class EpochAssembly:
         publishing = self._publishing(in_hand)
         for epoch in in_hand:
             self._waiting.setdefault(epoch, now)
+        staged_here = self._staged_or_pending()
         may_wait = {
             epoch
             for epoch in in_hand
             if epoch not in publishing
-            and epoch not in self._staged
+            and epoch not in staged_here
             and now - self._waiting[epoch] < self._hold_s
             and all(self._held_in_full(topic) for _, topic in in_hand[epoch])
             and all(self._held_in_full(t) for t in self._topics(epoch))
@@ -302,6 +323,10 @@ class EpochAssembly:
             self._looked[epoch] = now
         self._asking = sorted({e for e in self._asking if e in in_hand} | set(wanted))
 
+    def _staged_or_pending(self) -> set[EpochKey]:
+        """Epochs staged, or staged by a batch that has not settled yet."""
+        return set(self._staged).union(*(p.staging for p in self._pending))
+
     def _manifest_known(self, epoch: EpochKey) -> bool:
         known = self._known.get(epoch)
         return (
@@ -324,7 +349,7 @@ class EpochAssembly:
         blocked: set[str] = set()
         for epoch in sorted(in_hand):
             query, number = epoch
-            staged = [n for q, n in self._staged if q == query]
+            staged = [n for q, n in self._staged_or_pending() if q == query]
             if (
                 query in blocked
                 or any(n <= number for n in staged)
@@ -409,11 +434,11 @@ class EpochAssembly:
                     kept[key] = records[key][:before]
                 else:
                     del kept[key]
-        now = self._clock()
-        for epoch in staged_epochs:
-            self._staged.setdefault(epoch, now)
         self._waiting = {e: t for e, t in self._waiting.items() if e in waiting}
         epochs = tuple(sorted(e for e in publishing if e not in staged_epochs))
+        pending = PendingEpochs(epochs, frozenset(staged_epochs))
+        if pending.publishing or pending.staging:
+            self._pending.append(pending)
         judged = {}
         for epoch in epochs:
             known = self._known[epoch]
@@ -427,7 +452,7 @@ class EpochAssembly:
                 )),
                 counted=counted,
             )  # fmt: skip
-        return Assembled(kept, published, staged, epochs, judged)
+        return Assembled(kept, published, staged, epochs, judged, pending)
 
 
 def _after(of_key: list[_Run], cut: int) -> int:

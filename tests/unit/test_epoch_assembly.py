@@ -12,7 +12,7 @@ from confluent_kafka import Message
 from bridge.epoch_manifest import Epoch, Part
 from bridge.names import PROVENANCE_EPOCH, PROVENANCE_PARTITION, PROVENANCE_QUERY
 from consumers.database.offsets import PartitionKey
-from consumers.epochs.assembly import Assembled, EpochAssembly, LedgerLook
+from consumers.epochs.assembly import Assembled, EpochAssembly, LedgerLook, PendingEpochs
 from consumers.epochs.ledger import Judged
 
 TOPIC, MANIFEST = "orders", "bridge-epochs"
@@ -217,7 +217,7 @@ def test_held_records_of_a_partition_no_longer_ours_are_dropped() -> None:
 def test_a_batch_refused_and_written_again_staged_its_epochs() -> None:
     log, found = Log(), assembly()
     done = batch(found, whole_epoch(log, 0))
-    found.settled(done.epochs, published=False)
+    found.settled(done.pending, published=False)
     assert batch(found, whole_epoch(log, 1)).epochs == ()
     found.published((QUERY, 0))
     assert batch(found, whole_epoch(log, 2)).epochs != ()
@@ -265,7 +265,7 @@ def test_an_epoch_staged_here_and_settled_elsewhere_stops_holding_later_ones_bac
     yet (its batch not committed when the ledger was read) still holds them back."""
     log, clock = Log(), Clock()
     found = assembly(clock=clock)
-    found.settled([(QUERY, 0)], published=False)
+    found.settled(PendingEpochs(publishing=((QUERY, 0),)), published=False)
     read_at = clock.now
     found.looked(LedgerLook(still_open=frozenset(), as_of=read_at))  # staged just now: kept
     assert batch(found, whole_epoch(log, 1)).epochs == ()
@@ -280,3 +280,27 @@ def test_held_records_below_a_lease_moved_past_them_are_dropped() -> None:
     batch(found, log.task(0, 0, {0: 2}))  # offsets 0 and 2 of partition 0, held
     done = found.assemble({}, stored=lambda key: 4)
     assert offsets(done) == {} and found.holding() == 0
+
+
+def test_what_a_batch_stages_is_pending_until_it_commits_and_gone_if_it_does_not() -> None:
+    """Epoch 0 held past its time is staged by a batch: while that batch is not settled, epoch
+    1 waits behind it as if it were staged; once it commits, it is; dropped with a rewind, it
+    was never staged and epoch 1 goes in its batch."""
+    log, clock = Log(), Clock()
+    found = assembly(hold_s=0.5, clock=clock)
+    records = whole_epoch(log, 0)
+    batch(found, records[:3])
+    clock.now += 0.5
+    staging = batch(found, [])
+    assert staging.pending == PendingEpochs(staging=frozenset({(QUERY, 0)}))
+    assert batch(found, whole_epoch(log, 1)).epochs == ()  # waits behind the pending epoch 0
+    found.drop()  # the staging batch never committed: a rewind brings everything again
+    assert batch(found, whole_epoch(log, 2)).epochs == ((QUERY, 2),)
+
+    found = assembly(hold_s=0.5, clock=clock)
+    batch(found, records[:3])
+    clock.now += 0.5
+    staging = batch(found, [])
+    found.settled(staging.pending, published=False)  # committed: epoch 0 is staged
+    found.drop()
+    assert batch(found, whole_epoch(log, 3)).epochs == ()  # still behind staged epoch 0
