@@ -1,9 +1,18 @@
-"""A Kafka Connect JDBC sink configuration as bridge's consumer routes (`bridge routes
-from-connect`).
+"""A Kafka Connect JDBC sink configuration as bridge's consumer configuration (`bridge routes
+from-connect`): Confluent's JDBC sink (`io.confluent.connect.jdbc.JdbcSinkConnector`) and
+Debezium's (`io.debezium.connector.jdbc.JdbcSinkConnector`).
 
-The mapping is the table in docs/routes.md ("Coming from Kafka Connect"). What has no meaning
-for bridge (task counts, batch sizes, the JDBC dialect) is listed as left out; what bridge would
-do differently without saying so is refused, every problem in one `ConfigError`.
+The mapping is the table in docs/routes.md ("Coming from Kafka Connect"). Every key of the input
+meets one fate, and none is dropped in silence (`Translated.fates`):
+
+- **translated** into the routes, the database's DSN or the registry's settings;
+- **left out**, named in a note with why: what tunes Connect's own runtime or JDBC connection
+  (task counts, batch sizes, retries, pools), which bridge does its own way;
+- **refused**, every problem in one `ConfigError`: what bridge would do differently without
+  saying so.
+
+Credentials are never copied into the output: a password becomes a `${file:...}` reference, and
+a note says what to put in that file.
 """
 
 from __future__ import annotations
@@ -14,21 +23,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import yaml
 
 from bridge.errors import ConfigError
 
-# Settings that tune Connect's own runtime or the JDBC connection: nothing to translate.
-_RUNTIME = re.compile(
-    r"^(name|connector\.class|tasks\.max|batch\.size|max\.retries|retry\.backoff\.ms|"
-    r"dialect\.name|db\.timezone|connection\.(url|user|password|attempts|backoff\.ms)|"
-    r"quote\.sql\.identifiers|table\.types|errors\.(log\.enable|log\.include\.messages|"
-    r"deadletterqueue\.topic\.replication\.factor|deadletterqueue\.context\.headers\.enable|"
-    r"retry\.timeout|retry\.delay\.max\.ms)|(key|value)\.converter\.schemas\.enable|"
-    r"(key|value)\.converter\.basic\.auth\..*|delete\.enabled|pk\.mode|pk\.fields|topics|"
-    r"topics\.regex|table\.name\.format|insert\.mode|auto\.create|auto\.evolve|"
-    r"fields\.whitelist|errors\.tolerance|errors\.deadletterqueue\.topic\.name|"
-    r"(key|value)\.converter(\.schema\.registry\.url)?|transforms(\..*)?)$"
-)
+CONFLUENT = "io.confluent.connect.jdbc.JdbcSinkConnector"
+DEBEZIUM = "io.debezium.connector.jdbc.JdbcSinkConnector"
 _CONVERTERS = {
     "io.confluent.connect.avro.AvroConverter": "avro",
     "io.apicurio.registry.utils.converter.AvroConverter": "avro",
@@ -43,21 +45,118 @@ _INSERT_FIELDS = {
     "offset.field": "offset",
     "timestamp.field": "timestamp",
 }
+_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]*$")
+DSN_FILE = "/run/secrets/postgres-dsn"
+REGISTRY_USER_INFO_FILE = "/run/secrets/registry-user-info"
+
+# Why a key has no bridge setting and is left out, by the keys it covers.
+_RETRIES = (
+    "bridge retries a database, registry or broker fault itself, with growing waits, saying so "
+    "on /readyz; a record's own fault is never retried (on_record_error)"
+)
+_LEFT_OUT: dict[str, str] = {
+    "tasks.max": "one consumer member is one process: run several in one group for more "
+    "(deploy/kubernetes/consumer.yaml's replicas)",
+    "batch.size": "the consumer sizes its batches itself (consumer.batch_max_records)",
+    "use.reduction.buffer": "a batch writes each key once already (upserts sorted by key)",
+    "max.retries": _RETRIES,
+    "retry.backoff.ms": _RETRIES,
+    "connection.attempts": _RETRIES,
+    "connection.backoff.ms": _RETRIES,
+    "errors.retry.timeout": _RETRIES,
+    "errors.retry.delay.max.ms": _RETRIES,
+    "flush.max.retries": _RETRIES,
+    "flush.retry.delay.ms": _RETRIES,
+    "flush.failure.max.retries": _RETRIES,
+    "flush.failure.retries.wait.ms": _RETRIES,
+    "connection.restart.on.errors": _RETRIES,
+    "timestamp.precision.mode": "bridge keeps a timestamp's microseconds",
+    "dialect.sqlserver.identity.insert": "SQL Server only",
+    "errors.log.enable": "each dead letter is logged once committed, with its coordinates and "
+    "why; the record itself is kept in the dead_letters table",
+    "errors.log.include.messages": "the record is kept in the dead_letters table, not logged",
+    "errors.deadletterqueue.topic.replication.factor": "dead letters go to a table",
+    "errors.deadletterqueue.context.headers.enable": "a dead letter keeps its topic, partition, "
+    "offset, headers and error in its row",
+    "header.converter": "headers are read as bytes (a metadata column `header:<name>`)",
+    "config.action.reload": "Connect's runtime",
+    "trim.sensitive.log": "secrets never show in bridge's logs",
+    "mssql.use.merge.holdlock": "SQL Server only",
+    "connection.provider": "Connect's connection pool: one consumer member holds one session",
+    "dialect.postgres.postgis.schema": "PostGIS types have no bridge column type",
+    "hibernate.c3p0.ignore_unresolvable_transactions": "Connect's connection pool",
+}
+_LEFT_OUT_PREFIXES: dict[str, str] = {
+    "connection.pool.": "Connect's connection pool: one consumer member holds one session",
+    "connection.": "a JDBC driver setting: give libpq's own in postgres.dsn (connect_timeout, "
+    "sslmode, ...)",
+    "hibernate.": "Debezium's Hibernate runtime",
+    "consumer.override.": "Connect's Kafka consumer: bridge's Kafka client settings are "
+    "kafka.properties (librdkafka's names)",
+}
+
+
+class ConnectConfigRefused(ConfigError):
+    """Keys of the configuration refused, with what became of every key."""
+
+    def __init__(self, problems: list[tuple[str, str]], fates: dict[str, str]) -> None:
+        super().__init__(problems, source="the Kafka Connect configuration")
+        self.fates = fates
 
 
 @dataclass
 class Translated:
-    """The consumer section's routes and what else the configuration says, with notes."""
+    """The consumer configuration, and what became of every key of the input."""
 
     consumer: dict[str, Any]
     schema_registry: dict[str, Any] | None = None
+    postgres: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)
+    # Each key of the input: "translated", or "left out: <why>".
+    fates: dict[str, str] = field(default_factory=dict)
 
     def document(self) -> dict[str, Any]:
-        found: dict[str, Any] = {"consumer": self.consumer}
+        found: dict[str, Any] = {}
+        if self.postgres is not None:
+            found["postgres"] = self.postgres
         if self.schema_registry is not None:
             found["schema_registry"] = self.schema_registry
+        found["consumer"] = self.consumer
         return found
+
+    def yaml(self) -> str:
+        """The document as YAML, every value written out where it stands (no `&id001` anchors
+        for values two routes share)."""
+        return yaml.dump(self.document(), Dumper=_PlainDumper, sort_keys=False)
+
+
+class _PlainDumper(yaml.SafeDumper):
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+class _Keys:
+    """The input's keys, each given its fate once."""
+
+    def __init__(self, config: Mapping[str, str]) -> None:
+        self.config = config
+        self.fates: dict[str, str] = {}
+        self.problems: list[tuple[str, str]] = []
+
+    def get(self, key: str, default: str | None = None) -> str | None:
+        """The value of `key`, which the caller translates."""
+        if key in self.config:
+            self.fates.setdefault(key, "translated")
+        return self.config.get(key, default)
+
+    def left_out(self, key: str, why: str) -> None:
+        """`key` has no bridge setting, for `why`; a refusal stands."""
+        if key in self.config and not self.fates.get(key, "").startswith("refused"):
+            self.fates[key] = f"left out: {why}"
+
+    def refuse(self, key: str, why: str) -> None:
+        self.problems.append((key, why))
+        self.fates[key] = f"refused: {why}"
 
 
 def read_connect_config(path: Path) -> dict[str, str]:
@@ -81,159 +180,385 @@ def read_connect_config(path: Path) -> dict[str, str]:
 
 
 def translate(config: Mapping[str, str]) -> Translated:
-    """`config`'s routes, or ConfigError with every problem."""
-    problems: list[tuple[str, str]] = []
-    route: dict[str, Any] = {}
+    """`config` as bridge's consumer configuration, or ConfigError with every problem."""
+    keys = _Keys(config)
     notes: list[str] = []
+    connector = keys.get("connector.class", CONFLUENT) or CONFLUENT
+    if connector not in (CONFLUENT, DEBEZIUM):
+        keys.refuse("connector.class", f"{connector}: bridge translates {CONFLUENT} and {DEBEZIUM}")
+    debezium = connector == DEBEZIUM
+    route: dict[str, Any] = {}
 
-    mode = config.get("insert.mode", "insert")
+    mode = keys.get("insert.mode", "insert") or "insert"
     if mode not in ("insert", "upsert", "update"):
-        problems.append(("insert.mode", f"{mode!r} is not insert, upsert or update"))
+        keys.refuse("insert.mode", f"{mode!r} is not insert, upsert or update")
     route["mode"] = mode
+    route.update(_key(keys, debezium, mode))
 
-    route.update(_key(config, problems))
-    for name, key in (("auto.create", "auto_create"), ("auto.evolve", "auto_evolve")):
-        if config.get(name, "false").lower() == "true":
-            route[key] = True
-
-    formats, registry = _formats(config, problems)
+    formats, registry = _formats(keys, notes)
     route.update(formats)
+    follows = _evolution(keys, debezium, formats)
+    route.update(follows)
 
-    fields, metadata = _transforms(config, problems)
-    whitelist = _list(config.get("fields.whitelist", ""))
-    if whitelist:
-        fields.setdefault("include", whitelist)
+    fields, metadata = _transforms(keys)
+    fields.update(_field_lists(keys, debezium))
     if fields:
         route["fields"] = fields
     if metadata:
         route["metadata"] = metadata
 
-    tolerance = config.get("errors.tolerance", "none")
-    if tolerance == "all":
-        route["on_record_error"] = "dead_letter"
-        if "errors.deadletterqueue.topic.name" in config:
-            notes.append(
-                "errors.deadletterqueue.topic.name: dead letters go to the state schema's "
-                "dead_letters table, in the batch's transaction, not to a topic"
-            )
-    elif tolerance == "none":
-        route["on_record_error"] = "stop"
-    else:
-        problems.append(("errors.tolerance", f"{tolerance!r} is not all or none"))
-    if config.get("delete.enabled", "false").lower() == "true" and not route.get("key_columns"):
-        problems.append(("delete.enabled", "deletes by key: set pk.mode and pk.fields"))
+    route.update(_errors(keys, notes))
+    deletes = (keys.get("delete.enabled", "false") or "false").lower() == "true"
+    if deletes and not route.get("key_columns"):
+        keys.refuse("delete.enabled", "deletes by key: set the key's mode and fields")
+    if debezium and (keys.config.get("truncate.enabled", "false")).lower() == "true":
+        keys.refuse("truncate.enabled", "a truncate event has no bridge meaning: set it false")
+    keys.left_out("truncate.enabled", "false: truncate events are not applied")
 
-    table = config.get("table.name.format", "${topic}")
-    if "." not in table:
-        table = f"public.{table}"
-    routes = []
-    if config.get("topics.regex"):
-        routes.append({"topic_pattern": config["topics.regex"], "table": table, **route})
-    for topic in _list(config.get("topics", "")):
-        routes.append({"topic": topic, "table": table.replace("${topic}", topic), **route})
-    if not routes:
-        problems.append(("topics", "needs topics or topics.regex"))
-    if _list(config.get("topics", "")) and config.get("topics.regex"):
-        problems.append(("topics.regex", "topics or topics.regex, not both"))
-    unknown = sorted(k for k in config if not _RUNTIME.match(k))
-    problems += [(k, "no bridge setting does what this does") for k in unknown]
-    if problems:
-        raise ConfigError(problems, source="the Kafka Connect configuration")
-    name = config.get("name", "connect")
-    consumer = {"group_id": f"connect-{name}", "routes": routes}
-    runtime = sorted(
-        k
-        for k in config
-        if k.startswith(("connection.", "tasks.max", "batch.size", "dialect.", "max.retries"))
+    routes = _routes(keys, route, debezium, notes)
+    postgres = _database(keys, notes)
+    _settings_left_out(keys, debezium, notes)  # after every key translated above
+
+    name = keys.get("name", "connect") or "connect"
+    unknown = sorted(k for k in config if k not in keys.fates)
+    for key in unknown:
+        keys.refuse(key, "no bridge setting does what this does")
+    if keys.problems:
+        raise ConnectConfigRefused(keys.problems, dict(keys.fates))
+    group = f"connect-{name}"
+    left = {k: f[len("left out: ") :] for k, f in keys.fates.items() if f.startswith("left out")}
+    for why in dict.fromkeys(left.values()):
+        notes.append(f"{', '.join(k for k, w in left.items() if w == why)}: left out: {why}")
+    notes.append(
+        f"offsets: Connect's committed offsets are not carried over; group {group} starts each "
+        "partition at consumer.start_policy (earliest). To go on where Connect stopped, stop the "
+        f"connector, read its group's offsets (kafka-consumer-groups --describe --group "
+        f"connect-{name}), and set each partition's with `bridge offsets reset --group {group} "
+        "--topic T --partition P --to OFFSET --execute` before the consumer's first start "
+        '(docs/routes.md, "Coming from Kafka Connect")'
     )
-    if runtime:
+    if debezium:
         notes.append(
-            f"{', '.join(runtime)}: Connect's runtime and JDBC settings; the database is "
-            "postgres.dsn, one consumer member is one process (run several for more)"
+            "Debezium change events (before/after/op) must reach bridge flattened: set "
+            "transforms=unwrap (io.debezium.transforms.ExtractNewRecordState, with "
+            "delete.tombstone.handling.mode=tombstone for deletes) on the source connector; an "
+            "envelope would land as its fields"
         )
-    return Translated(consumer, registry, notes)
+    return Translated({"group_id": group, "routes": routes}, registry, postgres, notes,
+                      dict(keys.fates))  # fmt: skip
 
 
-def _key(config: Mapping[str, str], problems: list[tuple[str, str]]) -> dict[str, Any]:
-    pk_mode = config.get("pk.mode", "none")
-    pk_fields = _list(config.get("pk.fields", ""))
+def _key(keys: _Keys, debezium: bool, mode: str) -> dict[str, Any]:
+    mode_key, fields_key = (
+        ("primary.key.mode", "primary.key.fields") if debezium else ("pk.mode", "pk.fields")
+    )
+    pk_mode = keys.get(mode_key, "none") or "none"
+    pk_fields = _list(keys.get(fields_key, "") or "")
     if pk_mode == "none":
-        if config.get("insert.mode", "insert") != "insert":
-            problems.append(("pk.mode", "none, but upsert and update need a key"))
+        if pk_fields:
+            keys.left_out(fields_key, f"{mode_key} is none: the records have no key")
+        if mode != "insert":
+            where = mode_key if mode_key in keys.config else "insert.mode"
+            keys.refuse(where, f"{mode} needs a key: set {mode_key} and {fields_key}")
         return {}
     if pk_mode == "record_value":
         if not pk_fields:
-            problems.append(("pk.fields", "record_value needs the fields of the key, by name"))
+            keys.refuse(fields_key, "record_value needs the fields of the key, by name")
         return {"key_source": "value", "key_columns": pk_fields}
     if pk_mode == "record_key":
         if not pk_fields:
-            why = "record_key needs the key columns' names (for a primitive key, its one)"
-            problems.append(("pk.fields", why))
+            keys.refuse(fields_key, "record_key needs the key columns' names (a primitive "
+                        "key's one)")  # fmt: skip
         return {"key_source": "record_key", "key_columns": pk_fields}
     if pk_mode == "kafka":
         columns = pk_fields or list(_KAFKA_PK_DEFAULTS)
         if len(columns) != 3:
-            problems.append(("pk.fields", "kafka needs three names: topic, partition, offset"))
+            keys.refuse(fields_key, "kafka needs three names: topic, partition, offset")
         return {"key_source": "kafka", "key_columns": columns}
-    problems.append(("pk.mode", f"{pk_mode!r} is not none, record_value, record_key or kafka"))
+    keys.refuse(mode_key, f"{pk_mode!r} is not none, record_value, record_key or kafka")
     return {}
 
 
-def _formats(
-    config: Mapping[str, str], problems: list[tuple[str, str]]
-) -> tuple[dict[str, str], dict[str, Any] | None]:
+def _formats(keys: _Keys, notes: list[str]) -> tuple[dict[str, str], dict[str, Any] | None]:
     formats: dict[str, str] = {}
     registry: dict[str, Any] | None = None
     for side in ("key", "value"):
-        converter = config.get(f"{side}.converter")
+        prefix = f"{side}.converter"
+        converter = keys.get(prefix)
         if converter is None:
+            for key in [k for k in keys.config if k.startswith(f"{prefix}.")]:
+                keys.refuse(key, f"{prefix} is the worker's, not in this configuration: name it "
+                            "here, so that the records' format is known")  # fmt: skip
             continue
         chosen = _CONVERTERS.get(converter)
         if chosen is None:
-            problems.append((f"{side}.converter", f"{converter} has no bridge format"))
+            keys.refuse(prefix, f"{converter} has no bridge format")
             continue
+        if converter.endswith("JsonConverter"):
+            enabled = (keys.get(f"{prefix}.schemas.enable", "true") or "true").lower()
+            if enabled == "true":
+                keys.refuse(f"{prefix}.schemas.enable", "JSON with its schema embedded "
+                            "({schema, payload}) has no bridge format: produce plain JSON "
+                            "(schemas.enable=false), or JSON Schema through the registry "
+                            "(JsonSchemaConverter)")  # fmt: skip
         if chosen != "json":
             formats[f"{side}_format"] = chosen
-            url = config.get(f"{side}.converter.schema.registry.url")
-            if url is None:
-                problems.append((f"{side}.converter.schema.registry.url", "required"))
-            elif registry is not None and registry["url"] != url:
-                problems.append((f"{side}.converter.schema.registry.url", "one registry only"))
+            registry = _registry(keys, prefix, registry, notes)
+        for key in [k for k in keys.config if k.startswith(f"{prefix}.") and k not in keys.fates]:
+            if key.startswith(f"{prefix}.schema.registry.ssl."):
+                why = (
+                    "a Java keystore or truststore: give the registry's client PEM files in "
+                    "schema_registry.properties (ssl.ca.location, ...)"
+                )
+                keys.refuse(key, why)
             else:
-                registry = {"url": url}
+                keys.left_out(key, "a setting of Connect's converter; bridge reads the records' "
+                              "bytes as the producer framed them")  # fmt: skip
     return formats, registry
 
 
-def _transforms(
-    config: Mapping[str, str], problems: list[tuple[str, str]]
-) -> tuple[dict[str, Any], dict[str, str]]:
+def _registry(
+    keys: _Keys, prefix: str, registry: dict[str, Any] | None, notes: list[str]
+) -> dict[str, Any] | None:
+    url = keys.get(f"{prefix}.schema.registry.url")
+    if url is None:
+        keys.refuse(f"{prefix}.schema.registry.url", "required")
+        return registry
+    if registry is not None and registry["url"] != url:
+        keys.refuse(f"{prefix}.schema.registry.url", "one registry only")
+        return registry
+    found: dict[str, Any] = registry or {"url": url}
+    source = keys.get(f"{prefix}.basic.auth.credentials.source")
+    info = keys.get(f"{prefix}.basic.auth.user.info")
+    if source is not None and source != "USER_INFO":
+        keys.refuse(f"{prefix}.basic.auth.credentials.source",
+                    f"{source}: bridge's registry client takes USER_INFO")  # fmt: skip
+    elif info is not None or source == "USER_INFO":
+        properties = found.setdefault("properties", {})
+        properties["basic.auth.credentials.source"] = "USER_INFO"
+        properties["basic.auth.user.info"] = f"${{file:{REGISTRY_USER_INFO_FILE}}}"
+        if not any(REGISTRY_USER_INFO_FILE in note for note in notes):
+            notes.append(f"{prefix}.basic.auth.user.info: not copied; write the registry's "
+                         f"user:password into {REGISTRY_USER_INFO_FILE}")  # fmt: skip
+    return found
+
+
+def _evolution(keys: _Keys, debezium: bool, formats: dict[str, str]) -> dict[str, Any]:
+    if debezium:
+        evolution = keys.get("schema.evolution", "none") or "none"
+        if evolution not in ("none", "basic"):
+            keys.refuse("schema.evolution", f"{evolution!r} is not none or basic")
+        wanted = {"auto_create": True, "auto_evolve": True} if evolution == "basic" else {}
+        where = "schema.evolution"
+    else:
+        wanted = {
+            key: True
+            for name, key in (("auto.create", "auto_create"), ("auto.evolve", "auto_evolve"))
+            if (keys.get(name, "false") or "false").lower() == "true"
+        }
+        where = "auto.create" if "auto_create" in wanted else "auto.evolve"
+    if wanted and formats.get("value_format") not in ("avro", "json-schema"):
+        keys.refuse(where, "a table that follows its records needs their writer schemas: "
+                    "AvroConverter or JsonSchemaConverter through a registry")  # fmt: skip
+    return wanted
+
+
+def _errors(keys: _Keys, notes: list[str]) -> dict[str, Any]:
+    tolerance = keys.get("errors.tolerance", "none") or "none"
+    if tolerance == "all":
+        if keys.get("errors.deadletterqueue.topic.name") is not None:
+            notes.append(
+                "errors.deadletterqueue.topic.name: dead letters go to the state schema's "
+                "dead_letters table, in the batch's transaction, not to a topic"
+            )
+        return {"on_record_error": "dead_letter"}
+    if tolerance == "none":
+        keys.left_out("errors.deadletterqueue.topic.name", "errors.tolerance is none")
+        return {"on_record_error": "stop"}
+    keys.refuse("errors.tolerance", f"{tolerance!r} is not all or none")
+    return {}
+
+
+def _settings_left_out(keys: _Keys, debezium: bool, notes: list[str]) -> None:
+    """Keys with no bridge setting, each left out with why, or refused where bridge would
+    write otherwise than Connect did."""
+    for key, why in _LEFT_OUT.items():
+        keys.left_out(key, why)
+    for key in keys.config:
+        for prefix, why in _LEFT_OUT_PREFIXES.items():
+            if key.startswith(prefix) and key not in keys.fates:
+                keys.left_out(key, why)
+    if "consumer.override.auto.offset.reset" in keys.config:
+        notes.append("consumer.override.auto.offset.reset: bridge's is consumer.start_policy")
+    dialect = keys.config.get("dialect.name", "")
+    if dialect and dialect != "PostgreSqlDatabaseDialect":
+        keys.refuse("dialect.name", f"{dialect}: bridge writes PostgreSQL only")
+    else:
+        keys.left_out("dialect.name", "bridge writes PostgreSQL")
+    for zone_key in ("db.timezone", "date.timezone", "database.time_zone"):
+        zone = keys.config.get(zone_key)
+        if zone is None:
+            continue
+        if zone_key == "date.timezone" and zone == "DB_TIMEZONE":
+            zone = keys.config.get("db.timezone", "UTC")
+        if zone.upper() in ("UTC", "Z", "ETC/UTC", "GMT"):
+            keys.left_out(zone_key, "timestamps are written as instants, in UTC")
+        else:
+            keys.refuse(zone_key, f"{zone}: bridge writes timestamps as UTC instants")
+    types = keys.config.get("table.types")
+    if types is not None and types.upper() != "TABLE":
+        keys.refuse("table.types", f"{types}: bridge writes tables only")
+    keys.left_out("table.types", "bridge writes tables")
+    for strategy in ("table.naming.strategy", "column.naming.strategy",
+                     "collection.naming.strategy"):  # fmt: skip
+        chosen = keys.config.get(strategy)
+        if chosen is not None and "Default" not in chosen:
+            keys.refuse(strategy, f"{chosen}: bridge names tables and columns by its routes")
+        keys.left_out(strategy, "the default naming: the routes' table and column names")
+    quoting = "quote.identifiers" if debezium else "quote.sql.identifiers"
+    keys.left_out(quoting, "bridge quotes every table and column name it writes")
+    provider = keys.config.get("jdbc.credentials.provider.class")
+    if provider is not None and not provider.endswith("DefaultJdbcCredentialsProvider"):
+        keys.refuse("jdbc.credentials.provider.class", f"{provider}: the database's password "
+                    "comes with postgres.dsn, which may name a file (${file:...})")  # fmt: skip
+    keys.left_out("jdbc.credentials.provider.class", "the password comes with postgres.dsn")
+    calendar = keys.config.get("date.calendar.system")
+    if calendar is not None:
+        keys.left_out("date.calendar.system", "bridge's dates are proleptic Gregorian"
+                      + ("" if calendar == "PROLEPTIC_GREGORIAN" else
+                         ": dates before 1582-10-15 differ from LEGACY's"))  # fmt: skip
+    if (keys.config.get("replace.null.with.default", "false")).lower() == "true":
+        keys.refuse("replace.null.with.default", "bridge writes a null field as NULL, not as its "
+                    "schema's default (set it false)")  # fmt: skip
+    keys.left_out("replace.null.with.default", "a null field is written as NULL, as here")
+    if "string.output.value.column.name" in keys.config:
+        why = (
+            "a plain string value as one column has no bridge setting: bridge reads values "
+            "as JSON, Avro or JSON Schema"
+        )
+        keys.refuse("string.output.value.column.name", why)
+    if keys.config.get("timestamp.fields.list"):
+        keys.refuse("timestamp.fields.list", "no per-field setting: epoch_millis_timestamps "
+                    "reads an integer as milliseconds for every timestamp column of a JSON "
+                    "route")  # fmt: skip
+    keys.left_out("timestamp.fields.list", "empty")
+    zone_setting = keys.config.get("use.time.zone")
+    if zone_setting is not None:
+        keys.left_out("use.time.zone", "timestamps are written as instants, in UTC")
+
+
+def _routes(
+    keys: _Keys, route: dict[str, Any], debezium: bool, notes: list[str]
+) -> list[dict[str, Any]]:
+    format_key = (
+        "collection.name.format"
+        if "collection.name.format" in keys.config
+        else ("table.name.format")
+    )  # Debezium 3 renamed it
+    template = keys.get(format_key, "${topic}") or "${topic}"
+    pattern = keys.get("topics.regex")
+    topics = _list(keys.get("topics", "") or "")
+    routes: list[dict[str, Any]] = []
+    if pattern:
+        table = template if "." in template else f"public.{template}"
+        routes.append({"topic_pattern": pattern, "table": table, **route})
+        notes.append(
+            "topics.regex: each topic's name in ${topic} is made a name of a table (lowercased, "
+            "`.` and `-` as `_`); Connect writes the name as it is, quoted, so the tables of "
+            "topics with such characters differ (docs/routes.md)"
+        )
+    for topic in topics:
+        name = template.replace("${topic}", topic)
+        if debezium:  # Debezium's default table naming makes dots underscores
+            name = name.replace(".", "_")
+        parts = name.split(".")
+        # Connect's JDBC sink reads `schema.table` from a name with a dot, and quotes the rest.
+        if len(parts) > 2 or not all(_IDENTIFIER.match(p) for p in parts):
+            keys.refuse(format_key if format_key in keys.config else "topics",
+                        f"topic {topic}: Connect writes table {json.dumps(name)} (quoted); a "
+                        "bridge table is `table` or `schema.table` of plain names: rename the "
+                        "table, and give its new name in table.name.format")  # fmt: skip
+            continue
+        routes.append({"topic": topic, "table": name if len(parts) == 2 else f"public.{name}",
+                       **route})  # fmt: skip
+    if not routes and not keys.problems:
+        keys.refuse("topics", "needs topics or topics.regex")
+    if topics and pattern:
+        keys.refuse("topics.regex", "topics or topics.regex, not both")
+    return routes
+
+
+def _database(keys: _Keys, notes: list[str]) -> dict[str, Any] | None:
+    url = keys.get("connection.url")
+    if url is None:
+        return None
+    if not url.startswith("jdbc:postgresql://"):
+        keys.refuse("connection.url", "bridge writes PostgreSQL: jdbc:postgresql://...")
+        return None
+    parts = urlsplit(url.removeprefix("jdbc:"))
+    query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+    user = keys.get("connection.user") or keys.get("connection.username") or query.pop("user", "")
+    password = keys.get("connection.password") or query.pop("password", None)
+    options = "&".join(f"{k}={v}" for k, v in query.items())  # libpq takes most of pgjdbc's
+    where = f"{parts.netloc}{parts.path}{'?' + options if options else ''}"
+    if password is None:
+        return {"dsn": f"postgresql://{user + '@' if user else ''}{where}"}
+    key = "connection.password" if "connection.password" in keys.config else "connection.url"
+    notes.append(
+        f"{key}: the password is not copied; write postgresql://{user}:<password>@{where} into "
+        f"{DSN_FILE} (postgres.dsn names that file)"
+    )
+    return {"dsn": f"${{file:{DSN_FILE}}}"}
+
+
+def _transforms(keys: _Keys) -> tuple[dict[str, Any], dict[str, str]]:
     fields: dict[str, Any] = {}
     metadata: dict[str, str] = {}
-    for name in _list(config.get("transforms", "")):
+    for name in _list(keys.get("transforms", "") or ""):
         prefix = f"transforms.{name}."
-        kind = config.get(prefix + "type", "")
+        kind = keys.get(prefix + "type", "") or ""
+        options = [k for k in keys.config if k.startswith(prefix) and k != prefix + "type"]
         if kind.endswith("ReplaceField$Value"):
-            include = _list(config.get(prefix + "include", config.get(prefix + "whitelist", "")))
-            exclude = _list(config.get(prefix + "exclude", config.get(prefix + "blacklist", "")))
+            include = _list(keys.get(prefix + "include") or keys.get(prefix + "whitelist") or "")
+            exclude = _list(keys.get(prefix + "exclude") or keys.get(prefix + "blacklist") or "")
             if include:
                 fields["include"] = include
             if exclude:
                 fields["exclude"] = exclude
-            renames = _list(config.get(prefix + "renames", ""))
+            renames = _list(keys.get(prefix + "renames", "") or "")
             if renames:
                 pairs = [r.split(":", 1) for r in renames]
                 bad = [r for r, p in zip(renames, pairs, strict=True) if len(p) != 2]
                 if bad:
-                    problems.append((prefix + "renames", f"{', '.join(bad)}: not from:to"))
+                    keys.refuse(prefix + "renames", f"{', '.join(bad)}: not from:to")
                 fields["rename"] = {p[0]: p[1] for p in pairs if len(p) == 2}
         elif kind.endswith("InsertField$Value"):
             for option, source in _INSERT_FIELDS.items():
-                column = config.get(prefix + option)
+                column = keys.get(prefix + option)
                 if column:
                     metadata[column.removesuffix("!").removesuffix("?")] = source
         else:
-            problems.append((prefix + "type", f"{kind or 'missing'}: no bridge setting does it"))
+            keys.refuse(prefix + "type", f"{kind or 'missing'}: no bridge setting does it")
+            for option in options:
+                keys.left_out(option, f"an option of transform {name}, refused")
+    for key in keys.config:
+        if key == "predicates" or key.startswith("predicates.") or key.endswith(".predicate"):
+            keys.refuse(key, "a transform applied to some records only has no bridge setting")
+        elif key.startswith("transforms.") and key not in keys.fates:
+            keys.refuse(key, "an option no transform here takes")
     return fields, metadata
+
+
+def _field_lists(keys: _Keys, debezium: bool) -> dict[str, Any]:
+    if not debezium:
+        whitelist = _list(keys.get("fields.whitelist", "") or "")
+        return {"include": whitelist} if whitelist else {}
+    chosen: dict[str, Any] = {}
+    for key, side in (("field.include.list", "include"), ("field.exclude.list", "exclude")):
+        names = _list(keys.get(key, "") or "")
+        if names:  # fully qualified as topic:field; bridge's routes name a field alone
+            chosen[side] = [name.rpartition(":")[2] for name in names]
+    return chosen
 
 
 def _list(text: str) -> list[str]:

@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-import yaml
 
 from bridge_shell.connect_config import read_connect_config, translate
 
@@ -29,4 +28,4 @@ def from_connect(
     translated = translate(read_connect_config(file))
     for note in translated.notes:
         print(f"note: {note}", file=sys.stderr)
-    print(yaml.safe_dump(translated.document(), sort_keys=False), end="")
+    print(translated.yaml(), end="")

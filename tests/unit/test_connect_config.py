@@ -10,7 +10,7 @@ import pytest
 
 from bridge.errors import ConfigError
 from bridge.settings import load_settings
-from bridge_shell.connect_config import read_connect_config, translate
+from bridge_shell.connect_config import ConnectConfigRefused, read_connect_config, translate
 
 BASE = {
     "name": "orders-sink",
@@ -63,7 +63,8 @@ def test_each_row_of_the_connect_table_translates_to_a_route_the_settings_take(
     assert {k: made[k] for k in route} == route, made
     assert translated.consumer["group_id"] == "connect-orders-sink"
     # What it prints is a configuration the consumer's settings accept as it is.
-    load_settings(postgres={"dsn": "postgresql://u@h/db"}, **translated.document())
+    assert translated.document()["postgres"] == {"dsn": "postgresql://db/shop"}
+    load_settings(**translated.document())
 
 
 def test_every_key_that_cannot_be_translated_is_refused_at_once() -> None:
@@ -85,3 +86,170 @@ def test_a_properties_file_and_the_rest_apis_json_read_alike(tmp_path: Path) -> 
                        '"insert.mode": "upsert"}}')  # fmt: skip
     assert read_connect_config(properties) == read_connect_config(as_json) == {
         "name": "orders-sink", "topics": "orders", "insert.mode": "upsert"}  # fmt: skip
+
+
+# Every key of the Confluent JDBC sink's configuration (JdbcSinkConfig, kafka-connect-jdbc main,
+# and the connector-level keys every sink takes), each with a value a user would give it.
+CONFLUENT_KEYS = {
+    "name": "orders-sink", "connector.class": "io.confluent.connect.jdbc.JdbcSinkConnector",
+    "tasks.max": "2", "topics": "orders", "topics.regex": "orders-.*",
+    "key.converter": AVRO, "value.converter": "org.apache.kafka.connect.json.JsonConverter",
+    "key.converter.schema.registry.url": "http://r:8081",
+    "key.converter.basic.auth.credentials.source": "USER_INFO",
+    "key.converter.basic.auth.user.info": "user:secret",
+    "key.converter.schemas.enable": "false", "value.converter.schemas.enable": "false",
+    "header.converter": "org.apache.kafka.connect.storage.SimpleHeaderConverter",
+    "config.action.reload": "restart", "transforms": "meta",
+    "transforms.meta.type": "org.apache.kafka.connect.transforms.InsertField$Value",
+    "transforms.meta.offset.field": "src_offset", "predicates": "isOrder",
+    "errors.retry.timeout": "0", "errors.retry.delay.max.ms": "60000",
+    "errors.tolerance": "all", "errors.log.enable": "true",
+    "errors.log.include.messages": "true", "errors.deadletterqueue.topic.name": "dlq",
+    "errors.deadletterqueue.topic.replication.factor": "3",
+    "errors.deadletterqueue.context.headers.enable": "true",
+    "connection.url": "jdbc:postgresql://db:5432/shop", "connection.user": "bridge",
+    "connection.password": "s3cret", "connection.attempts": "3",
+    "connection.backoff.ms": "10000", "connection.loginTimeout": "10",
+    "jdbc.credentials.provider.class":
+        "io.confluent.connect.jdbc.util.DefaultJdbcCredentialsProvider",
+    "dialect.name": "PostgreSqlDatabaseDialect", "insert.mode": "insert", "batch.size": "3000",
+    "delete.enabled": "true", "table.name.format": "kafka_${topic}", "pk.mode": "kafka",
+    "pk.fields": "t,p,o", "fields.whitelist": "id,name", "db.timezone": "UTC",
+    "date.timezone": "DB_TIMEZONE", "date.calendar.system": "LEGACY", "table.types": "TABLE",
+    "auto.create": "true", "auto.evolve": "true", "quote.sql.identifiers": "always",
+    "mssql.use.merge.holdlock": "true", "max.retries": "10", "retry.backoff.ms": "3000",
+    "replace.null.with.default": "false", "string.output.value.column.name": "record_value",
+    "timestamp.fields.list": "created", "timestamp.precision.mode": "microseconds",
+    "trim.sensitive.log": "false",
+}  # fmt: skip
+# Every key of Debezium's JDBC sink (its documentation's configuration properties, 2.x and 3.x).
+DEBEZIUM_KEYS = {
+    "name": "orders-sink", "connector.class": "io.debezium.connector.jdbc.JdbcSinkConnector",
+    "tasks.max": "1", "topics": "orders", "topics.regex": "orders-.*",
+    "connection.provider": "org.hibernate.c3p0.internal.C3P0ConnectionProvider",
+    "connection.url": "jdbc:postgresql://db:5432/shop", "connection.username": "bridge",
+    "connection.password": "s3cret", "connection.pool.min_size": "5",
+    "connection.pool.max_size": "32", "connection.pool.acquire_increment": "32",
+    "connection.pool.timeout": "1800", "connection.restart.on.errors": "false",
+    "use.time.zone": "UTC", "database.time_zone": "UTC", "delete.enabled": "true",
+    "truncate.enabled": "false", "insert.mode": "upsert", "primary.key.mode": "record_key",
+    "primary.key.fields": "id", "quote.identifiers": "false", "schema.evolution": "none",
+    "table.name.format": "${topic}", "collection.name.format": "${topic}",
+    "dialect.postgres.postgis.schema": "public", "dialect.sqlserver.identity.insert": "false",
+    "batch.size": "500", "use.reduction.buffer": "false", "field.include.list": "orders:id",
+    "field.exclude.list": "orders:secret", "flush.max.retries": "5",
+    "flush.retry.delay.ms": "1000", "flush.failure.max.retries": "5",
+    "flush.failure.retries.wait.ms": "1000",
+    "column.naming.strategy": "io.debezium.connector.jdbc.naming.DefaultColumnNamingStrategy",
+    "table.naming.strategy": "io.debezium.connector.jdbc.naming.DefaultTableNamingStrategy",
+    "collection.naming.strategy":
+        "io.debezium.connector.jdbc.naming.DefaultCollectionNamingStrategy",
+    "hibernate.c3p0.idle_test_period": "300",
+}  # fmt: skip
+GENERIC = "no bridge setting does what this does"
+
+
+def _fate(config: dict[str, str], key: str) -> str:
+    """What became of `key` in `config`: translated, left out (why), or refused (why)."""
+    try:
+        return translate(config).fates[key]
+    except ConnectConfigRefused as refused:
+        return refused.fates[key]
+
+
+@pytest.mark.parametrize(("documented", "base"), [
+    (CONFLUENT_KEYS, {**BASE}),
+    (DEBEZIUM_KEYS, {**BASE, "connector.class": "io.debezium.connector.jdbc.JdbcSinkConnector"}),
+], ids=["confluent", "debezium"])  # fmt: skip
+def test_every_documented_key_is_translated_left_out_with_why_or_refused_with_why(
+    documented: dict[str, str], base: dict[str, str]
+) -> None:
+    fates = {}
+    for key, value in documented.items():
+        config = {**base, key: value}
+        if key == "topics.regex":
+            config["topics"] = ""
+        fates[key] = _fate(config, key)
+    generic = [key for key, fate in fates.items() if GENERIC in fate]
+    assert generic == [], fates
+    assert all(
+        f == "translated" or f.startswith(("left out: ", "refused: ")) for f in fates.values()
+    )
+
+
+def test_every_key_of_a_whole_configuration_has_a_fate_and_left_out_ones_are_named() -> None:
+    config = {**BASE, "batch.size": "500", "max.retries": "3", "quote.sql.identifiers": "always",
+              "db.timezone": "UTC", "errors.log.enable": "true"}  # fmt: skip
+    translated = translate(config)
+    assert set(translated.fates) == set(config)
+    named = " ".join(translated.notes)
+    for key in ("batch.size", "max.retries", "quote.sql.identifiers", "db.timezone",
+                "errors.log.enable", "tasks.max"):  # fmt: skip
+        assert translated.fates[key].startswith("left out: ") and key in named, key
+    assert "offsets: Connect's committed offsets are not carried over" in named
+    assert "bridge offsets reset --group connect-orders-sink" in named
+
+
+def test_credentials_become_file_references_and_are_never_printed() -> None:
+    translated = translate({
+        **BASE, "connection.user": "shop", "connection.password": "s3cret",
+        "value.converter": AVRO, "value.converter.schema.registry.url": "https://r:8081",
+        "value.converter.basic.auth.credentials.source": "USER_INFO",
+        "value.converter.basic.auth.user.info": "reader:hunter2",
+    })  # fmt: skip
+    printed = translated.yaml()
+    assert "s3cret" not in printed and "hunter2" not in printed
+    document = translated.document()
+    assert document["postgres"] == {"dsn": "${file:/run/secrets/postgres-dsn}"}
+    assert document["schema_registry"]["properties"] == {
+        "basic.auth.credentials.source": "USER_INFO",
+        "basic.auth.user.info": "${file:/run/secrets/registry-user-info}",
+    }
+    notes = " ".join(translated.notes)
+    assert "postgresql://shop:<password>@db/shop into /run/secrets/postgres-dsn" in notes
+    assert "user:password into /run/secrets/registry-user-info" in notes
+
+
+def test_table_names_come_out_as_connect_writes_them_or_are_refused_naming_the_quoted_name() -> (
+    None
+):
+    (dotted,) = translate({**BASE, "topics": "shop.orders"}).consumer["routes"]
+    assert dotted["table"] == "shop.orders"  # Connect reads schema.table from the dot
+    with pytest.raises(ConfigError) as refused:
+        translate({**BASE, "topics": "shop-orders"})
+    assert 'Connect writes table "shop-orders" (quoted)' in str(refused.value)
+    debezium = {**BASE, "connector.class": "io.debezium.connector.jdbc.JdbcSinkConnector"}
+    (flat,) = translate({**debezium, "topics": "shop.orders"}).consumer["routes"]
+    assert flat["table"] == "public.shop_orders"  # Debezium's naming makes dots underscores
+
+
+def test_a_debezium_jdbc_sink_config_translates_with_its_own_keys() -> None:
+    translated = translate({
+        **BASE, "connector.class": "io.debezium.connector.jdbc.JdbcSinkConnector",
+        "insert.mode": "upsert", "primary.key.mode": "record_key", "primary.key.fields": "id",
+        "delete.enabled": "true", "schema.evolution": "basic", "value.converter": AVRO,
+        "value.converter.schema.registry.url": "http://r:8081", "key.converter": AVRO,
+        "key.converter.schema.registry.url": "http://r:8081",
+        "field.exclude.list": "orders:secret",
+    })  # fmt: skip
+    (route,) = translated.consumer["routes"]
+    assert {
+        k: route[k]
+        for k in ("mode", "key_source", "key_columns", "auto_create", "auto_evolve", "fields")
+    } == {
+        "mode": "upsert",
+        "key_source": "record_key",
+        "key_columns": ["id"],
+        "auto_create": True,
+        "auto_evolve": True,
+        "fields": {"exclude": ["secret"]},
+    }
+    assert any("ExtractNewRecordState" in note for note in translated.notes)
+    load_settings(**translated.document())
+
+
+def test_the_yaml_has_no_anchors_where_routes_share_a_value() -> None:
+    printed = translate(
+        {**BASE, "topics": "orders,refunds", "fields.whitelist": "id,amount"}
+    ).yaml()
+    assert "&id" not in printed and "*id" not in printed
