@@ -114,14 +114,18 @@ def gather(
     whole_topic: Callable[[str], bool] = lambda topic: True,
     groups: list[str] | None = None,
     idle_after: timedelta | None = None,
+    registry: dict[str, str] | None = None,
 ) -> Status:
     """`whole_topic`: which topics wait for whole epochs (the configuration's routes); an
     epoch open longer than `stall_after` is a group's problem, naming what it lacks. `groups`:
     only these are shown and judged; `idle_after`: a group with nothing committed for longer
-    is shown but not judged (one left behind by a test or a retired pipeline)."""
+    is shown but not judged (one left behind by a test or a retired pipeline). `registry`: the
+    schema registry's client configuration (`url` and its properties), when one is set."""
     status = Status()
     kafka_ok = _brokers(status, kafka_config)
     conn = _postgres(status, dsn)
+    if registry is not None:
+        status.components.append(_registry(registry))
     for url in consumers:
         status.components.append(_readiness(url))
     admin = KafkaAdmin(kafka_config, timeout=_TIMEOUT_S) if kafka_ok else None
@@ -179,6 +183,21 @@ def _postgres(status: Status, dsn: str) -> psycopg.Connection[Any] | None:
         return None
     status.components.append(Component("postgresql", True, f"version {row[0] if row else '?'}"))
     return conn
+
+
+def _registry(config: dict[str, str]) -> Component:
+    """The schema registry, asked for its subjects as the consumer's client would ask it."""
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+
+    name = f"schema registry {config['url']}"
+    try:
+        with SchemaRegistryClient(
+            {**config, "timeout": int(_TIMEOUT_S), "max.retries": 0}
+        ) as client:
+            subjects = client.get_subjects()
+    except Exception as exc:  # noqa: BLE001 - its errors are many (HTTP, TLS, auth): all a red line
+        return Component(name, False, f"not answering: {exc}")
+    return Component(name, True, f"{len(subjects)} subject(s)")
 
 
 def _readiness(url: str) -> Component:

@@ -35,7 +35,10 @@ def run_consumer(config: Path | None, stack_dir: Path) -> None:
     settings = load_settings(config, env_file=stack_env_files(stack_dir, "consumer"))
     service = ConsumerService(settings)
 
+    stopped_by: list[int] = []
+
     def request_stop(signum: int, frame: FrameType | None) -> None:
+        stopped_by.append(signum)  # logged once the loop has ended, not from the handler
         service.stop()
 
     signal.signal(signal.SIGTERM, request_stop)
@@ -44,6 +47,11 @@ def run_consumer(config: Path | None, stack_dir: Path) -> None:
         service.start()
         _tune_garbage_collector(settings.consumer_to_run())
         service.run()
+        if stopped_by:
+            log.info(
+                "stopped on %s: the batch in hand settled, the member left its group",
+                signal.Signals(stopped_by[0]).name,
+            )
     except BridgeError:  # a refusal with its own message: the caller prints it, exit 2
         raise
     except Exception as exc:

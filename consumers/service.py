@@ -323,7 +323,12 @@ class ConsumerService:
             overrides["group.protocol"] = "consumer"
         else:
             overrides["partition.assignment.strategy"] = "cooperative-sticky"
-        defaults = dict(CONSUMER_FETCH_DEFAULTS)
+        # Each member by name in `bridge offsets show` and the broker's tools (librdkafka's own
+        # is `rdkafka`, the same for every member on a host).
+        defaults: dict[str, LibrdkafkaValue] = {
+            **CONSUMER_FETCH_DEFAULTS,
+            "client.id": f"bridge-consumer-{socket.gethostname()}-{os.getpid()}",
+        }
         if self._config.group_protocol == "classic":
             defaults |= CLASSIC_SESSION_DEFAULTS  # the broker owns the session under `consumer`
         config: dict[str, Any] = self._settings.kafka.client_config(defaults=defaults, **overrides)

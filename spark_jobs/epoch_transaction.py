@@ -49,6 +49,7 @@ from spark_jobs.kafka_rows import KafkaRow, RecordChunk
 from spark_jobs.sink_options import Epochs, IdNaming, SinkOptions
 
 log = logging.getLogger("bridge.sink")
+RDKAFKA_LOG = logging.getLogger("bridge.sink.rdkafka")
 
 T = TypeVar("T")
 # The task's clients live for one task, so their first connections are on its critical path.
@@ -311,6 +312,8 @@ class EpochTransaction:
         config["transactional.id"] = self._transactional_id
         config["transaction.timeout.ms"] = self._options.transaction_timeout_ms
         config["error_cb"] = self._refused
+        # librdkafka's own lines as log records of the task, not raw `%4|...` lines on stderr.
+        config["logger"] = RDKAFKA_LOG
         return config
 
     def _refusal(self) -> str | None:

@@ -29,7 +29,7 @@ from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_e
 
 from bridge.epoch_manifest import Epoch, key_of
 from bridge.names import DEFAULT_TRANSACTIONAL_ID_HEAD
-from spark_jobs.epoch_transaction import EpochOutcome
+from spark_jobs.epoch_transaction import RDKAFKA_LOG, EpochOutcome
 from spark_jobs.faults import TaskFaults
 from spark_jobs.sink_options import SinkOptions
 
@@ -104,6 +104,7 @@ def _producer(options: SinkOptions, transactional_id: str, timeout: float) -> Pr
         config: dict[str, Any] = {**options.kafka, "linger.ms": 0}
         config["transactional.id"] = transactional_id
         config["transaction.timeout.ms"] = options.transaction_timeout_ms
+        config["logger"] = RDKAFKA_LOG  # librdkafka's lines as log records, not raw on stderr
         producer = Producer(config)
         producer.init_transactions(timeout)
         _producers[key] = producer

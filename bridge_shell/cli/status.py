@@ -75,9 +75,9 @@ def status(
     config: ConfigFile = None,
     stack_dir: StackDir = Path(DEFAULT_STACK_DIR),
 ) -> None:
-    """Each component's health (brokers, PostgreSQL, consumers' /readyz), each consumer group's
-    lag and stalled partitions, each producer's last committed epoch per Spark partition.
-    Exits 1 when anything is wrong, so that it can serve as a probe."""
+    """Each component's health (brokers, PostgreSQL, the schema registry, consumers' /readyz),
+    each consumer group's lag and stalled partitions, each producer's last committed epoch per
+    Spark partition. Exits 1 when anything is wrong, so that it can serve as a probe."""
     from bridge_shell.status import gather
 
     settings = load_settings(config, env_file=stack_env_files(stack_dir, "tools"))
@@ -96,6 +96,7 @@ def status(
         whole_topic=settings.consumer.whole_topic if settings.consumer else lambda topic: True,
         groups=list(group) if group else None,
         idle_after=None if ignore_idle_after is None else timedelta(seconds=ignore_idle_after),
+        registry=settings.schema_registry.client_config() if settings.schema_registry else None,
     )
     if output is Format.JSON:
         print(json.dumps(found.as_json(), indent=2))

@@ -98,6 +98,8 @@ class LeaseKeeper:
     def on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         partitions = self._drop_unclaimed(partitions)
         keys = [(tp.topic, tp.partition) for tp in partitions]
+        if keys:
+            log.info("revoked %s", keys)
         held = {lease.key: lease for lease in self._table.leases()}
         leases = [held[key] for key in keys if key in held]
         self._forget(keys)
@@ -117,7 +119,10 @@ class LeaseKeeper:
     @_batch_settled_first
     def on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         partitions = self._drop_unclaimed(partitions)
-        self._forget([(tp.topic, tp.partition) for tp in partitions])
+        keys = [(tp.topic, tp.partition) for tp in partitions]
+        if keys:
+            log.warning("lost %s: the group moved them on (this member's session expired)", keys)
+        self._forget(keys)
         consumer.incremental_unassign(partitions)
 
     # -- against the offsets table ------------------------------------------------------------

@@ -65,6 +65,8 @@ def test_status_healthy_then_a_stalled_partition_then_a_consumer_down(
         parts = {c["name"]: c for c in healthy["components"]}
         assert parts["postgresql"]["ok"] and parts[f"consumer {url}"]["ok"]
         assert any(name.startswith("kafka broker") for name in parts)
+        if stack.secure:  # the stack's registry, named in its stack.env
+            assert parts[f"schema registry {stack.registry_url}"]["ok"], parts
         group = next(g for g in healthy["groups"] if g["group"] == names["group"])
         assert (group["lag"], group["partitions"], group["stalled"]) == (0, 2, [])
         assert healthy["producers"] == [
@@ -152,3 +154,15 @@ def test_an_abandoned_group_is_judged_only_when_asked_and_deleted_with_an_audit_
     assert audit == [(topic, 0, False), (topic, 1, False)]
     code, after = status(stack, *common, "--stall-after", "1", "--group", group)
     assert (code, after["groups"]) == (0, [])
+
+
+def test_the_registry_line_says_how_many_subjects_or_why_it_does_not_answer(
+    stack: Endpoints, registry_url: str
+) -> None:
+    from bridge_shell.stack.process import free_port
+    from bridge_shell.status import _registry
+
+    found = _registry({"url": registry_url, **stack.registry_properties})
+    assert found.ok and found.detail.endswith("subject(s)"), found
+    gone = _registry({"url": f"http://127.0.0.1:{free_port()}"})
+    assert not gone.ok and gone.detail.startswith("not answering"), gone
