@@ -35,7 +35,9 @@ def test_a_members_log_says_its_life_and_nothing_else(
     output = log.read_text()
     lines = json_lines(output)  # no raw librdkafka line, no traceback: every line is JSON
     messages = [line["message"] for line in lines]
-    assert not [line for line in lines if line["logger"].startswith(("httpx", "httpcore"))]
+    assert not [line for line in lines if line["logger"].startswith(("httpx", "httpcore"))], [
+        line for line in lines if line["logger"].startswith(("httpx", "httpcore"))
+    ]
     assert any(m.startswith("assigned ") for m in messages), messages
     assert any(m.startswith("revoked ") for m in messages), messages
     assert any(m.startswith("stopped on SIGTERM") for m in messages), messages
