@@ -1,3 +1,11 @@
+# Spark's Kafka connector and spark-avro (spark_jobs/jars/pom.xml), resolved from Maven Central
+# when the image is built: a pod usually cannot reach a Maven repository, and the image has no
+# Maven. The command is bridge_shell/maven.py's own; tests/integration/test_kubernetes_manifests.py
+# runs this stage's RUN line, then the producer's command with these jars and no Maven.
+FROM maven:3.9-eclipse-temurin-17 AS jars
+COPY spark_jobs/jars/pom.xml /jars/pom.xml
+RUN mvn -B -q -f /jars/pom.xml dependency:copy-dependencies -DoutputDirectory=/jars/spark-kafka -DincludeScope=runtime && touch /jars/spark-kafka/.complete
+
 # One image for both halves of the pipeline: the Spark producer job needs a JVM, the consumer not.
 # Debian 12 (bookworm) is pinned because it ships Java 17, which Spark 4 runs on; its python
 # images exist for amd64 and arm64, and so does its JRE package.
@@ -25,6 +33,11 @@ RUN apt-get update \
     && pip install --no-cache-dir . \
     && apt-get purge -y --auto-remove gcc libc6-dev \
     && rm -rf /var/lib/apt/lists/*
+
+# The jars the producer's commands need (`produce --source=kafka`, typed columns): nothing is
+# fetched at run time.
+COPY --from=jars /jars/spark-kafka /opt/bridge/jars/spark-kafka
+ENV BRIDGE_SPARK_KAFKA_JARS=/opt/bridge/jars/spark-kafka
 
 # Spark's Python processes import a compiled PySpark (bridge_shell/spark/spark_home.py); it is
 # built here, once, where the unprivileged user can read it.

@@ -40,6 +40,10 @@ from spark_jobs.spark_kafka_options import java_client_options
 log = logging.getLogger("bridge.produce")
 
 AVAILABLE_NOW = "available-now"
+# The columns of the kafka source's rows (`_read`), the ones --key-field may name.
+KAFKA_SOURCE_COLUMNS = (
+    "key", "value", "source_topic", "source_partition", "source_offset", "timestamp",
+)  # fmt: skip
 _INTERVAL = re.compile(r"^\d+(\.\d+)?\s*(ms|milliseconds?|s|seconds?|m|minutes?|h|hours?)$")
 _FIELD = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*$")
 _CORRUPT = "_bridge_unreadable_line"  # where from_json puts a line it cannot read by the schema
@@ -104,6 +108,11 @@ class ProducerJob:
                 java_client_options(self.kafka_properties)
             except ConfigError as exc:
                 problems.extend(exc.problems)
+            if self.key_field is not None and self.key_field not in KAFKA_SOURCE_COLUMNS:
+                # Refused here, not by Spark's analysis after its start-up.
+                problems.append(("--key-field", f"{self.key_field!r}: the kafka source's rows "
+                                 f"are {', '.join(KAFKA_SOURCE_COLUMNS)} (the source record's "
+                                 "key is `key`)"))  # fmt: skip
         if self.trigger != AVAILABLE_NOW and not _INTERVAL.match(self.trigger):
             problems.append(
                 (

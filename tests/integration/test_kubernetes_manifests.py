@@ -4,14 +4,23 @@ and each ConfigMap's bridge.yaml loaded by bridge's own settings with its secret
 
 from __future__ import annotations
 
+import os
+import shutil
+import signal
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from bridge.kafka_admin import create_topic
 from bridge.settings import load_settings
+from bridge_shell.stack.process import free_port
+from tests.consumer_helpers import eventually, produce
+from tests.harness import Endpoints
+from tests.kafka_helpers import read_messages
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "deploy" / "kubernetes"
@@ -88,3 +97,102 @@ def test_the_consumers_probes_and_port_are_its_configurations_and_its_config_loa
     assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
     mounted = {m["mountPath"] for m in container["volumeMounts"]}
     assert {"/etc/bridge/bridge.yaml", "/etc/bridge/secrets"} <= mounted
+
+
+def _stage_run(stage: str) -> str:
+    """The RUN line of the Dockerfile's build stage `stage`."""
+    lines = (ROOT / "Dockerfile").read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.endswith(f" AS {stage}"))
+    return next(line for line in lines[start:] if line.startswith("RUN "))[len("RUN ") :]
+
+
+def _image_env(name: str) -> str:
+    for line in (ROOT / "Dockerfile").read_text().splitlines():
+        if line.startswith(f"ENV {name}="):
+            return line.split("=", 1)[1]
+    raise AssertionError(f"the Dockerfile sets no {name}")
+
+
+def _without(tool: str, mirrors: Path) -> str:
+    """This machine's PATH with no `tool`, as in the image: each directory that holds it is
+    replaced by a mirror of its other entries (a directory like /usr/bin holds what else the
+    job needs, bash and java's links among them)."""
+    kept = []
+    for number, directory in enumerate(os.environ["PATH"].split(os.pathsep)):
+        if not (Path(directory) / tool).exists():
+            kept.append(directory)
+            continue
+        mirror = mirrors / str(number)
+        mirror.mkdir(parents=True)
+        for entry in Path(directory).iterdir():
+            if entry.name != tool:
+                (mirror / entry.name).symlink_to(entry)
+        kept.append(str(mirror))
+    assert shutil.which(tool, path=os.pathsep.join(kept)) is None
+    return os.pathsep.join(kept)
+
+
+def test_the_producers_command_runs_as_its_container_would_with_the_jars_the_image_holds(
+    stack: Endpoints, names: dict[str, str], tmp_path: Path
+) -> None:
+    """The image's jars stage is run here (its RUN line, under a scratch root); then the
+    Deployment's own arguments and environment: no Maven on PATH, XDG_CACHE_HOME as the
+    manifest sets it (an empty directory), the jars where the image's ENV says. What only a
+    cluster has is swapped for this machine's: the master (local), the Kubernetes settings, the
+    brokers (the stack's), the paths of the mounts. The job reads its source topic, writes the
+    target topic, and stops on SIGTERM with exit 0."""
+    jars = tmp_path / "jars"
+    jars.mkdir()
+    shutil.copy(ROOT / "spark_jobs" / "jars" / "pom.xml", jars / "pom.xml")
+    built = subprocess.run(["bash", "-c", _stage_run("jars").replace("/jars", str(jars))],
+                           capture_output=True, text=True, timeout=900, check=False)  # fmt: skip
+    assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-2000:]
+    in_image = _image_env("BRIDGE_SPARK_KAFKA_JARS")
+    assert "COPY --from=jars /jars/spark-kafka " + in_image in (ROOT / "Dockerfile").read_text()
+
+    deployment = next(d for d in _documents("producer.yaml") if d["kind"] == "Deployment")
+    [container] = deployment["spec"]["template"]["spec"]["containers"]
+    source, target = f"{names['topic']}-raw", names["topic"]
+    create_topic(stack.bootstrap_servers, source, partitions=2)
+    create_topic(stack.bootstrap_servers, target, partitions=2)
+    produce(stack, source, [(None, {"order_id": i, "amount": i}) for i in range(50)])
+    config = tmp_path / "bridge.yaml"
+    config.write_text(yaml.safe_dump({"kafka": {"bootstrap_servers": stack.bootstrap_servers}}))
+    swapped = {
+        "--master": "local[2]", "--checkpoint": str(tmp_path / "checkpoint"),
+        "--metrics-port": str(free_port()), "--executor-python": sys.executable,
+        "--config": str(config), "--source-topic": source, "--topic": target,
+    }  # fmt: skip
+    argv = []
+    for arg in container["args"]:
+        name, _, value = arg.partition("=")
+        if name == "--spark-conf" and value.startswith(("spark.kubernetes.", "spark.driver.")):
+            continue  # a cluster's: the pods, the driver's service
+        argv.append(f"{name}={swapped[name]}" if name in swapped else arg)
+    environment = {e["name"]: e.get("value") for e in container["env"]}
+    [scratch] = [m["mountPath"] for m in container["volumeMounts"] if m["name"] == "tmp"]
+    cache = Path(environment["XDG_CACHE_HOME"].replace(scratch, str(tmp_path / "tmp"), 1))
+    cache.parent.mkdir()  # the manifest's emptyDir
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BRIDGE_")}
+    env |= {"PATH": _without("mvn", tmp_path / "bin"), "XDG_CACHE_HOME": str(cache),
+            "BRIDGE_SPARK_KAFKA_JARS": str(jars / "spark-kafka"),
+            "BRIDGE_STACK_DIR": "/nonexistent"}  # fmt: skip
+    log = tmp_path / "producer.log"
+    with log.open("wb") as out:
+        job = subprocess.Popen(
+            [sys.executable, "-m", "bridge_shell.cli", *argv],
+            stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+        )  # fmt: skip
+    try:
+        try:
+            eventually(lambda: job.poll() is None and len(read_messages(
+                stack.bootstrap_servers, target, partitions=2)) >= 50, timeout=240)  # fmt: skip
+        except AssertionError:
+            raise AssertionError(log.read_text()[-4000:]) from None
+        job.send_signal(signal.SIGTERM)
+        assert job.wait(120) == 0, log.read_text()[-3000:]
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait(30)
+    assert "mvn" not in log.read_text(), log.read_text()[-3000:]

@@ -366,3 +366,17 @@ def test_spark_packages_name_the_installed_pysparks_version_as_the_pom_pins_it()
     pom = (Path(__file__).parents[2] / "spark_jobs" / "jars" / "pom.xml").read_text()
     pinned = re.search(r"<spark.version>([^<]+)</spark.version>", pom)
     assert pinned is not None and pinned.group(1) == version
+
+
+def test_a_key_field_the_kafka_sources_rows_lack_is_refused_before_spark_starts() -> None:
+    from bridge_shell.spark.producer_job import ProducerJob, Source
+
+    job = ProducerJob(source=Source.KAFKA, source_topic="raw", topic="t", checkpoint="/c",
+                      bootstrap_servers="b:9", key_field="order_id")  # fmt: skip
+    with pytest.raises(ConfigError) as raised:
+        job.check()
+    assert dict(raised.value.problems)["--key-field"].startswith(
+        "'order_id': the kafka source's rows are key, value, source_topic"
+    )
+    ProducerJob(source=Source.KAFKA, source_topic="raw", topic="t", checkpoint="/c",
+                bootstrap_servers="b:9", key_field="key").check()  # fmt: skip
