@@ -18,7 +18,7 @@ import yaml
 from bridge.kafka_admin import create_topic
 from bridge.settings import load_settings
 from bridge_shell.stack.process import free_port
-from tests.consumer_helpers import eventually, produce
+from tests.consumer_helpers import drained, eventually, http_get, produce, sql
 from tests.harness import Endpoints
 from tests.kafka_helpers import read_messages
 
@@ -196,3 +196,54 @@ def test_the_producers_command_runs_as_its_container_would_with_the_jars_the_ima
             os.killpg(job.pid, signal.SIGKILL)
             job.wait(30)
     assert "mvn" not in log.read_text(), log.read_text()[-3000:]
+
+
+def test_the_consumers_command_runs_as_its_container_would_and_turns_ready(
+    stack: Endpoints, names: dict[str, str], tmp_path: Path
+) -> None:
+    """The consumer Deployment's own arguments, and its ConfigMap's bridge.yaml with the
+    Secret's files (the DSN through `${file:...}`), the cluster's parts swapped for the stack's
+    (brokers, the secret files' directory, the port, the topic and table): it applies the
+    topic's records, its readiness probe's path answers 200, and SIGTERM ends it with exit 0.
+    (A read-only root cannot be had without a container: the process writes only to the
+    mounts' paths here, which is all the manifest leaves writable.)"""
+    config_map, deployment = _documents("consumer.yaml")[:2]
+    [container] = deployment["spec"]["template"]["spec"]["containers"]
+    secrets = tmp_path / "secrets"
+    secrets.mkdir()
+    (secrets / "postgres-dsn").write_text(stack.dsn + "\n")
+    document = yaml.safe_load(config_map["data"]["bridge.yaml"])
+    document["kafka"] = {"bootstrap_servers": stack.bootstrap_servers}
+    assert document["postgres"]["dsn"] == "${file:/etc/bridge/secrets/postgres-dsn}"
+    document["postgres"]["dsn"] = f"${{file:{secrets / 'postgres-dsn'}}}"
+    port = free_port()
+    [route] = document["consumer"]["routes"]
+    document["consumer"] |= {"http_port": port, "state_schema": names["schema"],
+                             "group_id": names["group"]}  # fmt: skip
+    route |= {"topic": names["topic"], "table": f"public.{names['table']}"}
+    config = tmp_path / "bridge.yaml"
+    config.write_text(yaml.safe_dump(document))
+    create_topic(stack.bootstrap_servers, names["topic"], partitions=2)
+    keys = ", ".join(f"{k} bigint" for k in route["key_columns"])
+    sql(stack, f"CREATE TABLE public.{names['table']} ({keys} PRIMARY KEY, amount int)")
+    produce(stack, names["topic"], [(None, {"order_id": i % 7, "amount": i}) for i in range(30)])
+    argv = [f"--config={config}" if a.startswith("--config=") else a for a in container["args"]]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BRIDGE_")}
+    env |= {"BRIDGE_STACK_DIR": "/nonexistent", "TMPDIR": str(tmp_path)}
+    log = tmp_path / "consumer.log"
+    with log.open("wb") as out:
+        member = subprocess.Popen([sys.executable, "-m", "bridge_shell.cli", *argv], stdout=out,
+                                  stderr=subprocess.STDOUT, env=env)  # fmt: skip
+    probe = container["readinessProbe"]["httpGet"]["path"]
+    try:
+        drained(stack, names, 2, timeout=90)
+        eventually(lambda: http_get(f"http://127.0.0.1:{port}{probe}")[0] == 200, timeout=60)
+        member.send_signal(signal.SIGTERM)
+        assert member.wait(60) == 0, log.read_text()[-3000:]
+    finally:
+        if member.poll() is None:
+            member.kill()
+            member.wait(30)
+    assert sql(stack, f"SELECT count(*), sum(amount) FROM public.{names['table']}") == [
+        (7, sum(range(23, 30)))
+    ]
