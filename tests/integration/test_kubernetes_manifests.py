@@ -226,7 +226,9 @@ def test_the_consumers_command_runs_as_its_container_would_and_turns_ready(
     create_topic(stack.bootstrap_servers, names["topic"], partitions=2)
     keys = ", ".join(f"{k} bigint" for k in route["key_columns"])
     sql(stack, f"CREATE TABLE public.{names['table']} ({keys} PRIMARY KEY, amount int)")
-    produce(stack, names["topic"], [(None, {"order_id": i % 7, "amount": i}) for i in range(30)])
+    # Keyed by order id, as a producer of upserts keys them: one key's records in one partition,
+    # in order.
+    produce(stack, names["topic"], [(i % 7, {"order_id": i % 7, "amount": i}) for i in range(30)])
     argv = [f"--config={config}" if a.startswith("--config=") else a for a in container["args"]]
     env = {k: v for k, v in os.environ.items() if not k.startswith("BRIDGE_")}
     env |= {"BRIDGE_STACK_DIR": "/nonexistent", "TMPDIR": str(tmp_path)}
