@@ -2,7 +2,8 @@
 with `epochs: whole` against the per-partition mode, in one run.
 
     .venv/bin/python -m bench.epochs [--epochs 100] [--tasks 4] [--rows-per-task 2500]
-        [--rounds 3] [--latency-seconds 90] [--latency-rounds 2]
+        [--rounds 3] [--latency-seconds 90] [--latency-rounds 2] [--latency-members 2]
+        [--members 1 2 3] [--group-rounds 3]
 
 (a) Throughput. One topic of 4 partitions, written before any clock as bridge's sink writes it
     with `epochs=whole`: each task's records with their provenance headers and its part of the
@@ -15,10 +16,17 @@ with `epochs: whole` against the per-partition mode, in one run.
     round's ratio whole / per-partition. Each run also gives where the time went: when its last
     record was consumed (staged, with whole epochs), and the CPU seconds of the service and of
     PostgreSQL in its window (`bench.cpu`).
+(c) Scaled out, as a user pays it: `--members` services of a new group (1, 2 and 3), started
+    together, with each route mode and each kind, timed from their start to every row visible
+    (per partition: the offsets table at the topic's end; whole: the last epoch published), in
+    `--group-rounds` rounds, the kinds alternated; figures per member count, the medians of each
+    round's ratio whole / per-partition. With whole epochs one member is elected to read the
+    whole routes (`epochs_members: one`, consumers/membership/epoch_owner.py).
 (b) Latency at a 1 s trigger: bench.latency's pipeline (`bridge produce --source rate` on real
-    Spark, the service with default settings) with the sink's and the route's whole epochs,
-    against the same pipeline per partition, alternated `--latency-rounds` times; p50 / p99 from
-    the rows' event time to their insertion (applied_at), each row checked exactly once.
+    Spark, `--latency-members` services of one group, 2 by default, with default settings) with
+    the sink's and the route's whole epochs, against the same pipeline per partition,
+    alternated `--latency-rounds` times; p50 / p99 from the rows' event time to their
+    insertion (applied_at), each row checked exactly once.
 Writes bench/results/epochs-*.json.
 """
 
@@ -33,6 +41,7 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
+import psycopg
 from confluent_kafka import Producer
 
 from bench.common import Endpoints, new_table, new_topic, running_stack, scratch_dir, write_results
@@ -102,15 +111,19 @@ def fill_epochs(
 
 
 def published(service: Service) -> int:
-    rows = (
-        service.watcher()
-        .execute(
-            f"SELECT count(*) FROM {DEFAULT_STATE_SCHEMA}.{EPOCHS_TABLE} "
-            "WHERE group_id = %s AND outcome = 'published'",
-            (service.group,),
+    """The group's epochs published; 0 before the service has made its state tables."""
+    try:
+        rows = (
+            service.watcher()
+            .execute(
+                f"SELECT count(*) FROM {DEFAULT_STATE_SCHEMA}.{EPOCHS_TABLE} "
+                "WHERE group_id = %s AND outcome = 'published'",
+                (service.group,),
+            )
+            .fetchall()
         )
-        .fetchall()
-    )
+    except psycopg.errors.UndefinedTable:
+        return 0
     return int(rows[0][0])
 
 
@@ -153,6 +166,98 @@ def throughput_run(
             "cpu": cpu}  # fmt: skip
 
 
+def group_run(
+    stack: Endpoints,
+    topic: str,
+    records: int,
+    epochs: int,
+    mode: str,
+    whole: bool,
+    members: int,
+    scratch: Path,
+) -> dict[str, Any]:
+    """`members` services of a new group, started together, timed from their start to every
+    row visible: per partition, the offsets table at the topic's end (rows and offsets commit
+    together); whole, the ledger showing the last epoch published. Start-up, the group's join
+    and the election of the whole routes' reader are in it, as a user who scales out pays them."""
+    table = f"eg_{mode}_{members}_{uuid.uuid4().hex[:8]}"
+    new_table(stack, table, f"{COLUMNS}{', PRIMARY KEY (id)' if mode == 'upsert' else ''}")
+    target = caught_up(stack, topic)
+    checkpoint(stack.dsn)
+    group = f"bench-{uuid.uuid4().hex[:8]}"
+    route = {"epochs": "whole"} if whole else {}
+    meter = stack_meter(stack)
+    before = meter.read()
+    started = time.perf_counter()
+    services = [Service(stack, topic, table, mode, scratch, route_options=route, group=group)
+                for _ in range(members)]  # fmt: skip
+    watcher = services[0]
+    try:
+
+        def done() -> bool:
+            for service in services[1:]:
+                if service.process.poll() is not None:
+                    raise RuntimeError(f"a member stopped:\n{service.log.read_text()[-2000:]}")
+            if whole:
+                return published(watcher) >= epochs
+            return watcher.position() >= target
+
+        watcher.wait_until(done)
+        seconds = time.perf_counter() - started
+        cpu = CpuMeter.spent(before, meter.read(), seconds)
+    finally:
+        for service in services:
+            service.stop()
+    rows = sql(stack.dsn, f"SELECT count(*), count(DISTINCT id) FROM public.{table}")[0]
+    if tuple(rows) != (records, records):
+        raise RuntimeError(f"{table}: {rows[0]} rows, {rows[1]} distinct, {records} written")
+    return {"members": members, "mode": mode, "epochs": "whole" if whole else "per-partition",
+            "seconds": round(seconds, 2), "rows_per_second": round(records / seconds),
+            "cpu": cpu}  # fmt: skip
+
+
+def group_figures(
+    stack: Endpoints, topic: str, records: int, epochs: int, args: argparse.Namespace,
+    scratch: Path,
+) -> dict[str, Any]:  # fmt: skip
+    """(c): every member count, mode and kind in each round, the kinds alternated. One run
+    of each kind first, not counted: the first run of a fresh stack makes the state tables."""
+    for whole in (False, True):
+        group_run(stack, topic, records, epochs, "insert", whole, 1, scratch)
+    runs: list[dict[str, Any]] = []
+    for number in range(args.group_rounds):
+        for members in args.members:
+            for mode in ("insert", "upsert"):
+                kinds = (False, True) if (number + members) % 2 == 0 else (True, False)
+                for whole in kinds:
+                    run = group_run(stack, topic, records, epochs, mode, whole, members, scratch)
+                    runs.append(run | {"round": number})
+                    print(f"{members} member(s), {mode} {run['epochs']}: "
+                          f"{run['rows_per_second']:,}/s ({run['seconds']} s from the start); "
+                          f"{cpu_line(run['cpu'])}", flush=True)  # fmt: skip
+    figures: dict[str, Any] = {"group_runs": runs}
+    for members in args.members:
+        for mode in ("insert", "upsert"):
+            ratios = []
+            for number in range(args.group_rounds):
+                of_round = [r for r in runs if r["round"] == number
+                            and r["members"] == members and r["mode"] == mode]  # fmt: skip
+                rate = {r["epochs"]: r["rows_per_second"] for r in of_round}
+                ratios.append(rate["whole"] / rate["per-partition"])
+            key = f"members_{members}_{mode}"
+            figures[f"{key}_ratio"] = round(median(ratios), 3)
+            figures[f"{key}_ratios"] = [round(r, 3) for r in ratios]
+            for kind in ("per-partition", "whole"):
+                figures[f"{key}_{kind}_rows_per_second"] = median(
+                    r["rows_per_second"] for r in runs
+                    if r["members"] == members and r["mode"] == mode and r["epochs"] == kind
+                )  # fmt: skip
+            ratio, each = figures[f"{key}_ratio"], figures[f"{key}_ratios"]
+            print(f"{members} member(s), {mode}: whole epochs at {ratio}x the per-partition "
+                  f"mode (rounds {each})", flush=True)  # fmt: skip
+    return figures
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--epochs", type=int, default=100)
@@ -162,6 +267,9 @@ def main() -> None:
     parser.add_argument("--latency-seconds", type=float, default=90)
     parser.add_argument("--latency-rounds", type=int, default=2)
     parser.add_argument("--rate", type=int, default=10_000)
+    parser.add_argument("--members", type=int, nargs="*", default=[1, 2, 3])
+    parser.add_argument("--group-rounds", type=int, default=3)
+    parser.add_argument("--latency-members", type=int, default=2)
     args = parser.parse_args()
     records = args.epochs * args.tasks * args.rows_per_task
     figures: dict[str, Any] = {"records": records, "epochs": args.epochs, "tasks": args.tasks}
@@ -182,7 +290,7 @@ def main() -> None:
                       f"consumed at {r['consumed_seconds']} s of {r['seconds']} s; "
                       f"{cpu_line(r['cpu'])}", flush=True)  # fmt: skip
         figures["throughput_rounds"] = rounds
-        for mode in ("insert", "upsert"):
+        for mode in ("insert", "upsert") if rounds else ():
             ratios = []
             for runs in rounds:
                 rate = {r["epochs"]: r["rows_per_second"] for r in runs if r["mode"] == mode}
@@ -196,12 +304,15 @@ def main() -> None:
                 )  # fmt: skip
             print(f"{mode}: whole epochs at {figures[f'{mode}_ratio']}x the per-partition mode "
                   f"(rounds {figures[f'{mode}_ratios']})", flush=True)  # fmt: skip
+        if args.members:
+            figures |= group_figures(stack, topic, records, args.epochs, args, scratch)
         latency: list[dict[str, Any]] = []
         for number in range(args.latency_rounds):
             for whole in (False, True) if number % 2 == 0 else (True, False):
                 run = run_pipeline(stack, "1 second", rate=args.rate,
                                    seconds=args.latency_seconds, scratch=scratch,
-                                   whole_epochs=whole)  # fmt: skip
+                                   whole_epochs=whole,
+                                   members=args.latency_members)  # fmt: skip
                 run["epochs"] = "whole" if whole else "per-partition"
                 latency.append(run)
                 print(f"1 s trigger, {run['epochs']}: p50 {run['p50_ms']} ms, p99 "
@@ -215,7 +326,12 @@ def main() -> None:
             added = figures["latency_whole_p99_ms"] - figures["latency_per-partition_p99_ms"]
             figures["latency_p99_added_ms"] = round(added, 1)
             print(f"p99 at a 1 s trigger: {added:+.0f} ms with whole epochs", flush=True)
-        figures["goals"] = {"insert_ratio": 0.7, "upsert_ratio": 0.8, "p99_added_ms": 1000}
+        figures["latency_members"] = args.latency_members
+        figures["goals"] = {
+            "insert_ratio": 0.9, "upsert_ratio": 0.9, "p99_added_ms": 1000,
+            "members_1_ratio": 0.9, "members_2_3_insert_ratio": 0.8,
+            "members_2_3_upsert_ratio": 0.85,
+        }  # fmt: skip
     print(f"figures: {write_results('epochs', figures)}")
 
 

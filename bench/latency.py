@@ -69,18 +69,22 @@ def run_pipeline(
     seconds: float,
     scratch: Path,
     whole_epochs: bool = False,
+    members: int = 1,
 ) -> dict[str, Any]:
     """One run; with `whole_epochs`, the sink writes the epoch manifest and the route waits for
-    whole epochs (bench/epochs.py)."""
+    whole epochs (bench/epochs.py); `members` services of one group read it."""
     name = f"lat-{uuid.uuid4().hex[:8]}"
     new_topic(stack, name, partitions=PARTITIONS)
     table = name.replace("-", "_")
     new_table(stack, table, 'value bigint, "timestamp" timestamptz, '
                             "applied_at timestamptz DEFAULT clock_timestamp()")  # fmt: skip
     route = {"epochs": "whole"} if whole_epochs else {}
-    consumer = Service(
-        stack, name, table, "insert", scratch, batch_max_wait_ms=None, route_options=route
-    )
+    group = f"bench-{uuid.uuid4().hex[:8]}"
+    consumers = [
+        Service(stack, name, table, "insert", scratch, batch_max_wait_ms=None,
+                route_options=route, group=group)
+        for _ in range(members)
+    ]  # fmt: skip
     checkpoint = scratch / f"checkpoint-{name}"
     command = [
         str(Path(sys.executable).with_name("bridge")), "produce", "--source", "rate",
@@ -103,17 +107,21 @@ def run_pipeline(
             raise RuntimeError(f"the producer exited {code}:\n{log.read_text()[-3000:]}")
         progress = json.loads((checkpoint / "bridge-sink-progress.json").read_text())
         written = int(progress["rows_written"])
-        _wait_for_rows(stack, table, written, consumer)
+        _wait_for_rows(stack, table, written, consumers)
     finally:
-        consumer.stop()
+        for consumer in consumers:
+            consumer.stop()
     return measure(stack, table, written, trigger=trigger, rate=rate, epochs=progress["recent"])
 
 
-def _wait_for_rows(stack: Endpoints, table: str, rows: int, consumer: Service) -> None:
+def _wait_for_rows(stack: Endpoints, table: str, rows: int, consumers: list[Service]) -> None:
     deadline = time.monotonic() + 300
     while sql(stack.dsn, f"SELECT count(*) FROM public.{table}")[0][0] < rows:
-        if consumer.process.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"the consumer stopped short:\n{consumer.log.read_text()[-2000:]}")
+        for consumer in consumers:
+            if consumer.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"the consumer stopped short:\n{consumer.log.read_text()[-2000:]}"
+                )
         time.sleep(0.5)
 
 

@@ -73,6 +73,7 @@ METRIC_INFO: Final = "bridge_consumer_info"
 METRIC_EPOCHS_PUBLISHED: Final = "bridge_consumer_epochs_published"
 METRIC_RECORDS_STAGED: Final = "bridge_consumer_records_staged"
 METRIC_OLDEST_INCOMPLETE_EPOCH: Final = "bridge_consumer_oldest_incomplete_epoch_seconds"
+METRIC_EPOCHS_OWNER: Final = "bridge_consumer_epochs_owner"
 METRIC_EPOCH_RECORDS_HELD: Final = "bridge_consumer_epoch_records_held"
 
 # Prometheus metrics of the producer job's driver.

@@ -443,6 +443,12 @@ class ConsumerSettings(_Section):
     # and in a group whose members share the partitions, records are staged in the ledger.
     epochs_hold_records: int = Field(default=50_000, ge=0, le=10_000_000)
     epochs_hold_ms: int = Field(default=2_000, ge=0, le=600_000)
+    # Which members read the whole routes' topics and the manifest. `one`: one member at a
+    # time, elected through PostgreSQL (a lock of its session), which then holds every
+    # partition of them and publishes each epoch in the batch that completes it; the others
+    # read the group's per-partition routes and stand by. `all`: every member, sharing the
+    # partitions, each epoch staged in the ledger until one member publishes it.
+    epochs_members: Literal["one", "all"] = "one"
 
     @field_validator("state_schema")
     @classmethod
@@ -497,12 +503,16 @@ class ConsumerSettings(_Section):
                 return index, route.for_topic(topic)
         return None
 
-    def subscription(self) -> list[str]:
-        """What the consumer subscribes to: each named topic, and each pattern as a regex."""
+    def subscription(self, *, whole: bool = True) -> list[str]:
+        """What the consumer subscribes to: each named topic, and each pattern as a regex;
+        without the whole routes' topics and the manifest when `whole` is False (a member
+        that stands by for them, `epochs_members: one`)."""
         topics = [
-            route.topic or subscription(cast(str, route.topic_pattern)) for route in self.routes
+            route.topic or subscription(cast(str, route.topic_pattern))
+            for route in self.routes
+            if whole or route.epochs != "whole"
         ]
-        return [*topics, self.epochs_topic] if self.whole_epochs else topics
+        return [*topics, self.epochs_topic] if whole and self.whole_epochs else topics
 
 
 def _common_topic(first: RouteSettings, second: RouteSettings) -> str | None:

@@ -28,6 +28,7 @@ from bridge.names import (
     METRIC_DATABASE_REFUSALS,
     METRIC_DEAD_LETTERS,
     METRIC_EPOCH_RECORDS_HELD,
+    METRIC_EPOCHS_OWNER,
     METRIC_EPOCHS_PUBLISHED,
     METRIC_IGNORED_FIELDS,
     METRIC_INFO,
@@ -166,6 +167,12 @@ class ConsumerMetrics:
             METRIC_OLDEST_INCOMPLETE_EPOCH,
             "Age of the group's oldest epoch not yet published (0: none), from its first "
             "record or manifest entry.",
+            registry=self.registry,
+        )
+        self.epochs_owner = Gauge(
+            METRIC_EPOCHS_OWNER,
+            "1 when this member reads the group's whole routes (epochs_members: one), 0 when it "
+            "stands by for them.",
             registry=self.registry,
         )
         Gauge(METRIC_INFO, "The consumer group.", list(labels), registry=self.registry).labels(

@@ -32,6 +32,7 @@ from consumers.decoding.registry_schemas import SchemaCache
 from consumers.epochs.assembly import EpochAssembly
 from consumers.epochs.publisher import EpochPublisher
 from consumers.epochs.staging import EpochStager
+from consumers.membership.epoch_owner import EpochOwnerElection
 from consumers.membership.kafka_health import KafkaHealth
 from consumers.membership.leases import LeaseKeeper
 from consumers.membership.topic_sizes import TopicSizes
@@ -64,6 +65,7 @@ _STATISTICS_INTERVAL_MS = 5_000  # how often librdkafka reports the last stable 
 _RECONCILE_INTERVAL_S = 1.0  # how often leases are compared with the offsets table
 _STALLED_AFTER_S = 60.0  # /healthz fails when the poll loop has not turned for this long
 _LIST_TOPICS_TIMEOUT_S = 10  # the topics patterns match at start-up: a Kafka that does not answer
+_FIRST_ELECTION_S = 5.0  # a member's first try for the whole routes, before it subscribes
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,8 @@ class _Member:
     leases: LeaseKeeper
     publisher: EpochPublisher | None  # with routes that want whole epochs
     sizes: TopicSizes | None  # with them too: the whole topics' partition counts
+    # With them and `epochs_members: one`: whether this member reads the whole routes.
+    election: EpochOwnerElection | None
 
 
 class ConsumerService:
@@ -98,6 +102,7 @@ class ConsumerService:
         self._applied_total = 0  # once stopped; see `applied_total`
         self._next_reconcile = 0.0
         self._behind = False  # the last poll filled a batch: more records are waiting
+        self._reads_whole = True  # subscribed to the whole routes' topics (`_subscribe`)
         self._http: HealthServer | None = None
         self._last_turn = time.monotonic()
         self._turns = 0
@@ -204,20 +209,40 @@ class ConsumerService:
             forget=self.metrics.forget,
             dead_letters_ends=applier.dead_letters_ends,
         )
-        self._member = _Member(consumer, batches, leases, publisher, sizes)
-        consumer.subscribe(
-            self._config.subscription(),
-            on_assign=leases.on_assign,
-            on_revoke=leases.on_revoke,
-            on_lost=leases.on_lost,
-        )
+        election = self._election()
+        self._member = _Member(consumer, batches, leases, publisher, sizes, election)
+        if election is not None:
+            self._starting = "trying for the whole routes (epochs_members: one)"
+            election.start(wait_s=_FIRST_ELECTION_S)
+        topics = self._subscribe(self._member)
         log.info(
             "consumer started",
-            extra={
-                "owner": self._owner,
-                "topics": self._config.subscription(),
-                "http_port": self.http_port,
-            },
+            extra={"owner": self._owner, "topics": topics, "http_port": self.http_port},
+        )
+
+    def _subscribe(self, member: _Member) -> list[str]:
+        """Subscribe to the routes' topics: the whole routes' and the manifest too, unless
+        another member is elected to read them. An empty subscription leaves the group."""
+        self._reads_whole = member.election is None or member.election.holds
+        topics = self._config.subscription(whole=self._reads_whole)
+        if topics:
+            leases = member.leases
+            member.consumer.subscribe(
+                topics, on_assign=leases.on_assign, on_revoke=leases.on_revoke,
+                on_lost=leases.on_lost,
+            )  # fmt: skip
+        else:
+            member.consumer.unsubscribe()
+        if member.election is not None:
+            self.metrics.epochs_owner.set(int(self._reads_whole))
+        return topics
+
+    def _election(self) -> EpochOwnerElection | None:
+        if not self._config.whole_epochs or self._config.epochs_members != "one":
+            return None
+        return EpochOwnerElection(
+            db=self._session(),  # its own: the lock lives as long as this session
+            name=f"bridge-epochs:{self._config.state_schema}:{self._config.group_id}",
         )
 
     def _session(self) -> DatabaseSession:
@@ -378,6 +403,8 @@ class ConsumerService:
             if self._last_turn >= self._next_reconcile:
                 self._next_reconcile = self._last_turn + _RECONCILE_INTERVAL_S
                 member.leases.reconcile()
+                if member.election is not None and member.election.holds != self._reads_whole:
+                    self._subscribe(member)  # elected, or no longer: the group rebalances
                 self.metrics.states(batches.partition_states())
                 batches.report()
             if not self._behind:
@@ -434,6 +461,8 @@ class ConsumerService:
             self._stop_http()
             if member is not None:
                 member.consumer.close()  # leaves the group: partitions are revoked and released
+                if member.election is not None:
+                    member.election.close()  # after leaving: a standby takes the whole routes
                 if member.publisher is not None:
                     member.publisher.close()
             self._db.close()
@@ -456,6 +485,7 @@ class ConsumerService:
             + self._member.batches.reasons()
             + self._partitions.not_progressing(stalled_after_s=stalled_after)
             + (self._member.publisher.reasons() if self._member.publisher is not None else [])
+            + (self._member.election.reasons() if self._member.election is not None else [])
         )
 
     def healthy(self) -> bool:

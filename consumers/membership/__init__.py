@@ -1,4 +1,5 @@
 """This member's place in its Kafka group: the partitions Kafka assigns, claimed in the offsets
 table before anything is read (`leases`), what Kafka's own health says on `/readyz`
 (`kafka_health`), and the whole-epoch topics' partition counts, asked between batches
-(`topic_sizes`). It hands the batch owner (`consumers.batch`) nothing but leases."""
+(`topic_sizes`), and whether it is the member elected to read the whole routes
+(`epoch_owner`). It hands the batch owner (`consumers.batch`) nothing but leases."""

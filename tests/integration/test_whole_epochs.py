@@ -128,7 +128,8 @@ def test_two_members_publish_each_epoch_whole_through_a_rebalance(
     sink = HandSink(stack, manifest_topic=pipeline["manifest"], query=query)
     per_task, epochs = 30, 6
     reader = Reader(stack.dsn, pipeline["tables"], dict.fromkeys(range(epochs), TASKS * per_task))
-    config = settings(stack, names, pipeline, "whole")
+    # Both members read the whole topics (`all`): the staging path, with a member leaving.
+    config = settings(stack, names, pipeline, "whole", epochs_members="all")
     with running(config), reading(reader):
         with running(config):
             for epoch in range(epochs):
@@ -281,7 +282,7 @@ def test_members_killed_while_staging_and_while_publishing_lose_double_and_show_
     query = f"q-{uuid.uuid4()}"
     sink = HandSink(stack, manifest_topic=pipeline["manifest"], query=query)
     per_task, epochs = 40, 4
-    config = member_config(stack, names, pipeline, tmp_path)
+    config = member_config(stack, names, pipeline, tmp_path, epochs_members="all")
     reader = Reader(stack.dsn, pipeline["tables"], dict.fromkeys(range(epochs), TASKS * per_task))
     members = [Member(config, tmp_path / f"member-{i}.log") for i in range(2)]
     try:
@@ -340,14 +341,21 @@ def test_members_killed_while_staging_and_while_publishing_lose_double_and_show_
     assert counts(stack, pipeline) == (epochs * TASKS * per_task,) * 2
 
 
+@pytest.mark.parametrize("epochs_members", ["one", "all"])
 def test_a_member_killed_while_epochs_flow_holds_them_back_for_at_most_15_seconds(
-    stack: Endpoints, names: dict[str, str], pipeline: dict[str, Any], tmp_path: Path
+    stack: Endpoints,
+    names: dict[str, str],
+    pipeline: dict[str, Any],
+    tmp_path: Path,
+    epochs_members: str,
 ) -> None:
     """Two members with the product's own Kafka settings, an epoch written every 0.3 s; one is
-    SIGKILLed. Every epoch spans every partition, so none can complete until the dead member's
-    partitions move: the session timeout, the rebalance, the claim and a publication. The next
-    epoch is published within 15 s of the kill (docs/consumer.md says what sets the bound), and
-    nothing is lost, doubled or seen in part."""
+    SIGKILLed: with `one`, the member elected to read the whole topics (the other stands by),
+    with `all`, one of the two sharing them. Every epoch spans every partition, so none can
+    complete until the dead member's partitions move: the lock of its session released, the
+    session timeout, the rebalance, the claim and a publication. The next epoch is published
+    within 15 s of the kill (docs/consumer.md says what sets the bound), and nothing is lost,
+    doubled or seen in part."""
     query = f"q-{uuid.uuid4()}"
     sink = HandSink(stack, manifest_topic=pipeline["manifest"], query=query)
     per_task = 24
@@ -355,8 +363,10 @@ def test_a_member_killed_while_epochs_flow_holds_them_back_for_at_most_15_second
     routes = [{"topic": t, "table": table, "epochs": "whole"}
               for t, table in zip(pipeline["topics"], pipeline["tables"], strict=True)]  # fmt: skip
     config.write_text(yaml.safe_dump(plain_config(stack, names, routes=routes,
-                                                  epochs_topic=pipeline["manifest"])))  # fmt: skip
-    members = [Member(config, tmp_path / f"member-{i}.log") for i in range(2)]
+                                                  epochs_topic=pipeline["manifest"],
+                                                  epochs_members=epochs_members)))  # fmt: skip
+    logs = [tmp_path / f"member-{i}.log" for i in range(2)]
+    members = [Member(config, log) for log in logs]
     written: list[int] = []
     stop = threading.Event()
 
@@ -381,12 +391,16 @@ def test_a_member_killed_while_epochs_flow_holds_them_back_for_at_most_15_second
     reader = Reader(stack.dsn, pipeline["tables"], dict.fromkeys(range(10_000), TASKS * per_task))
     writer = threading.Thread(target=flow, daemon=True)
     try:
-        eventually(lambda: _owners(stack, names, pipeline["topics"]) == 2, timeout=90)
+        sharing = 2 if epochs_members == "all" else 1
+        eventually(lambda: _owners(stack, names, pipeline["topics"]) == sharing, timeout=90)
+        eventually(lambda: all('"consumer started"' in _text(log) for log in logs), timeout=90)
         with reading(reader):
             writer.start()
             eventually(lambda: len(settled_at()) >= 5, timeout=90)
+            owners = _owner_pids(stack, names, pipeline["topics"])
+            victim = next(m for m in members if m.process.pid in owners)
             killed_at = float(sql(stack, "SELECT extract(epoch FROM now())")[0][0])
-            members[0].kill()
+            victim.kill()
             # Epochs written from now on need the dead member's partitions to have moved.
             first_after = len(written) + 1
             eventually(lambda: first_after in settled_at(), timeout=60)
@@ -443,6 +457,13 @@ def _owners(stack: Endpoints, names: dict[str, str], topics: list[str]) -> int:
     rows = sql(stack, f"SELECT count(DISTINCT owner) FROM {names['schema']}.offsets "
                f"WHERE group_id = '{names['group']}' AND topic = ANY(ARRAY{topics})")  # fmt: skip
     return int(rows[0][0])
+
+
+def _owner_pids(stack: Endpoints, names: dict[str, str], topics: list[str]) -> set[int]:
+    """The process ids of the members that own partitions of `topics` (owners are host:pid)."""
+    rows = sql(stack, f"SELECT DISTINCT owner FROM {names['schema']}.offsets "
+               f"WHERE group_id = '{names['group']}' AND topic = ANY(ARRAY{topics})")  # fmt: skip
+    return {int(str(owner).rsplit(":", 1)[1]) for (owner,) in rows}
 
 
 def _exists(stack: Endpoints, table: str) -> bool:
@@ -556,6 +577,10 @@ def test_a_record_the_table_refuses_at_publication_never_publishes_part_of_its_e
     else:
         assert len(dead) == 1 and dead[0][0] == topic and "23514" in dead[0][3], dead
         assert visible(stack, pipeline, 0) == 39
+
+
+def _text(log: Path) -> str:
+    return log.read_text() if log.exists() else ""
 
 
 def _http_port(log: Path) -> int | None:
