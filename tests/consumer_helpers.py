@@ -156,9 +156,10 @@ def drained(stack: Endpoints, names: dict[str, str], partitions: int, timeout: f
                 stored: dict[int, int] = dict(
                     conn.execute(
                         pgsql.SQL(
-                            "SELECT partition, next_offset FROM {} WHERE group_id = %s"
+                            "SELECT partition, next_offset FROM {} WHERE group_id = %s "
+                            "AND topic = %s"
                         ).format(pgsql.Identifier(names["schema"], OFFSETS_TABLE)),
-                        (names["group"],),
+                        (names["group"], names["topic"]),
                     ).fetchall()
                 )
             except (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName):

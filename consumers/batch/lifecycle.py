@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
+from collections.abc import Callable
 from enum import StrEnum
 from itertools import chain, groupby
 from typing import cast
@@ -42,6 +43,7 @@ from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 from bridge.errors import BridgeError
 from consumers.backoff import HoldBackoff
 from consumers.batch.committer import Batch, CommitResult, Committer, InFlight
+from consumers.batch.partition_holds import PartitionHolds
 from consumers.batch.planner import Planned, Planner
 from consumers.batch.work_log import WorkLog
 from consumers.database.db_session import DatabaseSession, refusal_backoff
@@ -117,18 +119,15 @@ class BatchLifecycle:
         self._consumer = consumer
         self._metrics = metrics
         self._work_log = work_log
-        # What holds batches back, each with its growing wait and its `/readyz` reason:
-        # the database refusing writes (a read-only standby, a full disk);
+        # What holds the member's batches back, each with its growing wait and its `/readyz`
+        # reason: the database refusing writes (a read-only standby, a full disk);
         self.refusals = refusal_backoff()
-        # the registry unable to give a writer schema;
+        # the registry unable to give a writer schema.
         self.registry = registry_backoff()
-        # a writer schema a followed table cannot take (consumers.tables.table_follower);
-        self.mismatches = mismatch_backoff()
-        # a record of an `on_record_error: stop` route that cannot be written, and where;
-        self.stops = stop_backoff()
-        # a topic a pattern matched whose table cannot take its records yet.
-        self.unrouted = unrouted_backoff()
-        self._stopped_at: tuple[PartitionKey, int] | None = None
+        # What holds only the partitions of its records (`consumers.batch.partition_holds`): a
+        # writer schema a followed table cannot take, a topic a pattern matched whose table
+        # cannot take its records yet, a record of an `on_record_error: stop` route.
+        self.partition_holds = PartitionHolds(consumer)
         self._mirror_offsets = mirror_offsets
         self._stage = Stage.IDLE
         self._in_flight: InFlight | None = None  # set exactly in stage `in_flight`
@@ -167,8 +166,10 @@ class BatchLifecycle:
     # -- the loop's calls ---------------------------------------------------------------------
 
     def polling(self) -> None:
-        """Before each poll: a rewind before it is where the poll fetches from."""
+        """Before each poll: a rewind before it is where the poll fetches from; held partitions
+        whose wait is over resume from their stored offsets."""
         self._move(StageEvent.POLLING)
+        self._resume(self.partition_holds.due())
 
     def submit(self, records: list[Record]) -> None:
         """Steps 1 to 3 for the records one poll returned."""
@@ -194,20 +195,17 @@ class BatchLifecycle:
             self._seek_to_leases()
             return
         except TableMismatch as exc:
-            # Not the records' fault either: they wait until the table is mended.
+            # Not the records' fault either: their partitions wait until the table is mended,
+            # nothing of them dead-lettered; the member's other partitions go on.
             self.settle()
             self._metrics.table_mismatch.inc()
-            self.mismatches.failed(str(exc), _starts(ours))
-            self._seek_to_leases()
+            self._hold_topic("mismatch", mismatch_backoff, exc, exc.topic, ours, exc.partitions)
             return
         except RouteUnresolved as exc:  # nor theirs: they wait for a table that takes them
             self.settle()
-            self.unrouted.failed(str(exc), _starts(ours))
-            self._seek_to_leases()
+            self._hold_topic("unrouted", unrouted_backoff, exc, exc.topic, ours)
             return
         self.registry.cleared()
-        self.mismatches.cleared()
-        self.unrouted.cleared()
         # Step 2
         self.settle()
         leases = {key: lease for key in ours if (lease := self._table.lease(key))}
@@ -256,16 +254,18 @@ class BatchLifecycle:
 
     @property
     def retry_at(self) -> float:
-        """When the next batch may be polled (monotonic): after every hold's wait."""
+        """When the next batch may be polled (monotonic): after the member's holds' waits."""
         return max(h.retry_at for h in self._holds)
 
     def reasons(self) -> list[str]:
-        """For `/readyz`: what holds batches back, one line a reason."""
-        return [reason for hold in self._holds for reason in hold.reasons()]
+        """For `/readyz`: what holds batches or partitions back, one line a reason."""
+        held = self.partition_holds.reasons()
+        return [reason for hold in self._holds for reason in hold.reasons()] + held
 
     @property
     def _holds(self) -> tuple[HoldBackoff, ...]:
-        return (self.refusals, self.registry, self.mismatches, self.stops, self.unrouted)
+        """What holds the member (each partition's holds are `partition_holds`)."""
+        return (self.refusals, self.registry)
 
     def epochs_asking(self) -> list[EpochKey]:
         """The epochs whose manifest the assembly asks the ledger about, between batches."""
@@ -295,6 +295,11 @@ class BatchLifecycle:
             for partition, grouped in groupby(of_topic, Message.partition):
                 key = cast(PartitionKey, (topic, partition))  # consumed: neither is None
                 run = list(grouped)
+                if self.partition_holds.held(key):
+                    # Fetched before its pause, or resumed by a rebalance: fetched again from
+                    # its stored offset when its wait is over.
+                    self.partition_holds.repause(key)
+                    continue
                 self._table.delivered(key, offset_of(run[-1]) + 1)
                 # A partition whose batch is in flight counts: that batch commits first.
                 lease = self._table.lease(key)
@@ -315,6 +320,7 @@ class BatchLifecycle:
             self._planner.made(result.batch.changes)
             self._settle_epochs(result)
             self._table.committed(result.committed)
+            self.partition_holds.committed(result.committed)
             self._metrics.advanced(result.committed, self._table.caught_up(result.committed))
             self.refusals.cleared()
             self._mirror(result.committed)
@@ -327,11 +333,6 @@ class BatchLifecycle:
             self._seek_to_leases()
         if result.stopped is not None:
             self._stopped(result.stopped)
-        elif self._stopped_at is not None:
-            key, offset = self._stopped_at
-            if result.committed.get(key, offset) > offset or key not in self._table:
-                self._stopped_at = None  # let through: fixed, reset, or no longer ours
-                self.stops.cleared()
         if (result.refused or result.unknown) and self._resolve(result):
             self._count(result, list(result.batch.records.values()))  # its reply was lost
 
@@ -347,29 +348,67 @@ class BatchLifecycle:
                 log.info("epoch published", extra={"query": query, "epoch": epoch, "batch": True})
 
     def _stopped(self, stop: RecordStopped) -> None:
-        """Its partition holds at the record; the member's batches wait between tries."""
-        self._stopped_at = ((stop.topic, stop.partition), stop.offset)
+        """Its partition holds at the record; the member's other partitions go on."""
         self._metrics.records_stopped(stop.topic).inc()
-        self.stops.failed(str(stop), {(stop.topic, stop.partition): stop.offset})
+        self.partition_holds.hold(
+            "on_record_error: stop", stop_backoff, str(stop),
+            {(stop.topic, stop.partition): stop.offset},
+        )  # fmt: skip
         self._seek_to_leases()
+
+    def _hold_topic(
+        self,
+        kind: str,
+        make: Callable[[], HoldBackoff],
+        exc: BridgeError,
+        topic: str | None,
+        ours: dict[PartitionKey, list[Record]],
+        partitions: frozenset[int] | None = None,
+    ) -> None:
+        """Hold the batch's partitions of `topic` (of those `partitions` when the fault says;
+        all of the batch's when it does not say which topic) at their first records; the
+        others are fetched again."""
+        held = {
+            key: of_key
+            for key, of_key in ours.items()
+            if topic is None or (key[0] == topic and (partitions is None or key[1] in partitions))
+        }
+        self.partition_holds.hold(kind, make, str(exc), _starts(held))
+        self._seek_to_leases()
+
+    def _resume(self, keys: list[PartitionKey]) -> None:
+        """Fetch held partitions again from their stored offsets, where they were held."""
+        for key in keys:
+            lease = self._table.lease(key)
+            if lease is None:
+                continue  # no longer ours: its next owner starts it
+            partition = TopicPartition(lease.topic, lease.partition, lease.next_offset)
+            try:
+                self._consumer.resume([partition])
+                self._consumer.seek(partition)
+            except KafkaException as exc:  # revoked meanwhile
+                log.info("held partition %s[%s] not resumed: %s", *key, exc)
+                continue
+            log.info("held partition %s[%s] tried again from offset %s", *key, lease.next_offset)
 
     def _release_moved_past(self) -> None:
         """Clear each hold whose records are no longer this member's to apply: every partition
         it held has moved past them (an operator's reset or skip) or left this member. A batch
         would clear it too, but on an idle topic none comes, and `/readyz` would keep a reason
         whose cause is gone."""
+
+        def moved_past(key: PartitionKey, offset: int) -> bool:
+            lease = self._table.lease(key)
+            return lease is None or lease.next_offset > offset
+
         for hold in self._holds:
             if hold.current is None or not hold.at:
                 continue
-            if all(
-                (lease := self._table.lease(key)) is None or lease.next_offset > offset
-                for key, offset in hold.at.items()
-            ):
+            if all(moved_past(key, offset) for key, offset in hold.at.items()):
                 log.info("what held the batches is behind every partition it held: %s",
                          hold.current)  # fmt: skip
-                if hold is self.stops:
-                    self._stopped_at = None
                 hold.cleared()
+        self._resume(self.partition_holds.release(moved_past))
 
     def _resolve(self, result: CommitResult) -> bool:
         """After a batch whose advance was refused or whose connection was lost: read where
@@ -462,7 +501,8 @@ class BatchLifecycle:
 def unrouted_backoff() -> HoldBackoff:
     return HoldBackoff(
         what="a topic its route's pattern matched has no table that takes its records",
-        consequence="the batch waits until the table is there and fits, nothing is dead-lettered",
+        consequence="its partitions wait until the table is there and fits, nothing is "
+        "dead-lettered; the member's other topics go on",
     )
 
 
@@ -471,14 +511,15 @@ def stop_backoff() -> HoldBackoff:
         what="a record its route may not dead-letter stops its partition",
         consequence="the partition holds at it (on_record_error: stop) until the table or "
         "the route is fixed, or `bridge offsets reset` moves it past the record; nothing is "
-        "dead-lettered",
+        "dead-lettered; the member's other partitions go on",
     )
 
 
 def mismatch_backoff() -> HoldBackoff:
     return HoldBackoff(
         what="table does not fit its records' schema",
-        consequence="the batch waits until the table is mended, nothing is dead-lettered",
+        consequence="its partitions wait until the table is mended, nothing is dead-lettered; "
+        "the member's other partitions go on",
     )
 
 

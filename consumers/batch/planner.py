@@ -154,11 +154,15 @@ class Planner:
                 except TableMismatch as exc:
                     first = exc.first_record(of_topic)
                     if first is None:
+                        exc.topic = topic
                         raise
-                    raise TableMismatch(
+                    named = TableMismatch(
                         f"{exc}; first record: topic {topic} partition {first.partition()} "
                         f"offset {first.offset()}"
-                    ) from exc
+                    )
+                    named.topic, named.writer = topic, exc.writer
+                    named.partitions = exc.partitions_at_fault(of_topic)
+                    raise named from exc
                 if follower.target is not None:
                     self._targets[topic] = follower.target
         targets = {topic: self._targets[topic] for topic in of_topics}

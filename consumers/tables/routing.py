@@ -34,6 +34,10 @@ class RouteUnresolved(BridgeError):
     """A topic a pattern matched whose table cannot take its records yet (missing, lacking a
     column, not granted): not the records' fault, so they wait, as for a table mismatch."""
 
+    def __init__(self, message: str, *, topic: str) -> None:
+        super().__init__(message)
+        self.topic: str | None = topic  # whose partitions wait
+
 
 class Router:
     def __init__(self, *, dsn: str, config: ConsumerSettings, schemas: SchemaCache | None) -> None:
@@ -84,16 +88,18 @@ class Router:
         table cannot take them (missing, without a column, not granted), or no route reads it."""
         found = self._config.route_for(topic)
         if found is None:
-            raise RouteUnresolved(f"no route reads topic {topic}")
+            raise RouteUnresolved(f"no route reads topic {topic}", topic=topic)
         index, route = found
         engine = sqlalchemy_engine(self._dsn)
         try:
             routed = self._routed(engine, index, route)
         except ConfigError as exc:
             problems = "; ".join(f"{path}: {message}" for path, message in exc.problems)
-            raise RouteUnresolved(f"topic {topic} into {route.table}: {problems}") from None
+            raise RouteUnresolved(
+                f"topic {topic} into {route.table}: {problems}", topic=topic
+            ) from None
         except (PermissionMissing, SQLAlchemyError, psycopg.Error) as exc:
-            raise RouteUnresolved(f"topic {topic} into {route.table}: {exc}") from None
+            raise RouteUnresolved(f"topic {topic} into {route.table}: {exc}", topic=topic) from None
         finally:
             engine.dispose()
         log.info("topic routed", extra={"topic": topic, "route": index, "table": route.table})

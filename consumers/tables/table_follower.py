@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, cast
 
 import psycopg
 from confluent_kafka import Message
@@ -55,16 +55,31 @@ class TableMismatch(BridgeError):
     """A writer schema the table cannot take by adding a column: the batch waits."""
 
     writer: int | None = None  # the writer schema's id, when one schema is at fault
+    topic: str | None = None  # the topic whose records do not fit, once the planner knows it
+
+    # The partitions of the topic whose records were written with the schema at fault, once
+    # the planner knows them (None: every partition of the batch's records of the topic).
+    partitions: frozenset[int] | None = None
 
     def first_record(self, records: Sequence[Message]) -> Message | None:
         """The first of `records` written with the schema at fault, for the reason to name."""
+        found = self._at_fault(records)
+        return found[0] if found else None
+
+    def partitions_at_fault(self, records: Sequence[Message]) -> frozenset[int] | None:
+        """The partitions of `records` that hold one written with the schema at fault; None
+        when no one schema is at fault (then every partition waits)."""
+        found = self._at_fault(records)
+        return frozenset(cast(int, r.partition()) for r in found) if found else None
+
+    def _at_fault(self, records: Sequence[Message]) -> list[Message]:
         if self.writer is None:
-            return None
-        for record in records:
-            value = record.value()
-            if value is not None and schema_id(_head(value)) == self.writer:
-                return record
-        return None
+            return []
+        return [
+            record
+            for record in records
+            if (value := record.value()) is not None and schema_id(_head(value)) == self.writer
+        ]
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from tests.consumer_helpers import drained, eventually, produce, running, sample
 from tests.harness import Endpoints
 from tests.integration.test_consumer_faults import start_consumer
 from tests.integration.test_operator_tools import bridge
+from tests.kafka_helpers import transactional_producer
 
 PARTITIONS = 2
 V1: dict[str, Any] = {
@@ -506,3 +507,83 @@ def test_a_record_reset_past_on_an_idle_topic_clears_readyz_which_named_it(
         assert reset.returncode == 0, reset.stderr
         eventually(lambda: service.not_ready() == [], timeout=30)
     assert sql(stack, f"SELECT count(*) FROM {names['schema']}.dead_letters") == [(0,)]
+
+
+def test_a_schema_the_table_cannot_take_holds_only_its_partition_while_the_rest_goes_on(
+    stack: Endpoints, names: dict[str, str], registry_url: str, table: str
+) -> None:
+    """A record of partition 0 written with a schema whose field `n` the table cannot take
+    (text in the schema, integer in the table): partition 0 holds at its first record not yet
+    applied, `/readyz` naming it; partition 1 of the same topic and another route's topic, on
+    the same member, go on, with records written after the hold too. Once the table is fixed,
+    partition 0 goes on by itself: nothing lost, nothing dead-lettered."""
+    changed = {**V1, "fields": [f for f in V1["fields"] if f["name"] != "n"]
+               + [{"name": "n", "type": "string"}]}  # fmt: skip
+    v1, bad = _ids(stack, registry_url, names["topic"], V1, changed)
+    other_topic, other_table = f"{names['topic']}-other", f"public.{names['table']}_other"
+    create_topic(stack.bootstrap_servers, other_topic, partitions=1)
+    sql(stack, f"CREATE TABLE {other_table} (id bigint, note text)")
+    stack.let_consumer_write(other_table)
+    producer = transactional_producer(stack.bootstrap_servers, config=stack.properties())
+
+    def write(records: list[tuple[str, int, bytes]]) -> None:
+        producer.begin_transaction()
+        for topic, partition, value in records:
+            producer.produce(topic, value=value, partition=partition)
+        producer.commit_transaction(30)
+
+    def framed(i: int, partition: int) -> tuple[str, int, bytes]:
+        return names["topic"], partition, _framed(v1, V1, _record(i))
+
+    write([framed(i, i % 2) for i in range(10)])
+    routes = [
+        {"topic": names["topic"], "table": table, "value_format": "avro", "auto_create": True},
+        {"topic": other_topic, "table": other_table},
+    ]
+    settings = settings_for(stack, names, registry_url=registry_url, consumer={"routes": routes})
+    with running(settings) as service:
+        eventually(lambda: _count(stack, table) == 10, timeout=60)
+        held_at = _next_offset(stack, names, 0)  # where partition 0 stands before the bad record
+        others = [(other_topic, 0, json.dumps({"id": i, "note": "x"}).encode())
+                  for i in range(100, 110)]  # fmt: skip
+        write(
+            [
+                *(
+                    (names["topic"], 0, _framed(bad, changed, {**_record(i), "n": f"n{i}"}))
+                    for i in range(10, 15)
+                ),  # the first, and those behind it: held with it
+                *(framed(i, 1) for i in range(20, 30)),  # the same topic's other partition
+                *others,
+            ]
+        )
+        where = f"held: {names['topic']}[0]@"  # at its first record after `held_at`
+        eventually(lambda: any(where in r and "does not fit" in r for r in service.not_ready()))
+        eventually(lambda: _count(stack, other_table) == 10)
+        eventually(lambda: _count(stack, table) == 20)  # partition 1's ten more
+        # Still going on while partition 0 waits: the next records of the others land too.
+        write([framed(i, 1) for i in range(30, 35)]
+              + [(other_topic, 0, json.dumps({"id": 110}).encode())])  # fmt: skip
+        eventually(lambda: _count(stack, table) == 25 and _count(stack, other_table) == 11)
+        assert _next_offset(stack, names, 0) == held_at
+        assert any(where in r for r in service.not_ready())
+        sql(stack, f"ALTER TABLE {table} ALTER COLUMN n TYPE text")
+        eventually(lambda: _count(stack, table) == 30, timeout=90)
+        eventually(lambda: not any("does not fit" in r for r in service.not_ready()), timeout=30)
+    assert sql(stack, f"SELECT count(DISTINCT id) FROM {table}") == [(30,)]
+    assert sql(stack, f"SELECT n FROM {table} WHERE id = 10") == [("n10",)]
+    assert sql(stack, f"SELECT count(*) FROM {names['schema']}.dead_letters") == [(0,)]
+
+
+def _next_offset(stack: Endpoints, names: dict[str, str], partition: int) -> int:
+    """Where the group stands in a partition of the test's topic."""
+    rows = sql(stack, f"SELECT next_offset FROM {names['schema']}.offsets WHERE "
+                      f"group_id = '{names['group']}' AND topic = '{names['topic']}' "
+                      f"AND partition = {partition}")  # fmt: skip
+    return int(rows[0][0])
+
+
+def _count(stack: Endpoints, table: str) -> int:
+    """Rows in `table`; 0 before the consumer has created it."""
+    if sql(stack, f"SELECT to_regclass('{table}')") == [(None,)]:
+        return 0
+    return int(sql(stack, f"SELECT count(*) FROM {table}")[0][0])
