@@ -48,6 +48,7 @@ from bridge.topic_patterns import (
     check_pattern,
     common_topic,
     matches,
+    split_table,
     subscription,
     table_of,
 )
@@ -307,9 +308,7 @@ class RouteSettings(_Section):
     @field_validator("table")
     @classmethod
     def _check_table(cls, value: str) -> str:
-        parts = value.replace(TOPIC_PLACEHOLDER, "topic").split(".")
-        if len(parts) > 2 or not all(_IDENTIFIER.match(p) for p in parts):
-            raise ValueError(f"{value!r} is not `table` or `schema.table`")
+        split_table(value.replace(TOPIC_PLACEHOLDER, "topic"))  # raises, saying why
         return value
 
     @field_validator("topic_pattern")

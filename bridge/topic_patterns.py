@@ -81,16 +81,76 @@ def subscription(pattern: str) -> str:
     return f"^({pattern})$"
 
 
+# A part of a route's `table`: a plain name, or a name in double quotes, any characters, a
+# quote inside written twice (SQL's quoted identifier), kept exactly as written.
+_PLAIN_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_$]*")
+_QUOTED_NAME = re.compile(r'"((?:[^"]|"")+)"')
+
+
+class TablePart(str):
+    """One part of a table's name, as PostgreSQL knows it (unquoted); `quoted` when written in
+    double quotes."""
+
+    quoted: bool
+
+    def __new__(cls, name: str, *, quoted: bool) -> TablePart:
+        part = super().__new__(cls, name)
+        part.quoted = quoted
+        return part
+
+    def written(self) -> str:
+        """The part as a route writes it."""
+        return '"' + self.replace('"', '""') + '"' if self.quoted else str(self)
+
+
+def split_table(value: str) -> tuple[TablePart | None, TablePart]:
+    """A route's `table`, `table` or `schema.table`, each part a plain name or a quoted one
+    (`public."shop-orders"`, as Kafka Connect's JDBC sink names the table of a topic with a `-`),
+    as (schema or None, table); a ValueError that says why otherwise."""
+    parts: list[TablePart] = []
+    at, whole = 0, False
+    while len(parts) < 2:
+        quoted = _QUOTED_NAME.match(value, at)
+        plain = None if quoted else _PLAIN_NAME.match(value, at)
+        if quoted:
+            parts.append(TablePart(quoted.group(1).replace('""', '"'), quoted=True))
+            at = quoted.end()
+        elif plain:
+            parts.append(TablePart(plain.group(0), quoted=False))
+            at = plain.end()
+        else:
+            break  # a part missing: refused below
+        if at == len(value):
+            whole = True
+            break
+        if value[at] != ".":
+            break
+        at += 1
+    if not whole or any(len(p.encode()) > _NAME_BYTES for p in parts):
+        raise ValueError(
+            f"{value!r} is not `table` or `schema.table` (plain names, or names in double "
+            f"quotes, each at most {_NAME_BYTES} bytes)"
+        )
+    return (parts[0], parts[1]) if len(parts) == 2 else (None, parts[0])
+
+
 def table_of(template: str, topic: str) -> str:
     """The table a topic's records go to: `template` with `${topic}` replaced by the topic's
-    name lowercased, each character that is not a letter, digit or underscore made `_`, and
-    cut to the 63 bytes PostgreSQL keeps of a name."""
-    name = re.sub(r"[^a-z0-9_]", "_", topic.lower())
-    schema, _, table = template.rpartition(".")
-    rendered = table.replace(TOPIC_PLACEHOLDER, name)[:_NAME_BYTES]
-    if schema:
-        return f"{schema.replace(TOPIC_PLACEHOLDER, name)[:_NAME_BYTES]}.{rendered}"
-    return rendered
+    name: as it is in a quoted part (`public."${topic}"`, as Kafka Connect names tables), else
+    lowercased, each character that is not a letter, digit or underscore made `_`; each part cut
+    to the 63 bytes PostgreSQL keeps of a name."""
+    plain = re.sub(r"[^a-z0-9_]", "_", topic.lower())
+    names = [
+        TablePart(
+            part.replace(_MARK, topic if part.quoted else plain)[:_NAME_BYTES], quoted=part.quoted
+        ).written()
+        for part in split_table(template.replace(TOPIC_PLACEHOLDER, _MARK))
+        if part is not None
+    ]
+    return ".".join(names)
+
+
+_MARK: Final = "bridgeTopicPlaceholder"  # `${topic}` while a template is parsed as a name
 
 
 # One alphabet for every automaton (any character is a symbol of its own or "anything else"),

@@ -22,7 +22,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 from urllib.parse import parse_qs, urlsplit
 
 import yaml
@@ -45,7 +45,7 @@ _INSERT_FIELDS = {
     "offset.field": "offset",
     "timestamp.field": "timestamp",
 }
-_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]*$")
+_LOWER_IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_$]*$")
 DSN_FILE = "/run/secrets/postgres-dsn"
 REGISTRY_USER_INFO_FILE = "/run/secrets/registry-user-info"
 
@@ -415,8 +415,6 @@ def _settings_left_out(keys: _Keys, debezium: bool, notes: list[str]) -> None:
         if chosen is not None and "Default" not in chosen:
             keys.refuse(strategy, f"{chosen}: bridge names tables and columns by its routes")
         keys.left_out(strategy, "the default naming: the routes' table and column names")
-    quoting = "quote.identifiers" if debezium else "quote.sql.identifiers"
-    keys.left_out(quoting, "bridge quotes every table and column name it writes")
     provider = keys.config.get("jdbc.credentials.provider.class")
     if provider is not None and not provider.endswith("DefaultJdbcCredentialsProvider"):
         keys.refuse("jdbc.credentials.provider.class", f"{provider}: the database's password "
@@ -459,33 +457,78 @@ def _routes(
     pattern = keys.get("topics.regex")
     topics = _list(keys.get("topics", "") or "")
     routes: list[dict[str, Any]] = []
-    if pattern:
-        table = template if "." in template else f"public.{template}"
-        routes.append({"topic_pattern": pattern, "table": table, **route})
+    # Connect's JDBC sink quotes each part of a table's name unless told not to; Debezium's
+    # does not unless told to. Unquoted, PostgreSQL folds a name to lower case.
+    quoting = "quote.identifiers" if debezium else "quote.sql.identifiers"
+    quote = (keys.get(quoting) or ("false" if debezium else "always")).lower() in (
+        "always", "true",
+    )  # fmt: skip
+
+    if not quote:
         notes.append(
-            "topics.regex: each topic's name in ${topic} is made a name of a table (lowercased, "
-            "`.` and `-` as `_`); Connect writes the name as it is, quoted, so the tables of "
-            "topics with such characters differ (docs/routes.md)"
+            f"{quoting}: unquoted, as Connect wrote them, table names are lower case; bridge "
+            "matches columns to fields exactly, so a field whose case differs from its column's "
+            "needs fields.rename"
         )
+
+    def named(part: str) -> str | None:
+        """A part of a table's name as Connect writes it, as a route names it; None when
+        unquoted it is no name at all."""
+        if quote:
+            return _quoted(part)
+        plain = part.lower()
+        return plain if _LOWER_IDENTIFIER.match(plain.replace("${topic}", "t")) else None
+
+    if pattern:
+        # Connect writes each topic's name as it is, quoted: so does a quoted ${topic}.
+        parts = template.split(".")
+        if len(parts) > 2:
+            keys.refuse(format_key, f"{template}: a bridge table is `table` or `schema.table`")
+        elif None in (names := [named(p) for p in (["public"] if len(parts) == 1 else []) + parts]):
+            keys.refuse(format_key, f"{template}: unquoted ({quoting}), not a table's name")
+        else:
+            table = ".".join(cast(list[str], names))
+            routes.append({"topic_pattern": pattern, "table": table, **route})
+            notes.append(
+                f"topics.regex: each topic's table is named as Connect names it ({table}: "
+                + ("the topic's name as it is, quoted; " if quote else "lowercased; ")
+                + "docs/routes.md)"
+            )
     for topic in topics:
         name = template.replace("${topic}", topic)
         if debezium:  # Debezium's default table naming makes dots underscores
             name = name.replace(".", "_")
         parts = name.split(".")
-        # Connect's JDBC sink reads `schema.table` from a name with a dot, and quotes the rest.
-        if len(parts) > 2 or not all(_IDENTIFIER.match(p) for p in parts):
+        # Connect's JDBC sink reads `schema.table` from a name with a dot (`catalog.schema.table`
+        # from two), and quotes each part as it is (quote.sql.identifiers: always).
+        if len(parts) > 2:
             keys.refuse(format_key if format_key in keys.config else "topics",
-                        f"topic {topic}: Connect writes table {json.dumps(name)} (quoted); a "
-                        "bridge table is `table` or `schema.table` of plain names: rename the "
-                        "table, and give its new name in table.name.format")  # fmt: skip
+                        f"topic {topic}: Connect writes table {name} as catalog.schema.table; "
+                        "a bridge table is `table` or `schema.table`: give it in "
+                        "table.name.format")  # fmt: skip
             continue
-        routes.append({"topic": topic, "table": name if len(parts) == 2 else f"public.{name}",
-                       **route})  # fmt: skip
+        qualified = [named(part) for part in (["public", *parts] if len(parts) == 1 else parts)]
+        if None in qualified:
+            keys.refuse(format_key if format_key in keys.config else "topics",
+                        f"topic {topic}: Connect would write table {name} unquoted ({quoting}), "
+                        "which is not a table's name: quote it, or name the table in "
+                        "table.name.format")  # fmt: skip
+            continue
+        routes.append({"topic": topic, "table": ".".join(cast(list[str], qualified)), **route})
     if not routes and not keys.problems:
         keys.refuse("topics", "needs topics or topics.regex")
     if topics and pattern:
         keys.refuse("topics.regex", "topics or topics.regex, not both")
     return routes
+
+
+def _quoted(part: str) -> str:
+    """A part of a table's name as Connect writes it: a plain lowercase name as it is (the same
+    table quoted or not), any other quoted, so that PostgreSQL keeps it exactly
+    (`"shop-orders"`, `"Orders"`)."""
+    if _LOWER_IDENTIFIER.match(part):
+        return part
+    return '"' + part.replace('"', '""') + '"'
 
 
 def _database(keys: _Keys, notes: list[str]) -> dict[str, Any] | None:

@@ -25,6 +25,7 @@ from psycopg import sql
 from bridge.acls import table_rights
 from bridge.errors import MissingToolError, ServerStartError, StackError
 from bridge.names import DEFAULT_STATE_SCHEMA, POSTGRES_DATABASE, POSTGRES_USER
+from bridge.topic_patterns import split_table
 from bridge_shell.stack import process
 from bridge_shell.stack.secure import POSTGRES_ADMIN, POSTGRES_CONSUMER, StackSecurity
 
@@ -361,7 +362,7 @@ def grant_table(
 ) -> None:
     """Let `role` write `table` (`schema.table`) as a route of mode `insert` or `upsert` needs
     (bridge.acls.table_rights says which rights)."""
-    schema, _, name = table.rpartition(".")
+    schema, name = split_table(table)
     target = sql.Identifier(schema or "public", name)
     mode = "upsert" if upsert else "insert"
     rights = sql.SQL(", ".join(table_rights(mode, deletes=deletes or upsert)))

@@ -35,6 +35,7 @@ from sqlalchemy import Engine
 
 from bridge.errors import BridgeError, ConfigError, PermissionMissing
 from bridge.settings import RouteSettings
+from bridge.topic_patterns import split_table
 from consumers.decoding.registry_schemas import AVRO, JSON, SchemaCache, schema_id
 from consumers.tables.applier import Step
 from consumers.tables.json_schema_types import json_schema_columns
@@ -167,8 +168,9 @@ def follow_table(
 ) -> TableFollower:
     """At start-up: the route's table checked as any route's is (`reflect_target`), or, when
     it does not exist yet, refused unless `auto_create` is on and the role may create it."""
-    schema = route.table.rpartition(".")[0] or "public"
-    qualified = sql.Identifier(schema, route.table.rpartition(".")[2]).as_string()
+    named_schema, name = split_table(route.table)
+    schema = str(named_schema or "public")
+    qualified = sql.Identifier(schema, name).as_string()
     with connect() as conn:
         found = conn.execute("SELECT current_user").fetchone()
         role = str(found[0]) if found else "?"
@@ -224,8 +226,8 @@ class TableFollower:
         `read`: the table as it is now (`describe` on a connection of its own), read again
         after a mismatch or a drift, and while it does not exist."""
         self.route = route
-        schema, _, name = route.table.rpartition(".")
-        self._schema, self._name = schema or "public", name
+        schema, name = split_table(route.table)
+        self._schema, self._name = str(schema or "public"), str(name)
         self._identifier = sql.Identifier(self._schema, self._name)
         self._schemas = schemas
         self._read = read

@@ -19,6 +19,7 @@ from bridge.acls import table_rights
 from bridge.errors import ConfigError, PermissionMissing
 from bridge.names import PROVENANCE_EPOCH, PROVENANCE_PARTITION, PROVENANCE_QUERY
 from bridge.settings import KEYED_MODES, UNIQUE_KEY_MODES, RouteSettings
+from bridge.topic_patterns import split_table
 from consumers.decoding.avro_rows import AvroRowDecoder
 from consumers.decoding.record_keys import KeyReader
 from consumers.decoding.records import Record, RecordError
@@ -456,10 +457,10 @@ def reflect_target(
     """Refuse at start-up a route whose table or key columns do not exist, or whose upsert has
     no unique key to go by or goes by a generated column."""
     path = f"consumer.routes.{index}"
-    schema, _, name = route.table.rpartition(".")
-    schema = schema or "public"
+    named_schema, name = split_table(route.table)
+    schema = named_schema or "public"
     try:
-        table = Table(name, MetaData(), schema=schema, autoload_with=engine)
+        table = Table(str(name), MetaData(), schema=str(schema), autoload_with=engine)
     except NoSuchTableError:
         raise ConfigError([(f"{path}.table", f"table {route.table!r} does not exist")]) from None
     # SQLAlchemy's names are a str subclass (quoted_name); the decoder's keys must be plain str.

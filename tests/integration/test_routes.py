@@ -405,3 +405,29 @@ value.converter.schemas.enable=false
         drained(stack, names, 1)
     assert sql(stack, f"SELECT id, label, amount, src_offset FROM {table}") == [(1, "b", 6, 2)]
     assert sql(stack, f'SELECT "offset" FROM {names["schema"]}.dead_letters') == [(1,)]
+
+
+def test_quoted_table_names_keep_a_connect_users_tables_as_they_are(
+    stack: Endpoints, names: dict[str, str]
+) -> None:
+    """Tables named as Kafka Connect's JDBC sink names them, quoted, so that PostgreSQL keeps
+    `-` and capitals: a named route's `public."<name>"`, and a pattern route's
+    `public."${topic}"`, which is the topic's name as it is."""
+    named, patterned = names["topic"], f"{names['topic']}-Q"
+    named_table = f"{names['table']}-Named"
+    for topic in (named, patterned):
+        create_topic(stack.bootstrap_servers, topic, partitions=1)
+    for table in (named_table, patterned):
+        sql(stack, f'CREATE TABLE public."{table}" (id bigint)')
+        stack.let_consumer_write(f'public."{table}"', schema=names["schema"])
+    produce(stack, named, [(None, {"id": i}) for i in range(5)])
+    produce(stack, patterned, [(None, {"id": i}) for i in range(7)])
+    routes = [
+        {"topic": named, "table": f'public."{named_table}"'},
+        {"topic_pattern": f"{named}-[A-Z]+", "table": 'public."${topic}"'},
+    ]
+    with running(settings_for(stack, names, consumer={"routes": routes})):
+        drained(stack, names, 1)
+        drained(stack, {**names, "topic": patterned}, 1)
+    assert sql(stack, f'SELECT count(*) FROM public."{named_table}"') == [(5,)]
+    assert sql(stack, f'SELECT count(*) FROM public."{patterned}"') == [(7,)]

@@ -27,7 +27,7 @@ AVRO = "io.confluent.connect.avro.AvroConverter"
     [
         ({}, {"topic": "orders", "table": "public.orders", "mode": "insert"}),
         ({"topics": "", "topics.regex": "orders-.*", "table.name.format": "sales.${topic}"},
-         {"topic_pattern": "orders-.*", "table": "sales.${topic}"}),
+         {"topic_pattern": "orders-.*", "table": 'sales."${topic}"'}),
         ({"insert.mode": "upsert", "pk.mode": "record_value", "pk.fields": "id"},
          {"mode": "upsert", "key_source": "value", "key_columns": ["id"]}),
         ({"insert.mode": "update", "pk.mode": "record_key", "pk.fields": "id",
@@ -182,9 +182,9 @@ def test_every_key_of_a_whole_configuration_has_a_fate_and_left_out_ones_are_nam
               "db.timezone": "UTC", "errors.log.enable": "true"}  # fmt: skip
     translated = translate(config)
     assert set(translated.fates) == set(config)
+    assert translated.fates["quote.sql.identifiers"] == "translated"  # the tables' quoting
     named = " ".join(translated.notes)
-    for key in ("batch.size", "max.retries", "quote.sql.identifiers", "db.timezone",
-                "errors.log.enable", "tasks.max"):  # fmt: skip
+    for key in ("batch.size", "max.retries", "db.timezone", "errors.log.enable", "tasks.max"):
         assert translated.fates[key].startswith("left out: ") and key in named, key
     assert "offsets: Connect's committed offsets are not carried over" in named
     assert "bridge offsets reset --group connect-orders-sink" in named
@@ -210,17 +210,32 @@ def test_credentials_become_file_references_and_are_never_printed() -> None:
     assert "user:password into /run/secrets/registry-user-info" in notes
 
 
-def test_table_names_come_out_as_connect_writes_them_or_are_refused_naming_the_quoted_name() -> (
-    None
-):
-    (dotted,) = translate({**BASE, "topics": "shop.orders"}).consumer["routes"]
-    assert dotted["table"] == "shop.orders"  # Connect reads schema.table from the dot
-    with pytest.raises(ConfigError) as refused:
-        translate({**BASE, "topics": "shop-orders"})
-    assert 'Connect writes table "shop-orders" (quoted)' in str(refused.value)
+def test_table_names_come_out_as_connect_writes_them_quoted_where_it_quotes() -> None:
+    def table(config: dict[str, str]) -> str:
+        (route,) = translate(config).consumer["routes"]
+        return str(route["table"])
+
+    assert table({**BASE, "topics": "shop.orders"}) == "shop.orders"  # schema.table from the dot
+    assert table({**BASE, "topics": "shop-orders"}) == 'public."shop-orders"'  # as Connect
+    assert table({**BASE, "topics": "Orders"}) == 'public."Orders"'  # case kept, quoted
+    unquoted = {**BASE, "quote.sql.identifiers": "never"}
+    assert table({**unquoted, "topics": "Orders"}) == "public.orders"  # folded, as PostgreSQL
+    with pytest.raises(ConfigError, match=r"unquoted \(quote\.sql\.identifiers\)"):
+        translate({**unquoted, "topics": "shop-orders"})
     debezium = {**BASE, "connector.class": "io.debezium.connector.jdbc.JdbcSinkConnector"}
-    (flat,) = translate({**debezium, "topics": "shop.orders"}).consumer["routes"]
-    assert flat["table"] == "public.shop_orders"  # Debezium's naming makes dots underscores
+    # Debezium's naming makes dots underscores, and quotes nothing unless told to.
+    assert table({**debezium, "topics": "shop.orders"}) == "public.shop_orders"
+    assert table({**debezium, "topics": "Shop", "quote.identifiers": "true"}) == 'public."Shop"'
+    for config in (
+        {**BASE, "topics": "shop-orders"},
+        {**BASE, "topics": "", "topics.regex": "o-.*"},
+    ):
+        routes = translate(config).consumer["routes"]
+        load_settings(
+            postgres={"dsn": "postgresql://db/shop"},
+            kafka={"bootstrap_servers": "k:9092"},
+            consumer={"group_id": "g", "routes": routes},
+        )  # the settings take it
 
 
 def test_a_debezium_jdbc_sink_config_translates_with_its_own_keys() -> None:

@@ -277,12 +277,14 @@ def test_secrets_can_come_from_files_named_in_the_settings(tmp_path: Path) -> No
     ("consumer", "field"),
     [
         ({"routes": [{"topic": "t", "table": "public.orders; DROP TABLE x"}]}, "table"),
-        ({"routes": [{"topic": "t", "table": 'a."b"'}]}, "table"),
+        ({"routes": [{"topic": "t", "table": 'a."b'}]}, "table"),  # a quote left open
+        ({"routes": [{"topic": "t", "table": '"a"b'}]}, "table"),  # text after a quoted name
+        ({"routes": [{"topic": "t", "table": 'a.b."c"'}]}, "table"),  # three parts
         ({"routes": [{"topic": "t", "table": "t", "key_columns": ["id) --"]}]}, "key_columns"),
         ({"routes": [{"topic": "t", "table": "t"}], "state_schema": "s; --"}, "state_schema"),
     ],
 )
-def test_names_that_reach_sql_must_be_plain_identifiers(
+def test_names_that_reach_sql_must_be_plain_or_quoted_identifiers(
     tmp_path: Path, consumer: dict[str, object], field: str
 ) -> None:
     with pytest.raises(ConfigError) as raised:
