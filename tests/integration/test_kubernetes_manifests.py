@@ -189,6 +189,11 @@ def test_the_producers_command_runs_as_its_container_would_with_the_jars_the_ima
                 stack.bootstrap_servers, target, partitions=2)) >= 50, timeout=240)  # fmt: skip
         except AssertionError:
             raise AssertionError(log.read_text()[-4000:]) from None
+        for probe in ("startupProbe", "livenessProbe"):  # on the metrics port, as swapped
+            get = container[probe]["httpGet"]
+            assert get["port"] == "metrics", get
+            url = f"http://127.0.0.1:{swapped['--metrics-port']}{get['path']}"
+            assert http_get(url)[0] == 200, (probe, url)
         job.send_signal(signal.SIGTERM)
         assert job.wait(120) == 0, log.read_text()[-3000:]
     finally:
