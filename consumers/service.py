@@ -103,6 +103,7 @@ class ConsumerService:
         self._next_reconcile = 0.0
         self._behind = False  # the last poll filled a batch: more records are waiting
         self._reads_whole = True  # subscribed to the whole routes' topics (`_subscribe`)
+        self._manifest_absent_noted = False  # said once: the manifest topic is not made yet
         self._http: HealthServer | None = None
         self._last_turn = time.monotonic()
         self._turns = 0
@@ -442,6 +443,19 @@ class ConsumerService:
         if error.fatal():
             raise KafkaException(error)
         self._kafka.denied(error, group=self._config.group_id, topic=message.topic())
+        if (
+            error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
+            and message.topic() == self._config.epochs_topic
+        ):
+            # The sink makes the manifest topic with its first epoch: a group started before
+            # any is not at fault, and reads it once it exists (metadata refreshed every 10 s).
+            if not self._manifest_absent_noted:
+                self._manifest_absent_noted = True
+                log.info(
+                    "the epoch manifest topic %s does not exist yet: the sink makes it with its "
+                    "first epoch, and the group reads it from then on", message.topic(),
+                )  # fmt: skip
+            return
         if error.code() == KafkaError._AUTO_OFFSET_RESET and message.topic() is not None:
             assert self._member is not None  # noqa: S101 - only the running loop gets errors
             self._member.leases.fell_out_of_range(
