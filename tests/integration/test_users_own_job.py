@@ -15,6 +15,8 @@ import time
 from decimal import Decimal
 from pathlib import Path
 
+import pytest
+
 from tests.consumer_helpers import drained, running, settings_for, sql
 from tests.harness import Endpoints
 
@@ -166,12 +168,14 @@ spark.stop()
 """
 
 
-def test_a_users_own_job_stopped_with_sigterm_mid_epoch_finishes_the_epoch_first(
-    stack: Endpoints, names: dict[str, str], tmp_path: Path
+@pytest.mark.parametrize("how", ["sigterm", "ctrl-c"])
+def test_a_users_own_job_stopped_mid_epoch_finishes_the_epoch_first_quietly(
+    stack: Endpoints, names: dict[str, str], tmp_path: Path, how: str
 ) -> None:
-    """SIGTERM from outside while the driver's commit hook of epoch 1 is under way: the job's
-    `stop_on_signal` lets the epoch finish, then stops; exit 0, no traceback, and every epoch in
-    the manifest has its record."""
+    """While the driver's commit hook of epoch 1 is under way, SIGTERM from a supervisor to the
+    job, or SIGINT to its whole process group as a terminal's Ctrl-C sends it (the JVM that
+    PySpark starts too): the job's `stop_on_signal` lets the epoch finish, then stops; exit 0,
+    no traceback (Python's or Java's), and every epoch in the manifest has its record."""
     from bridge.kafka_admin import create_topic
     from bridge.names import DEFAULT_EPOCHS_TOPIC
     from tests.integration.test_epoch_manifest import _query_of, manifest_of
@@ -195,7 +199,7 @@ def test_a_users_own_job_stopped_with_sigterm_mid_epoch_finishes_the_epoch_first
     with log.open("wb") as out:
         process = subprocess.Popen(
             [sys.executable, str(job), str(source), str(checkpoint), stack.bootstrap_servers,
-             topic], stdout=out, stderr=subprocess.STDOUT, env=env,
+             topic], stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
         )  # fmt: skip
     try:
         fired = Path(f"{rules}.0.fired")
@@ -203,15 +207,19 @@ def test_a_users_own_job_stopped_with_sigterm_mid_epoch_finishes_the_epoch_first
         while not (fired.exists() and fired.read_text().endswith("\n")):
             assert process.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(0.1)
-        process.send_signal(signal.SIGTERM)
+        if how == "sigterm":
+            process.send_signal(signal.SIGTERM)
+        else:
+            os.killpg(process.pid, signal.SIGINT)
         code = process.wait(120)
     finally:
         if process.poll() is None:
-            process.kill()
+            os.killpg(process.pid, signal.SIGKILL)  # the JVM with it
             process.wait(30)
     output = log.read_text()
     assert code == 0, output[-3000:]
     assert "stopped by a signal" in output, output[-3000:]
     assert "Traceback" not in output, output[-3000:]
+    assert "Exception" not in output, output[-3000:]  # a JVM's stack trace names one
     parts, records = manifest_of(stack, DEFAULT_EPOCHS_TOPIC, _query_of(checkpoint))
     assert {epoch for epoch, _ in parts} == set(records) == {0, 1}
