@@ -159,6 +159,18 @@ def rate_rows_committed(checkpoint: Path, rows_per_second: int) -> int:
     return int(seconds) * rows_per_second
 
 
+def epoch_in_flight(checkpoint: Path) -> bool:
+    """Whether the query's last planned epoch (`offsets/<n>`) has no commit (`commits/<n>`):
+    it stopped mid-epoch, and its next run replays that epoch."""
+
+    def numbered(directory: str) -> list[int]:
+        found = checkpoint / directory
+        return [int(p.name) for p in found.iterdir() if p.name.isdigit()] if found.exists() else []
+
+    planned, committed = numbered("offsets"), numbered("commits")
+    return bool(planned) and max(planned) > max(committed, default=-1)
+
+
 @dataclass(frozen=True)
 class Verdict:
     produced: int  # distinct ids committed in Kafka
