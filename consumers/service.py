@@ -167,6 +167,8 @@ class ConsumerService:
             self._join(consumer, router, planner, applier)
         except BaseException:  # refused, or failed: nothing is left open (a client left
             # behind would go on connecting, and its callbacks keep this service alive)
+            if self._member is not None and self._member.election is not None:
+                self._member.election.close()  # and its lock with it
             consumer.close()
             self._db.close()
             if self._schemas is not None:

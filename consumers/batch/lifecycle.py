@@ -373,7 +373,9 @@ class BatchLifecycle:
             for key, of_key in ours.items()
             if topic is None or (key[0] == topic and (partitions is None or key[1] in partitions))
         }
-        self.partition_holds.hold(kind, make, str(exc), _starts(held))
+        # A fault whose records the batch does not hold cannot happen; were it to, holding
+        # every partition of the batch waits between tries where holding none would spin.
+        self.partition_holds.hold(kind, make, str(exc), _starts(held or ours))
         self._seek_to_leases()
 
     def _resume(self, keys: list[PartitionKey]) -> None:

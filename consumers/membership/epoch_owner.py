@@ -66,7 +66,8 @@ class EpochOwnerElection:
     def close(self) -> None:
         """Stop, and release the lock with the session (a standby takes it within a turn)."""
         self._done.set()
-        self._thread.join(timeout=self._every_s + 5)
+        if self._thread.is_alive():
+            self._thread.join(timeout=self._every_s + 5)
         self._db.close()
 
     def reasons(self) -> list[str]:
