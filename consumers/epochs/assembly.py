@@ -44,6 +44,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import NamedTuple
 
 from bridge.epoch_manifest import ManifestError, Part, parse
@@ -282,7 +283,7 @@ class EpochAssembly:
             fresh = records.get(key, [])
             if fresh and offset_of(fresh[0]) <= offset_of(held[-1].records[-1]):
                 continue  # fetched again from the stored offset: the fetch brings them
-            records[key] = [record for run in held for record in run.records] + fresh
+            records[key] = list(chain.from_iterable(run.records for run in held)) + fresh
             found[key] = list(held)
         self._held = {}
         return records, found

@@ -166,9 +166,10 @@ class EpochPublisher:
         if now < max(self._next_look, self._failures.retry_at):
             return
         self._next_look = now + _LOOK_EVERY_S
+        current: tuple[list[EpochState], float] | None = None
         try:
             conn = self._db.open_connection() or self._db.connect()
-            self._publish_whole(conn, until=now + _PUBLISH_BUDGET_S)
+            current = self._publish_whole(conn, until=now + _PUBLISH_BUDGET_S)
         except psycopg.OperationalError as exc:
             self._db.close()
             self._failures.failed(f"database: {exc}")
@@ -181,7 +182,7 @@ class EpochPublisher:
             self._failures.cleared()
         # Also after a publication failed: the oldest incomplete epoch's age keeps counting.
         try:
-            self._note_incomplete(conn)
+            self._note_incomplete(conn, current)
         except psycopg.OperationalError as exc:
             self._db.close()
             self._failures.failed(f"database: {exc}")
@@ -208,11 +209,19 @@ class EpochPublisher:
 
     # -- publishing ---------------------------------------------------------------------------
 
-    def _publish_whole(self, conn: psycopg.Connection[Any], *, until: float) -> None:
+    def _publish_whole(
+        self, conn: psycopg.Connection[Any], *, until: float
+    ) -> tuple[list[EpochState], float] | None:
+        """Publish what is whole until nothing is, or the budget is spent. When the last read
+        of the open epochs led to no publication, they are still the ledger's: that read, and
+        when it began (monotonic), so that the look's report needs no second one; else None."""
         while time.monotonic() < until:
-            ready = publishable(open_epochs(conn, self._ledger, self._group), self._whole_topic)
+            read_at = time.monotonic()
+            states = open_epochs(conn, self._ledger, self._group)
+            ready = publishable(states, self._whole_topic)
             if not any([self._publish(conn, state) for state in ready]):
-                return  # nothing whole, or taken by other members
+                return states, read_at  # nothing whole, or taken by other members
+        return None
 
     def _publish(self, conn: psycopg.Connection[Any], state: EpochState) -> bool:
         """Steps 1 to 4 for one epoch; whether this member published it."""
@@ -321,12 +330,21 @@ class EpochPublisher:
 
     # -- reporting ----------------------------------------------------------------------------
 
-    def _note_incomplete(self, conn: psycopg.Connection[Any]) -> None:
-        as_of = time.monotonic()
-        states = open_epochs(conn, self._ledger, self._group)
+    def _note_incomplete(
+        self, conn: psycopg.Connection[Any], current: tuple[list[EpochState], float] | None
+    ) -> None:
+        """The open epochs' ages, and those incomplete too long, from `current` (this look's
+        read, with when it began, none published since) or a read of their own."""
+        if current is None:
+            as_of = time.monotonic()
+            states = open_epochs(conn, self._ledger, self._group)
+        else:
+            states, as_of = current
         self._open_now = (frozenset(s.key for s in states), as_of)
-        now = database_now(conn)
-        ages = [age_s(s, now) for s in states]
+        ages: list[float] = []
+        if states:
+            now = database_now(conn)
+            ages = [age_s(s, now) for s in states]
         self._metrics.oldest_incomplete_epoch.set(max(ages, default=0.0))
         self._incomplete = [
             f"epoch incomplete for {age:.0f}s: {state.describe(self._whole_topic)}"
