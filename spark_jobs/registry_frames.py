@@ -69,21 +69,17 @@ def encode(df: Any, options: Mapping[str, str]) -> Any:
                       f"({found})")],
                     source="the input of the bridge-kafka sink",
                 )  # fmt: skip
-            name = record_name(parsed, column)
-            if wanted is ValueFormat.AVRO:
-                schema = avro_schema(field.dataType, name=name, namespace=parsed.record_namespace)
-                subject = subject_name(parsed, column, schema)
-            else:
-                schema = json_schema(field.dataType, title=name)
-                subject = subject_name(
-                    parsed, column, {"name": name, "namespace": parsed.record_namespace}
-                )
-            schema_id = register(
-                client, subject, schema, url=parsed.registry["url"], schema_type=_TYPES[wanted]
-            )
+            by_topic = _topic_column(parsed, fields)
+            ids: dict[str | None, int] = {}
+            for topic in parsed.topics if by_topic is not None else (None,):
+                schema, subject = _schema(parsed, column, field.dataType, wanted, topic)
+                ids[topic] = register(
+                    client, subject, schema, url=parsed.registry["url"],
+                    schema_type=_TYPES[wanted],
+                )  # fmt: skip
             try:
                 encoded = encoded.withColumn(
-                    field.name, framed(field.name, schema, schema_id, wanted)
+                    field.name, framed(field.name, schema, ids, wanted, by_topic=by_topic)
                 )
             except AnalysisException as exc:
                 if exc.getCondition() != "AVRO_NOT_LOADED_SQL_FUNCTIONS_UNUSABLE":
@@ -98,27 +94,65 @@ def encode(df: Any, options: Mapping[str, str]) -> Any:
     return encoded
 
 
-def record_name(options: SinkOptions, column: str) -> str:
+def _topic_column(options: SinkOptions, fields: Mapping[str, Any]) -> str | None:
+    """The `topic` column whose topics' subjects the topic strategy registers each schema
+    under (the `topics` option names them: `SinkOptions.parse` holds one without the other);
+    None when every record goes to the topic option's topic, or the strategy is `record`."""
+    if options.topic is not None or options.subject_strategy is not SubjectStrategy.TOPIC:
+        return None
+    found = fields.get("topic")
+    if found is None or not isinstance(found.dataType, T.StringType):
+        raise ConfigError(
+            [("topic", "no topic option, and no string topic column to say where each record "
+              "goes")],
+            source="the input of the bridge-kafka sink",
+        )  # fmt: skip
+    return str(found.name)
+
+
+def _schema(
+    options: SinkOptions,
+    column: str,
+    data_type: Any,
+    wanted: ValueFormat,
+    topic: str | None,
+) -> tuple[dict[str, Any], str]:
+    """The column's schema in `wanted`'s language, named for `topic` (the topic option's when
+    None), and the subject it goes under."""
+    name = record_name(options, column, topic)
+    if wanted is ValueFormat.AVRO:
+        schema = avro_schema(data_type, name=name, namespace=options.record_namespace)
+        return schema, subject_name(options, column, schema, topic)
+    named = {"name": name, "namespace": options.record_namespace}
+    return json_schema(data_type, title=name), subject_name(options, column, named, topic)
+
+
+def record_name(options: SinkOptions, column: str, topic: str | None = None) -> str:
     """The record's Avro name: the option's, or `<topic>_<column>` with what Avro names refuse
-    as `_`."""
+    as `_` (`topic`: a topic column's, else the topic option's)."""
     named = options.value_record_name if column == "value" else options.key_record_name
     if named:
         return named
-    base = _NOT_A_NAME.sub("_", options.topic or "record")
+    base = _NOT_A_NAME.sub("_", topic or options.topic or "record")
     return f"{base}_{column}" if not base[0].isdigit() else f"_{base}_{column}"
 
 
-def subject_name(options: SinkOptions, column: str, schema: dict[str, Any]) -> str:
+def subject_name(
+    options: SinkOptions, column: str, schema: dict[str, Any], topic: str | None = None
+) -> str:
+    """The subject: `<topic>-<column>` (the topic strategy, Confluent's TopicNameStrategy; a
+    topic column's `topic`, else the topic option's), or the record's full name."""
     if options.subject_strategy is SubjectStrategy.RECORD:
         namespace = schema.get("namespace")
         return f"{namespace}.{schema['name']}" if namespace else str(schema["name"])
-    if options.topic is None:
+    topic = topic or options.topic
+    if topic is None:
         raise ConfigError(
-            [("subject.name.strategy", "the topic strategy needs the topic option; with a "
-              "topic column, use 'record'")],
+            [("topics", "the topic strategy needs the topic option, or a topic column's topics "
+              "in the topics option")],
             source="the bridge-kafka sink options",
         )  # fmt: skip
-    return f"{options.topic}-{column}"
+    return f"{topic}-{column}"
 
 
 def register(
@@ -152,20 +186,41 @@ def register(
 def framed(
     column: str,
     schema: dict[str, Any],
-    schema_id: int,
+    schema_ids: Mapping[str | None, int],
     value_format: ValueFormat = ValueFormat.AVRO,
+    *,
+    by_topic: str | None = None,
 ) -> Any:
     """The column as the wire format's bytes, in the JVM: the magic byte, the id (4 bytes, big
     endian) and `to_avro` of the value, or its `to_json` as UTF-8; null stays null (a
-    tombstone)."""
+    tombstone). `schema_ids`: the id, under None; or, with `by_topic` (the topic column), each
+    topic's, a row of any other topic failing its task with the topic named. The body is the
+    same under every topic's subject: the schemas differ only in the record's name, which
+    neither encoding writes."""
     from pyspark.sql import functions as F
     from pyspark.sql.avro.functions import to_avro
 
-    header = MAGIC + schema_id.to_bytes(4, "big")
+    def header(schema_id: int) -> Any:
+        return F.lit(bytearray(MAGIC + schema_id.to_bytes(4, "big")))
+
     if value_format is ValueFormat.AVRO:
         body = to_avro(F.col(column), json.dumps(schema))
     else:
         body = F.encode(F.to_json(F.col(column), TO_JSON_OPTIONS), "UTF-8")
+    if by_topic is None:
+        chosen = header(schema_ids[None])
+    else:
+        topic = F.col(by_topic)
+        named = sorted((t, i) for t, i in schema_ids.items() if t is not None)
+        chosen = F.when(topic == named[0][0], header(named[0][1]))
+        for name, schema_id in named[1:]:
+            chosen = chosen.when(topic == name, header(schema_id))
+        chosen = chosen.otherwise(F.raise_error(F.concat(
+            F.lit(f"the bridge-kafka sink: a row's {by_topic} column is "),
+            F.coalesce(topic, F.lit("null")),
+            F.lit(", not one of the topics option's, under whose subjects encode registered "
+                  f"the {column} schema (topics={','.join(t for t, _ in named)})"),
+        )))  # fmt: skip
     return F.when(F.col(column).isNull(), F.lit(None).cast("binary")).otherwise(
-        F.concat(F.lit(bytearray(header)), body)
+        F.concat(chosen, body)
     )

@@ -29,6 +29,7 @@ _RESERVED_KAFKA = {
 }
 _KNOWN = {
     "topic",
+    "topics",
     "transactional.id.prefix",
     "transactional.id.naming",
     "transaction.timeout.ms",
@@ -51,6 +52,7 @@ _KNOWN = {
 # Kafka's legal characters for ids and topic names.
 _LEGAL_NAME = re.compile(r"^[A-Za-z0-9._\-]+$")
 _AVRO_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+MAX_TOPICS = 1_000  # of a `topic` column, each registered at `encode` and a branch of its CASE
 
 
 class IdNaming(StrEnum):
@@ -122,6 +124,9 @@ class SinkOptions:
     value_record_name: str | None = None  # default: `<topic>_value`, see registry_frames
     key_record_name: str | None = None
     record_namespace: str = "bridge"
+    # The topics a `topic` column may name, for the topic strategy's subjects (`<topic>-value`):
+    # each registered before the query starts, since a running query never asks the registry.
+    topics: tuple[str, ...] = ()
 
     @property
     def typed(self) -> bool:
@@ -207,6 +212,9 @@ class SinkOptions:
         for name in ("value.record.name", "key.record.name"):
             if name in lowered and not _AVRO_NAME.match(lowered[name]):
                 problems.append((name, f"{lowered[name]!r} is not an Avro name"))
+        topics = tuple(dict.fromkeys(t.strip() for t in lowered.get("topics", "").split(",")
+                                     if t.strip()))  # fmt: skip
+        problems += _topics_problems(topics, topic=topic, typed=typed, strategy=strategy)
         namespace = lowered.get("record.namespace", "bridge")
         if namespace and not all(_AVRO_NAME.match(part) for part in namespace.split(".")):
             problems.append(("record.namespace", f"{namespace!r} is not an Avro namespace"))
@@ -229,10 +237,37 @@ class SinkOptions:
             value_record_name=lowered.get("value.record.name") or None,
             key_record_name=lowered.get("key.record.name") or None,
             record_namespace=namespace,
+            topics=topics,
         )
 
 
 _Choice = TypeVar("_Choice", bound=StrEnum)
+
+
+def _topics_problems(
+    topics: tuple[str, ...], *, topic: str | None, typed: bool, strategy: SubjectStrategy
+) -> list[tuple[str, str]]:
+    """The `topics` option against the others: it names a `topic` column's topics, whose
+    subjects the topic strategy registers (`spark_jobs.registry_frames.encode`)."""
+    problems = [("topics", f"{t!r} is not a legal topic name") for t in topics
+                if not _LEGAL_NAME.match(t) or len(t) > 249]  # fmt: skip
+    if len(topics) > MAX_TOPICS:
+        problems.append(("topics", f"{len(topics)} topics, more than {MAX_TOPICS}"))
+    if topics and topic is not None:
+        problems.append(("topics", "with the topic option every record goes to that topic: "
+                         "name a topic column's topics only without it"))  # fmt: skip
+    elif topics and not (typed and strategy is SubjectStrategy.TOPIC):
+        problems.append(("topics", "names the subjects of the topic strategy: only with "
+                         "value.format or key.format avro or json-schema"))  # fmt: skip
+    elif typed and strategy is SubjectStrategy.TOPIC and topic is None and not topics:
+        problems.append((
+            "subject.name.strategy",
+            "topic (the default) registers the schema under each topic's subject, "
+            "<topic>-value: without the topic option (a topic column), name the column's "
+            "topics in the topics option (topics=orders,refunds), or set "
+            "subject.name.strategy=record",
+        ))  # fmt: skip
+    return problems
 
 
 def _choice(

@@ -240,6 +240,49 @@ def test_an_incompatible_schema_stops_the_query_before_it_starts_naming_subject_
     assert "HTTP 409" in str(refused.value), refused.value
 
 
+@pytest.mark.parametrize("value_format", ["avro", "json-schema"])
+def test_a_topic_column_gets_each_topics_subject_under_the_default_strategy(
+    spark: Any,
+    stack: Endpoints,
+    names: dict[str, str],
+    registry_url: str,
+    tmp_path: Path,
+    value_format: str,
+) -> None:
+    """As Connect's TopicNameStrategy: each topic's schema under `<topic>-value`, each record
+    framed with its own topic's id; a row of a topic not declared fails the query naming it."""
+    topics = [f"{names['topic']}-a", f"{names['topic']}-b"]
+    for topic in topics:
+        create_topic(stack.bootstrap_servers, topic, partitions=1)
+    options = {k: v for k, v in sink_options(stack, topics[0], registry_url, value_format).items()
+               if k != "topic"} | {"topics": ",".join(topics)}  # fmt: skip
+    source = tmp_path / "in"
+    rows = [(topics[i % 2], i, f"n{i}") for i in range(6)]
+    spark.createDataFrame(rows, "topic STRING, id BIGINT, name STRING").write.parquet(str(source))
+
+    def run(where: Path) -> None:
+        typed = spark.readStream.schema("topic STRING, id BIGINT, name STRING").parquet(str(where))
+        framed = encode(typed.select("topic", F.struct("id", "name").alias("value")), options)
+        framed.writeStream.format("bridge-kafka").options(**options).option(
+            "checkpointLocation", str(where.parent / f"checkpoint-{where.name}")
+        ).trigger(availableNow=True).start().awaitTermination()
+
+    run(source)
+    with registry_client(stack, registry_url) as client:
+        ids = {t: client.get_latest_version(f"{t}-value").schema_id for t in topics}
+    assert len(set(ids.values())) == 2, ids  # two subjects, two schemas (their names differ)
+    for topic in topics:
+        found = read_messages(stack.bootstrap_servers, topic, config=stack.properties("consumer"))
+        assert len(found) == 3
+        assert {(m.value() or b"")[:5] for m in found} == {b"\0" + ids[topic].to_bytes(4, "big")}
+
+    stray = tmp_path / "stray"
+    columns = "topic STRING, id BIGINT, name STRING"
+    spark.createDataFrame([("elsewhere", 9, "x")], columns).write.parquet(str(stray))
+    with pytest.raises(Exception, match=r"topic column is elsewhere, not one of the topics option"):
+        run(stray)
+
+
 def test_a_struct_value_without_encoding_is_refused_before_the_query_starts(
     spark: Any, stack: Endpoints, names: dict[str, str], registry_url: str, tmp_path: Path
 ) -> None:

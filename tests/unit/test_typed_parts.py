@@ -88,6 +88,39 @@ def test_subjects_and_record_names_follow_the_strategy() -> None:
     assert subject_name(by_record, "value", schema) == "shop.sales.Order"
 
 
+def test_a_topic_columns_topics_get_their_own_subjects_under_the_default_strategy() -> None:
+    column = {k: v for k, v in BASE.items() if k != "topic"}  # each row names its topic
+    options = SinkOptions.parse(
+        {**column, **REGISTRY, "value.format": "avro", "topics": "orders, refunds,orders"}
+    )
+    assert options.topics == ("orders", "refunds")
+    assert [subject_name(options, "value", {"name": "x"}, t) for t in options.topics] == [
+        "orders-value", "refunds-value",
+    ]  # fmt: skip
+    assert record_name(options, "value", "refunds") == "refunds_value"
+
+
+@pytest.mark.parametrize(
+    ("extra", "key", "says"),
+    [
+        ({}, "subject.name.strategy", "name the column's topics in the topics option"),
+        ({"topics": "a,b c"}, "topics", "'b c' is not a legal topic name"),
+        ({"topics": "a", "topic": "t"}, "topics", "only without it"),
+        ({"topics": "a", "value.format": "json"}, "topics", "only with value.format"),
+        ({"topics": "a", "subject.name.strategy": "record"}, "topics", "only with value.format"),
+    ],
+)
+def test_a_topic_column_under_the_topic_strategy_is_refused_by_the_options_alone(
+    extra: dict[str, str], key: str, says: str
+) -> None:
+    """Before any Spark session: `SinkOptions.parse` is the first thing `encode` and the sink
+    do, and a job may call it before starting Spark."""
+    column = {k: v for k, v in BASE.items() if k != "topic"}
+    with pytest.raises(ConfigError) as raised:
+        SinkOptions.parse({**column, **REGISTRY, "value.format": "avro", **extra})
+    assert says in dict(raised.value.problems)[key]
+
+
 def test_a_typed_value_must_arrive_framed() -> None:
     struct = StructType([StructField("value", StructType([StructField("id", LongType())]))])
     with pytest.raises(ConfigError, match="frame the struct first"):
