@@ -137,6 +137,33 @@ def test_a_silent_postgres_link_is_noticed_and_the_stream_resumes_when_it_heals(
     assert sample(service, f"{METRIC_DATABASE_RECONNECTS}_total") >= 1
 
 
+def test_a_database_lost_under_held_records_clears_readyz_on_an_idle_topic(
+    stack: Endpoints, names: dict[str, str], pg_proxy: Proxy
+) -> None:
+    """The documented recovery for the database is none: the member holds the records, says
+    why, and writes them once the database answers again. Nothing is produced after the fault
+    ends, so the reason must clear with the held records alone, as a pod's readiness must on a
+    quiet topic."""
+    create_topic(stack.bootstrap_servers, names["topic"], partitions=3)
+    table = names["table"]
+    sql(stack, f"CREATE TABLE public.{table} (id int NOT NULL)")
+    settings = settings_for(
+        through(pg_proxy, stack), names, consumer={"db_session_timeout_ms": SESSION_TIMEOUT_MS}
+    )
+    with running(settings) as service:
+        produce(stack, names["topic"], [(None, {"id": i}) for i in range(50)])
+        eventually(lambda: rows(stack, table) == (50, 50))
+        eventually(lambda: service.ready)
+        pg_proxy.silence()
+        produce(stack, names["topic"], [(None, {"id": i}) for i in range(50, 80)])  # the last
+        eventually(lambda: "database unreachable" in " ".join(service.not_ready()), timeout=30)
+        assert rows(stack, table) == (50, 50)
+        pg_proxy.heal()
+        eventually(lambda: rows(stack, table) == (80, 80), timeout=60)
+        eventually(lambda: service.ready and not service.not_ready(), timeout=30)
+        drained(stack, names, 3)
+
+
 @pytest.fixture
 def read_only_database(stack: Endpoints) -> Iterator[Callable[[bool], None]]:
     """Switches `default_transaction_read_only` on and off for the whole server, as a replica

@@ -352,6 +352,8 @@ def test_the_registry_killed_and_restarted_under_both_sides_loses_and_doubles_no
         assert sample(service, "bridge_consumer_dead_letters_total", topic=names["topic"]) == 0
         assert sql(stack, f"SELECT count(*) FROM {typed_table}") == [(1,)]
 
+        # Nothing more is produced: the reason must clear with the held records alone, on
+        # an idle topic.
         registry_process.start()
         registry_process.wait_ready(120)
         drained(stack, names, PARTITIONS, timeout=120)
