@@ -197,6 +197,25 @@ def consumer_role(stack: Endpoints, names: dict[str, str]) -> Iterator[str]:
     sql(stack, f"DROP ROLE {role}")
 
 
+def test_a_database_refusing_writes_under_held_records_clears_readyz_on_an_idle_topic(
+    stack: Endpoints, names: dict[str, str], read_only_database: Callable[[bool], None]
+) -> None:
+    """As a failover's old primary turned replica refuses writes (25006), then takes them
+    again: the reason clears once the held records land, with nothing produced after."""
+    create_topic(stack.bootstrap_servers, names["topic"], partitions=3)
+    table = names["table"]
+    sql(stack, f"CREATE TABLE public.{table} (id int NOT NULL)")
+    with running(settings_for(stack, names)) as service:
+        produce(stack, names["topic"], [(None, {"id": i}) for i in range(50)])
+        eventually(lambda: rows(stack, table) == (50, 50))
+        read_only_database(True)
+        produce(stack, names["topic"], [(None, {"id": i}) for i in range(50, 80)])  # the last
+        eventually(lambda: "database refuses" in " ".join(service.not_ready()), timeout=30)
+        read_only_database(False)
+        eventually(lambda: rows(stack, table) == (80, 80), timeout=60)
+        eventually(lambda: service.ready and not service.not_ready(), timeout=30)
+
+
 @pytest.mark.parametrize(
     "fault", ["read-only database", "statement timeout", "too many connections"]
 )
