@@ -17,6 +17,7 @@ with the subject and the registry's reason.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from collections.abc import Mapping
@@ -36,6 +37,7 @@ from spark_jobs.spark_packages import spark_packages
 MAGIC = b"\x00"
 _TYPES = {ValueFormat.AVRO: "AVRO", ValueFormat.JSON_SCHEMA: "JSON"}  # the registry's schemaType
 _NOT_A_NAME = re.compile(r"[^A-Za-z0-9_]")
+_AVRO_SERIALIZER_LOGGER = "org.apache.spark.sql.avro.AvroSerializer"
 
 
 class SchemaRefused(BridgeError):
@@ -77,6 +79,8 @@ def encode(df: Any, options: Mapping[str, str]) -> Any:
                     client, subject, schema, url=parsed.registry["url"],
                     schema_type=_TYPES[wanted],
                 )  # fmt: skip
+            if wanted is ValueFormat.AVRO and field.nullable:
+                _quiet_nullable_root(df.sparkSession)
             try:
                 encoded = encoded.withColumn(
                     field.name, framed(field.name, schema, ids, wanted, by_topic=by_topic)
@@ -92,6 +96,20 @@ def encode(df: Any, options: Mapping[str, str]) -> Any:
                     source="the Spark session of the bridge-kafka sink",
                 ) from None  # fmt: skip
     return encoded
+
+
+def _quiet_nullable_root(spark: Any) -> None:
+    """Spark's AvroSerializer warns, in every task, that a nullable column written with a
+    non-nullable Avro schema throws on a null; `framed` never hands it one (a null is a
+    tombstone, written as no value), so the warning is noise a user would see each epoch. Its
+    logger, which says nothing else but the converse mismatch, goes to ERROR in this JVM (the
+    driver, and the executors in local mode; a cluster's executors take it from their own
+    log4j2 configuration, docs/typed-records.md)."""
+    with contextlib.suppress(Exception):  # a session without a JVM of its own says nothing
+        jvm = spark.sparkContext._jvm
+        jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(
+            _AVRO_SERIALIZER_LOGGER, jvm.org.apache.logging.log4j.Level.ERROR
+        )
 
 
 def _topic_column(options: SinkOptions, fields: Mapping[str, Any]) -> str | None:
