@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -203,17 +204,54 @@ def test_the_producers_command_runs_as_its_container_would_with_the_jars_the_ima
     assert "mvn" not in log.read_text(), log.read_text()[-3000:]
 
 
+def as_the_container(
+    argv: list[str], pod: dict[str, Any], container: dict[str, Any], writable: Path
+) -> list[str]:
+    """`argv` run as the manifest's securityContext says: as its user and group, with no
+    capability and no new privileges, and, with readOnlyRootFilesystem, in a mount namespace
+    whose root is read-only but for `writable` (where the test puts what the manifest's
+    emptyDir and mounts hold). The kernel's own tools, as a container runtime uses them."""
+    security = {**pod.get("securityContext", {}), **container.get("securityContext", {})}
+    drop = ["setpriv", f"--reuid={security['runAsUser']}", f"--regid={security['runAsGroup']}",
+            "--clear-groups", "--inh-caps=-all", "--bounding-set=-all"]  # fmt: skip
+    if security.get("allowPrivilegeEscalation") is False:
+        drop.append("--no-new-privs")
+    if not security.get("readOnlyRootFilesystem"):
+        return [*drop, *argv]
+    script = 'mount --bind "$1" "$1" && mount -o remount,bind,ro / && shift && exec "$@"'
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh",
+            str(writable), *drop, *argv]  # fmt: skip
+
+
 def test_the_consumers_command_runs_as_its_container_would_and_turns_ready(
     stack: Endpoints, names: dict[str, str], tmp_path: Path
 ) -> None:
     """The consumer Deployment's own arguments, and its ConfigMap's bridge.yaml with the
     Secret's files (the DSN through `${file:...}`), the cluster's parts swapped for the stack's
-    (brokers, the secret files' directory, the port, the topic and table): it applies the
-    topic's records, its readiness probe's path answers 200, and SIGTERM ends it with exit 0.
-    (A read-only root cannot be had without a container: the process writes only to the
-    mounts' paths here, which is all the manifest leaves writable.)"""
+    (brokers, the secret files' directory, the port, the topic and table), run as its
+    securityContext says (`as_the_container`: its user, no capability, a read-only root): it
+    applies the topic's records, its readiness probe's path answers 200, and SIGTERM ends it
+    with exit 0."""
     config_map, deployment = _documents("consumer.yaml")[:2]
-    [container] = deployment["spec"]["template"]["spec"]["containers"]
+    pod = deployment["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    # The container's user must reach it: not under pytest's own directory (root's, 0700).
+    tmp_path = Path(tempfile.mkdtemp(prefix="bridge-k8s-consumer-"))
+    try:
+        _run_the_consumer(stack, names, tmp_path, config_map, pod, container)
+    finally:
+        shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def _run_the_consumer(
+    stack: Endpoints,
+    names: dict[str, str],
+    tmp_path: Path,
+    config_map: dict[str, Any],
+    pod: dict[str, Any],
+    container: dict[str, Any],
+) -> None:
     secrets = tmp_path / "secrets"
     secrets.mkdir()
     (secrets / "postgres-dsn").write_text(stack.dsn + "\n")
@@ -237,10 +275,14 @@ def test_the_consumers_command_runs_as_its_container_would_and_turns_ready(
     argv = [f"--config={config}" if a.startswith("--config=") else a for a in container["args"]]
     env = {k: v for k, v in os.environ.items() if not k.startswith("BRIDGE_")}
     env |= {"BRIDGE_STACK_DIR": "/nonexistent", "TMPDIR": str(tmp_path)}
+    user, group = (pod["securityContext"][k] for k in ("runAsUser", "runAsGroup"))
+    for path in [tmp_path, *tmp_path.rglob("*")]:
+        os.chown(path, user, group)
     log = tmp_path / "consumer.log"
+    command = as_the_container([sys.executable, "-m", "bridge_shell.cli", *argv], pod,
+                               container, writable=tmp_path)  # fmt: skip
     with log.open("wb") as out:
-        member = subprocess.Popen([sys.executable, "-m", "bridge_shell.cli", *argv], stdout=out,
-                                  stderr=subprocess.STDOUT, env=env)  # fmt: skip
+        member = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
     probe = container["readinessProbe"]["httpGet"]["path"]
     try:
         drained(stack, names, 2, timeout=90)
