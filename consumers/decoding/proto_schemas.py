@@ -1,0 +1,278 @@
+"""Protobuf writer schemas compiled at run time from the `.proto` text the registry serves, and
+registry-framed Protobuf values read by them, with no generated code.
+
+A Confluent-framed Protobuf value is the magic byte, the schema id (4 bytes), the **message
+indexes**, then the body. The indexes say which message of the schema the body is, nested ones
+by their path: a zigzag varint count, then each index as a zigzag varint; a lone 0 (a count of
+none) stands for [0], the schema's first message, as Confluent's serializers write it.
+
+**Compiling** (`compile_schema`): the schema's text and its references' (by the name its
+`import` gives) go to protoc, the reference compiler (`grpcio-tools`), in a process of its own,
+bounded in time and memory: a hostile schema can fail its own compilation and nothing else. A
+well-known import (`google/protobuf/timestamp.proto` and the others) that no reference names is
+protoc's own copy, as Confluent's registry treats them as built in. The FileDescriptorSet it
+writes is loaded into a pool of the schema's own, and its messages become classes
+(`message_factory`) that the protobuf runtime parses in C. Checked by hand against Apicurio
+2.6.13 (docs/typed-records.md): it serves the text as registered, with the references it was
+registered with, and ignores `?format=serialized`, so the text is what there is to compile.
+
+**Reading** (`ProtoSchema.values`): a body becomes a dict of its fields, by name:
+
+- integers of every kind as int, over their full ranges (uint64 to 2**64-1, sint*, fixed*);
+  float and double as float; bool; string as str; bytes as bytes;
+- an enum as its value's name; a number the schema does not name (proto3 enums are open) as
+  that number, in text;
+- `repeated` as a list; a map as a dict (keys as text, JSON's only kind); a nested message as a
+  dict of its own;
+- `google.protobuf.Timestamp` as an aware datetime (UTC, microseconds: PostgreSQL's precision,
+  nanoseconds below them dropped), `Duration` as a timedelta (likewise), the wrappers
+  (`Int64Value`, `StringValue`, ...) as their value, `Struct`/`Value`/`ListValue` as the JSON
+  they stand for;
+- **presence**: a field that has it (proto3 `optional`, a message, a oneof's member, proto2's
+  optional) and is absent is None; a proto3 scalar without it that is absent is its default
+  (0, "", false, empty bytes, the enum's first name), since the body cannot tell "absent" from
+  "default" for it. So a column fed by a plain proto3 scalar is never NULL.
+
+Every failure is a `ProtoError` naming what and where: a schema that does not compile, that
+nests messages or values deeper than `MAX_DEPTH`, an index path the schema has no message for, a
+body protobuf will not parse. Nothing else escapes (the fuzz test holds it to that).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
+from pathlib import Path, PurePosixPath
+from typing import Any, cast
+
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
+from google.protobuf.json_format import MessageToDict
+from google.protobuf.message import DecodeError, Message
+
+from bridge.errors import BridgeError
+
+MAX_SCHEMA_CHARS = 1024**2  # a schema's text with its references'; a real one is kilobytes
+MAX_REFERENCES = 100
+MAX_DEPTH = 64  # nested messages, in the schema and in a body's values
+MAX_INDEXES = MAX_DEPTH  # a message's path among the schema's nested messages
+_COMPILE_TIMEOUT_S = 20
+_COMPILE_MEMORY = 1024**3  # protoc's address space
+_MAIN = "bridge_schema.proto"  # the schema's own file name, beside its references' names
+_IMPORT_NAME = re.compile(r"[A-Za-z0-9_./-]{1,255}")
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_WELL_KNOWN = "google.protobuf."
+_WRAPPERS = {
+    f"{_WELL_KNOWN}{name}"
+    for name in ("DoubleValue", "FloatValue", "Int64Value", "UInt64Value", "Int32Value",
+                 "UInt32Value", "BoolValue", "StringValue", "BytesValue")
+}  # fmt: skip
+
+
+class ProtoError(BridgeError):
+    """A Protobuf schema or value bridge cannot read; the message says what and where."""
+
+
+def read_indexes(raw: bytes, start: int) -> tuple[tuple[int, ...], int]:
+    """The message indexes that follow the schema id at `start`, and where the body begins."""
+    count, at = _zigzag(raw, start)
+    if count == 0:
+        return (0,), at
+    if not 0 < count <= MAX_INDEXES:
+        raise ProtoError(f"message indexes: a count of {count}, not 1 to {MAX_INDEXES}")
+    indexes = []
+    for _ in range(count):
+        index, at = _zigzag(raw, at)
+        if index < 0:
+            raise ProtoError(f"message indexes: {index} is negative")
+        indexes.append(index)
+    return tuple(indexes), at
+
+
+def _zigzag(raw: bytes, at: int) -> tuple[int, int]:
+    """A zigzag varint of at most 64 bits at `at`, and the offset after it."""
+    value = shift = 0
+    while True:
+        if at >= len(raw):
+            raise ProtoError("message indexes: the value ends inside them")
+        byte = raw[at]
+        at += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return (value >> 1) ^ -(value & 1), at
+        shift += 7
+        if shift >= 64:
+            raise ProtoError("message indexes: a varint longer than 10 bytes")
+
+
+def compile_schema(text: str, references: Mapping[str, str]) -> bytes:
+    """The FileDescriptorSet (serialized, imports included) of `text`, whose imports are
+    `references` (import name to text) or protoc's well-known types; ProtoError with protoc's
+    own words when it does not compile."""
+    size = len(text) + sum(len(name) + len(body) for name, body in references.items())
+    if size > MAX_SCHEMA_CHARS:
+        raise ProtoError(f"schema: {size} characters with its references, more than "
+                         f"{MAX_SCHEMA_CHARS}")  # fmt: skip
+    if len(references) > MAX_REFERENCES:
+        raise ProtoError(f"schema: {len(references)} references, more than {MAX_REFERENCES}")
+    for name in references:
+        path = PurePosixPath(name)
+        if not _IMPORT_NAME.fullmatch(name) or path.is_absolute() or ".." in path.parts:
+            raise ProtoError(f"schema: reference {name[:260]!r} is not an import path")
+    with tempfile.TemporaryDirectory(prefix="bridge-proto-") as scratch:
+        root = Path(scratch) / "in"
+        for name, body in {**references, _MAIN: text}.items():
+            (root / name).parent.mkdir(parents=True, exist_ok=True)
+            (root / name).write_text(body, encoding="utf-8")
+        out = Path(scratch) / "set.pb"
+        arguments = ["protoc", f"-I{root}", f"-I{_WELL_KNOWN_DIR}", "--include_imports",
+                     f"--descriptor_set_out={out}", str(root / _MAIN)]  # fmt: skip
+        try:
+            done = subprocess.run(  # noqa: S603 - our interpreter; the schema only as files
+                [sys.executable, "-c", _PROTOC, str(_COMPILE_MEMORY), *arguments],
+                capture_output=True, text=True, check=False, timeout=_COMPILE_TIMEOUT_S,
+                env={"PATH": os.environ.get("PATH", "")},
+            )  # fmt: skip
+        except subprocess.TimeoutExpired:
+            raise ProtoError(f"schema: protoc took more than {_COMPILE_TIMEOUT_S} s") from None
+        if done.returncode != 0 or not out.exists():
+            said = (done.stderr or done.stdout).replace(str(root) + "/", "").strip()
+            raise ProtoError(f"schema does not compile: {said[:1000] or done.returncode}")
+        return out.read_bytes()
+
+
+# The child bounds its own memory before protoc runs in it (a preexec_fn is unsafe in the
+# consumer, which has threads).
+_PROTOC = (
+    "import resource, sys\n"
+    "limit = int(sys.argv[1])\n"
+    "resource.setrlimit(resource.RLIMIT_AS, (limit, limit))\n"
+    "from grpc_tools import protoc\n"
+    "sys.exit(protoc.main(sys.argv[2:]))\n"
+)
+
+
+def _well_known_dir() -> str:
+    import grpc_tools
+
+    return str(Path(grpc_tools.__file__).parent / "_proto")
+
+
+_WELL_KNOWN_DIR = _well_known_dir()
+
+
+class ProtoSchema:
+    """One registry schema, compiled: its messages by index path, each read into a dict."""
+
+    def __init__(self, descriptor_set: bytes) -> None:
+        try:
+            files = descriptor_pb2.FileDescriptorSet.FromString(descriptor_set).file
+            pool = descriptor_pool.DescriptorPool()
+            for file in files:
+                pool.Add(file)
+            main = pool.FindFileByName(_MAIN)
+        except (DecodeError, TypeError, KeyError, ValueError) as exc:  # as the backends say it
+            raise ProtoError(f"schema: its descriptors do not load: {exc}") from None
+        self._top = tuple(main.message_types_by_name.values())
+        if not self._top:
+            raise ProtoError("schema: it defines no message")
+        for message in self._top:
+            _check_depth(message, 1, set())
+        self._classes: dict[tuple[int, ...], type[Message]] = {}
+
+    def message(self, indexes: tuple[int, ...]) -> Descriptor:
+        """The message at `indexes`: the schema's n-th top-level message, then nested ones."""
+        found: Descriptor | None = None
+        level: tuple[Descriptor, ...] = self._top
+        for depth, index in enumerate(indexes):
+            if index >= len(level):
+                where = "the schema" if depth == 0 else f"message {found.full_name}"  # type: ignore[union-attr]
+                raise ProtoError(f"message indexes {list(indexes)}: {where} has no message "
+                                 f"{index} (it has {len(level)})")  # fmt: skip
+            found = level[index]
+            level = tuple(found.nested_types)
+        assert found is not None  # noqa: S101 - indexes are never empty
+        return found
+
+    def values(self, body: bytes, indexes: tuple[int, ...] = (0,)) -> dict[str, Any]:
+        """The body as the message at `indexes`, its fields by name (see the module's rules)."""
+        kind = self._classes.get(indexes)
+        if kind is None:
+            kind = self._classes[indexes] = message_factory.GetMessageClass(self.message(indexes))
+        try:
+            parsed = kind.FromString(body)
+        except (DecodeError, RecursionError, ValueError) as exc:
+            name = kind.DESCRIPTOR.full_name
+            raise ProtoError(f"body does not parse as {name}: {exc or 'truncated'}") from None
+        return _message(parsed, 0)
+
+
+def _check_depth(message: Descriptor, depth: int, path: set[str]) -> None:
+    """Nesting of messages (fields of message type, through every path) within MAX_DEPTH; a
+    message that contains itself is read only as deep as a body nests it, bounded at reading."""
+    if depth > MAX_DEPTH:
+        raise ProtoError(f"schema: messages nest deeper than {MAX_DEPTH} at {message.full_name}")
+    if message.full_name in path:
+        return
+    path.add(message.full_name)
+    for field in message.fields:
+        if field.message_type is not None:
+            _check_depth(field.message_type, depth + 1, path)
+    path.discard(message.full_name)
+
+
+def _message(message: Message, depth: int) -> dict[str, Any]:
+    if depth >= MAX_DEPTH:
+        raise ProtoError(f"value: messages nest deeper than {MAX_DEPTH}")
+    found: dict[str, Any] = {}
+    descriptor = cast(Descriptor, message.DESCRIPTOR)  # the stubs also name upb's own class
+    for field in descriptor.fields:
+        found[field.name] = _field(message, field, depth)
+    return found
+
+
+def _field(message: Message, field: FieldDescriptor, depth: int) -> Any:
+    value = getattr(message, field.name)
+    if field.message_type is not None and field.message_type.GetOptions().map_entry:
+        entry = field.message_type.fields_by_name["value"]
+        return {_key(k): _single(v, entry, depth) for k, v in value.items()}
+    if field.is_repeated:
+        return [_single(v, field, depth) for v in value]
+    if field.has_presence and not message.HasField(field.name):
+        return None
+    return _single(value, field, depth)
+
+
+def _key(key: Any) -> str:
+    """A map's key as JSON's object keys are: text (a bool as JSON writes it)."""
+    if isinstance(key, bool):
+        return "true" if key else "false"
+    return str(key)
+
+
+def _single(value: Any, field: FieldDescriptor, depth: int) -> Any:
+    if field.enum_type is not None:
+        named = field.enum_type.values_by_number.get(value)
+        return named.name if named is not None else str(value)
+    if field.message_type is None:
+        return value
+    name = field.message_type.full_name
+    if name.startswith(_WELL_KNOWN):
+        try:
+            if name == f"{_WELL_KNOWN}Timestamp":
+                return _EPOCH + timedelta(seconds=value.seconds, microseconds=value.nanos // 1000)
+            if name == f"{_WELL_KNOWN}Duration":
+                return timedelta(seconds=value.seconds, microseconds=int(value.nanos / 1000))
+        except OverflowError:
+            raise ProtoError(f"value: field {field.full_name}: {name[len(_WELL_KNOWN):]} "
+                             f"{value.seconds} s is out of range") from None  # fmt: skip
+        if name in _WRAPPERS:
+            return value.value
+        if name in (f"{_WELL_KNOWN}Struct", f"{_WELL_KNOWN}Value", f"{_WELL_KNOWN}ListValue"):
+            return MessageToDict(value)
+    return _message(value, depth + 1)

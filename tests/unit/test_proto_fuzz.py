@@ -1,0 +1,134 @@
+"""The Protobuf reader (`consumers.decoding.proto_schemas`) against hostile bytes and against the
+protobuf library's own encoding: any body and any message-index framing give a dict or a
+ProtoError, nothing else; and messages the library encodes from generated values read back as
+those values, by the module's rules. The schema is built as descriptors here (no protoc: no I/O);
+`tests/integration/test_protobuf_schemas.py` compiles real `.proto` text."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from google.protobuf import descriptor_pb2, message_factory, timestamp_pb2
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from consumers.decoding.proto_schemas import ProtoError, ProtoSchema, read_indexes
+
+F = descriptor_pb2.FieldDescriptorProto
+SCALARS = {
+    "i64": (F.TYPE_INT64, st.integers(-(2**63), 2**63 - 1)),
+    "s32": (F.TYPE_SINT32, st.integers(-(2**31), 2**31 - 1)),
+    "u64": (F.TYPE_UINT64, st.integers(0, 2**64 - 1)),
+    "fx64": (F.TYPE_FIXED64, st.integers(0, 2**64 - 1)),
+    "sfx32": (F.TYPE_SFIXED32, st.integers(-(2**31), 2**31 - 1)),
+    "u32": (F.TYPE_UINT32, st.integers(0, 2**32 - 1)),
+    "dbl": (F.TYPE_DOUBLE, st.floats(allow_nan=False)),
+    "flag": (F.TYPE_BOOL, st.booleans()),
+    "text": (F.TYPE_STRING, st.text(max_size=20)),
+    "blob": (F.TYPE_BYTES, st.binary(max_size=20)),
+}
+
+
+def _schema() -> ProtoSchema:
+    """`bridge_schema.proto` as the compiler would write it: message Rec with a field of each
+    scalar kind, a repeated one, an enum, a nested Rec, a Timestamp and a proto3 optional."""
+    main = descriptor_pb2.FileDescriptorProto(
+        name="bridge_schema.proto", package="t", syntax="proto3",
+        dependency=["google/protobuf/timestamp.proto"],
+    )  # fmt: skip
+    main.enum_type.add(name="Color").value.extend(
+        [descriptor_pb2.EnumValueDescriptorProto(name=n, number=i) for i, n in enumerate("RGB")]
+    )
+    rec = main.message_type.add(name="Rec")
+    number = 0
+    for number, (name, (kind, _)) in enumerate(SCALARS.items(), start=1):
+        rec.field.add(name=name, number=number, type=kind, label=F.LABEL_OPTIONAL)
+    more = [
+        ("many", F.TYPE_SINT64, F.LABEL_REPEATED, None),
+        ("color", F.TYPE_ENUM, F.LABEL_OPTIONAL, ".t.Color"),
+        ("next", F.TYPE_MESSAGE, F.LABEL_OPTIONAL, ".t.Rec"),
+        ("at", F.TYPE_MESSAGE, F.LABEL_OPTIONAL, ".google.protobuf.Timestamp"),
+    ]
+    for name, kind, label, type_name in more:
+        number += 1
+        added = rec.field.add(name=name, number=number, type=kind, label=label)
+        if type_name is not None:
+            added.type_name = type_name
+    rec.oneof_decl.add(name="_maybe")  # a proto3 optional is a synthetic oneof of one
+    rec.field.add(name="maybe", number=number + 1, type=F.TYPE_INT32, label=F.LABEL_OPTIONAL,
+                  oneof_index=0, proto3_optional=True)  # fmt: skip
+    wkt = descriptor_pb2.FileDescriptorProto()
+    timestamp_pb2.DESCRIPTOR.CopyToProto(wkt)
+    return ProtoSchema(descriptor_pb2.FileDescriptorSet(file=[wkt, main]).SerializeToString())
+
+
+SCHEMA = _schema()
+REC: Any = message_factory.GetMessageClass(SCHEMA.message((0,)))
+
+
+@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+@given(st.binary(max_size=200), st.lists(st.integers(0, 3), min_size=1, max_size=3))
+def test_any_body_and_any_path_give_values_or_a_proto_error(body: bytes, path: list[int]) -> None:
+    try:
+        found = SCHEMA.values(body, tuple(path))
+    except ProtoError:
+        return
+    assert isinstance(found, dict)
+
+
+@settings(max_examples=400)
+@given(st.binary(max_size=30))
+def test_any_framing_gives_indexes_or_a_proto_error(raw: bytes) -> None:
+    try:
+        indexes, body_at = read_indexes(b"\x00\x00\x00\x00\x01" + raw, 5)
+    except ProtoError:
+        return
+    assert indexes and all(i >= 0 for i in indexes) and 5 < body_at <= 5 + len(raw)
+
+
+@st.composite
+def records(draw: st.DrawFn, depth: int = 0) -> dict[str, Any]:
+    values = {name: draw(strategy) for name, (_, strategy) in SCALARS.items()}
+    values["many"] = draw(st.lists(st.integers(-(2**63), 2**63 - 1), max_size=4))
+    values["color"] = draw(st.integers(0, 4))  # 3 and 4: numbers the enum does not name
+    values["maybe"] = draw(st.none() | st.integers(-(2**31), 2**31 - 1))
+    values["at"] = draw(st.none() | st.tuples(st.integers(-62_135_596_800, 253_402_300_799),
+                                              st.integers(0, 999_999_999)))  # fmt: skip
+    values["next"] = draw(st.none() | records(depth + 1)) if depth < 3 else None
+    return values
+
+
+def _encoded(values: dict[str, Any]) -> Any:
+    message = REC()
+    for name in SCALARS:
+        setattr(message, name, values[name])
+    message.many.extend(values["many"])
+    message.color = values["color"]
+    if values["maybe"] is not None:
+        message.maybe = values["maybe"]
+    if values["at"] is not None:
+        message.at.seconds, message.at.nanos = values["at"]
+    if values["next"] is not None:
+        message.next.CopyFrom(_encoded(values["next"]))
+    return message
+
+
+def _expected(values: dict[str, Any]) -> dict[str, Any]:
+    expected = {name: values[name] for name in SCALARS}
+    expected["many"] = values["many"]
+    expected["color"] = "RGB"[values["color"]] if values["color"] < 3 else str(values["color"])
+    expected["maybe"] = values["maybe"]
+    at = values["at"]
+    expected["at"] = None if at is None else (
+        datetime(1970, 1, 1, tzinfo=UTC) + timedelta(seconds=at[0], microseconds=at[1] // 1000)
+    )  # fmt: skip
+    expected["next"] = None if values["next"] is None else _expected(values["next"])
+    return expected
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(records())
+def test_what_the_library_encodes_reads_back_as_its_values(values: dict[str, Any]) -> None:
+    body = _encoded(values).SerializeToString()
+    assert SCHEMA.values(body) == _expected(values)
