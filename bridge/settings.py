@@ -274,7 +274,7 @@ class RouteSettings(_Section):
     # How record values are written: JSON objects, or in the schema registry's wire format
     # (magic byte, schema id, body) Avro decoded by the writer schema the id names, or JSON
     # whose JSON Schema the id names.
-    value_format: Literal["json", "avro", "json-schema"] = "json"
+    value_format: Literal["json", "avro", "json-schema", "protobuf"] = "json"
     # JSON values only: an integer for a timestamp column is milliseconds since 1970 (UTC),
     # as Kafka Connect's and many producers' timestamps are; otherwise PostgreSQL refuses it.
     epoch_millis_timestamps: bool = False
@@ -386,6 +386,11 @@ class RouteSettings(_Section):
             raise ValueError(
                 "auto_create and auto_evolve need value_format avro or json-schema: the table "
                 "follows the records' writer schemas (a plain JSON route's table is its contract)"
+            )
+        if self.value_format == "protobuf" and (self.auto_create or self.auto_evolve):
+            raise ValueError(
+                "auto_create and auto_evolve do not follow Protobuf schemas yet: create the "
+                "table (docs/typed-records.md, Protobuf)"
             )
         if self.auto_create and self.key_source == "kafka":
             raise ValueError(

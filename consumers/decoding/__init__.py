@@ -1,4 +1,5 @@
 """Records into rows: Kafka records and their errors (`records`), JSON values (`rows`), registry
 framed values by writer schema (`registry_schemas`), Avro through the C reader (`avro_program`,
-`avro_rows`, `_avro_body.c`), JSON Schema (`registry_json_rows`) and record keys
-(`record_keys`). Nothing here touches a database; bytes from outside are hostile until read."""
+`avro_rows`, `_avro_body.c`), JSON Schema (`registry_json_rows`), Protobuf compiled at run
+time (`proto_schemas`, `proto_rows`) and record keys (`record_keys`). Nothing here touches a
+database; bytes from outside are hostile until read."""

@@ -127,14 +127,7 @@ class AvroRowDecoder:
         )
 
     def _reading(self, writer: int) -> Reading:
-        if writer in self._schemas.missing:
-            raise RecordError(self._schemas.missing[writer])
-        schema = self._schemas.schemas.get(writer)
-        if schema is None:  # `prepare` was not called for it: a bug, not the record's
-            raise KeyError(f"schema id {writer} was not fetched before decoding")
-        if self._schemas.types.get(writer) != AVRO:
-            raise RecordError(f"schema id {writer} is a {self._schemas.types[writer]} schema, "
-                              "not Avro: the route's value_format says avro")  # fmt: skip
+        schema = self._schemas.of_kind(writer, AVRO)
         if not isinstance(schema, dict) or schema.get("type") != "record":
             self._schemas.missing[writer] = f"schema id {writer} is not an Avro record"
             raise RecordError(self._schemas.missing[writer])

@@ -1,4 +1,5 @@
-"""Writer schemas (Avro, JSON Schema) by id, from the schema registry, each fetched once.
+"""Writer schemas (Avro, JSON Schema, Protobuf) by id, from the schema registry, each fetched
+once (a Protobuf one with its references, and compiled: `consumers.decoding.proto_schemas`).
 
 A registry-framed value is a magic byte (0), its schema's id (4 bytes, big-endian) and the body.
 The ids a batch needs are fetched before the batch is planned (`fetch`), so that decoding never
@@ -21,7 +22,7 @@ from operator import itemgetter
 from typing import Any
 
 import fastavro
-from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 from fastavro.schema import SchemaParseException
 
@@ -29,6 +30,12 @@ from bridge.errors import BridgeError
 from bridge.settings import SchemaRegistrySettings
 from consumers.backoff import HoldBackoff
 from consumers.decoding.avro_program import check as check_avro
+from consumers.decoding.proto_schemas import (
+    MAX_REFERENCES,
+    ProtoError,
+    ProtoSchema,
+    compile_schema,
+)
 from consumers.decoding.records import RecordError
 
 log = logging.getLogger("bridge.consumer")
@@ -37,7 +44,9 @@ MAGIC = 0
 HEADER = 5  # the magic byte and the schema id
 _head = itemgetter(slice(0, HEADER))  # a value's header
 _SCHEMA_NOT_FOUND = 40403  # the Confluent-compatible API's error code (HTTP 404 with it)
-AVRO, JSON = "AVRO", "JSON"  # the registry's schema types bridge reads
+_VERSION_NOT_FOUND = (40401, 40402)  # a reference's subject, or its version, not there
+AVRO, JSON, PROTOBUF = "AVRO", "JSON", "PROTOBUF"  # the registry's schema types bridge reads
+_NAMES = {AVRO: "Avro", JSON: "JSON Schema", PROTOBUF: "Protobuf"}
 # One request at a time, each bounded; the batch's own backoff retries, not the client.
 _CLIENT_TIMEOUT_S = 10
 MAX_SCHEMA_CHARS = 1024**2  # a writer schema's text; a real one is a few kilobytes
@@ -80,8 +89,9 @@ class SchemaCache:
         }
         self._client = SchemaRegistryClient(config)
         self.url = settings.url
-        self.schemas: dict[int, Any] = {}  # Avro ones parsed by fastavro, JSON ones as read
-        self.types: dict[int, str] = {}  # AVRO or JSON
+        # Avro ones parsed by fastavro, JSON ones as read, Protobuf ones compiled (ProtoSchema).
+        self.schemas: dict[int, Any] = {}
+        self.types: dict[int, str] = {}  # AVRO, JSON or PROTOBUF
         self.missing: dict[int, str] = {}
         self._unavailable_since: float | None = None
 
@@ -108,6 +118,9 @@ class SchemaCache:
         fields: set[str] = set()
         for writer in ids:
             schema = self.schemas.get(writer)
+            if isinstance(schema, ProtoSchema):
+                fields.update(f.name for f in schema.message((0,)).fields)
+                continue
             if not isinstance(schema, dict):
                 continue
             if self.types[writer] == AVRO and schema.get("type") == "record":
@@ -131,8 +144,11 @@ class SchemaCache:
         except Exception as exc:  # noqa: BLE001
             self._unavailable(f"the registry at {self.url} is unreachable ({exc!r})")
         kind = schema.schema_type or AVRO
-        if kind not in (AVRO, JSON):
+        if kind not in (AVRO, JSON, PROTOBUF):
             self._missing(wanted, f"schema id {wanted} is {kind}, which bridge does not read")
+            return
+        if kind == PROTOBUF:
+            self._protobuf(wanted, schema)
             return
         text = schema.schema_str or "null"
         if len(text) > MAX_SCHEMA_CHARS:
@@ -153,6 +169,63 @@ class SchemaCache:
             return
         self.types[wanted] = kind
         self.schemas[wanted] = parsed
+
+    def of_kind(self, writer: int, kind: str) -> Any:
+        """Schema `writer` as fetched, for a route whose values must be of `kind` (AVRO or
+        PROTOBUF): RecordError when no record can be read by it (missing, or of another kind),
+        KeyError when it was not fetched (`prepare` comes first: a bug, not the record's)."""
+        if writer in self.missing:
+            raise RecordError(self.missing[writer])
+        schema = self.schemas.get(writer)
+        if schema is None:
+            raise KeyError(f"schema id {writer} was not fetched before decoding")
+        if self.types.get(writer) != kind:
+            named = _NAMES[kind]
+            raise RecordError(
+                f"schema id {writer} is a {self.types[writer]} schema, not {named}: the "
+                f"route's value_format says {named.lower()}"
+            )
+        return schema
+
+    def _protobuf(self, wanted: int, schema: Schema) -> None:
+        """A Protobuf schema, its references fetched (theirs too) and compiled
+        (`consumers.decoding.proto_schemas`); one that does not compile is missing."""
+        references: dict[str, str] = {}
+        pending = list(schema.references or [])
+        while pending:
+            reference = pending.pop()
+            name = str(reference.name)
+            if name in references:
+                continue
+            if len(references) >= MAX_REFERENCES:
+                self._missing(wanted, f"schema id {wanted} has more than {MAX_REFERENCES} "
+                              "references")  # fmt: skip
+                return
+            try:
+                subject = str(reference.subject)
+                found = (
+                    self._client.get_version(subject, "latest")
+                    if reference.version is None
+                    else self._client.get_version(subject, reference.version)
+                )
+            except SchemaRegistryError as exc:
+                if exc.http_status_code == 404 and exc.error_code in _VERSION_NOT_FOUND:
+                    self._missing(wanted, f"schema id {wanted}: its reference {name} "
+                                  f"({reference.subject} v{reference.version}) is not in the "
+                                  "registry")  # fmt: skip
+                    return
+                self._unavailable(f"the registry at {self.url} answered {exc}")
+            except Exception as exc:  # noqa: BLE001 - the transport's, as in `_fetch`
+                self._unavailable(f"the registry at {self.url} is unreachable ({exc!r})")
+            references[name] = found.schema.schema_str or ""
+            pending += found.schema.references or []
+        try:
+            compiled = ProtoSchema(compile_schema(schema.schema_str or "", references))
+        except ProtoError as exc:
+            self._missing(wanted, f"schema id {wanted} cannot be read: {exc}")
+            return
+        self.types[wanted] = PROTOBUF
+        self.schemas[wanted] = compiled
 
     def _missing(self, wanted: int, why: str) -> None:
         log.warning("%s (registry %s): its records are dead-lettered", why, self.url)

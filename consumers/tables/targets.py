@@ -21,6 +21,7 @@ from bridge.names import PROVENANCE_EPOCH, PROVENANCE_PARTITION, PROVENANCE_QUER
 from bridge.settings import KEYED_MODES, UNIQUE_KEY_MODES, RouteSettings
 from bridge.topic_patterns import split_table
 from consumers.decoding.avro_rows import AvroRowDecoder
+from consumers.decoding.proto_rows import ProtobufRowDecoder
 from consumers.decoding.record_keys import KeyReader
 from consumers.decoding.records import Record, RecordError
 from consumers.decoding.registry_json_rows import RegistryJsonRowDecoder
@@ -54,7 +55,7 @@ class Target:
     binaries: frozenset[str] = frozenset()  # bytea columns
     # Where registry routes find their writer schemas; None when no route needs the registry.
     schemas: SchemaCache | None = field(default=None, repr=False, compare=False)
-    decoder: RowDecoder | AvroRowDecoder | RegistryJsonRowDecoder = field(
+    decoder: RowDecoder | AvroRowDecoder | RegistryJsonRowDecoder | ProtobufRowDecoder = field(
         init=False, repr=False, compare=False
     )
     # For JSON values: what turns a decoded row's lists into arrays and epoch milliseconds into
@@ -118,12 +119,14 @@ class Target:
         named = [field_of[c] for c in values]
         tracked_fields = [field_of[c] for c in tracked]
         filled_fields = [field_of[c] for c in values if c in fills]
-        decoder: RowDecoder | AvroRowDecoder | RegistryJsonRowDecoder
+        decoder: RowDecoder | AvroRowDecoder | RegistryJsonRowDecoder | ProtobufRowDecoder
         if self.route.value_format != "json" and self.schemas is None:
             raise ValueError(f"a {self.route.value_format} route needs the schema registry")
-        if self.route.value_format == "avro":
+        if self.route.value_format in ("avro", "protobuf"):
             assert self.schemas is not None  # noqa: S101 - checked above
-            decoder = AvroRowDecoder(
+            # Both read each value into its columns' exact types, arrays included.
+            kind = AvroRowDecoder if self.route.value_format == "avro" else ProtobufRowDecoder
+            decoder = kind(
                 named,
                 schemas=self.schemas,
                 tracked=tracked_fields,
@@ -177,7 +180,7 @@ class Target:
         For JSON values the first and the last record of the batch are looked at (a field a
         producer adds shows in every record after it), a C decoding of two values a batch; for
         registry-framed values, the fields of each writer schema."""
-        if isinstance(self.decoder, AvroRowDecoder | RegistryJsonRowDecoder):
+        if isinstance(self.decoder, AvroRowDecoder | RegistryJsonRowDecoder | ProtobufRowDecoder):
             # Tombstones (None) have no schema; filtered in C, not a step per record.
             fields = self.decoder.prepare(filter(None, map(Message.value, records)))
         else:
