@@ -1,7 +1,8 @@
-"""Typed-records benchmark: Avro through the schema registry against JSON, on the same rows.
+"""Typed-records benchmark: Avro (or Protobuf) through the schema registry against JSON, on
+the same rows.
 
     .venv/bin/python -m bench.typed [--records 500000] [--rounds 3] [--files 20]
-        [--files-per-epoch 2] [--no-producer] [--no-consumer]
+        [--files-per-epoch 2] [--no-producer] [--no-consumer] [--format avro|protobuf]
 
 (a) The consumer (`python -m consumers`, a whole process, insert mode) on two topics holding the
     same rows, one as JSON objects and one as registry Avro (the schema registered in the stack's
@@ -12,7 +13,10 @@
     DataFrame (Parquet files of those rows and a timestamp), its value written as JSON
     (`to_json`) or as registry Avro (`to_avro` behind the wire-format header), alternated
     rounds; rows per second and the ratio Avro / JSON.
-Each timed consumer run starts after a CHECKPOINT (bench/consumer.py). Writes
+With `--format protobuf`, (a) reads the rows as registry Protobuf instead (a schema of the same
+fields, the amount as its decimal text, framed as Confluent's serializers frame it, message
+indexes included), read with no generated code; the sink does not write Protobuf yet, so (b) is
+Avro's. Each timed consumer run starts after a CHECKPOINT (bench/consumer.py). Writes
 bench/results/typed-*.json.
 """
 
@@ -37,12 +41,14 @@ import fastavro
 import pyarrow as pa
 import pyarrow.parquet as pq
 from confluent_kafka import Producer
-from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+from google.protobuf import message_factory
 
 from bench.common import Endpoints, new_topic, running_stack, scratch_dir, write_results
 from bench.consumer import PARTITIONS, fill_topic, record, service_run
 from bridge_shell.maven import spark_kafka_jars
 from bridge_shell.spark.spark_home import precompiled_spark_home
+from consumers.decoding.proto_schemas import ProtoSchema, compile_schema
 from spark_jobs.registry_frames import register
 
 JOB = Path(__file__).with_name("typed_job.py")
@@ -71,6 +77,22 @@ def fill_avro_topic(stack: Endpoints, topic: str, records: int) -> None:
         schema_id = register(client, f"{topic}-value", ORDER_SCHEMA)
     header = b"\x00" + schema_id.to_bytes(4, "big")
     parsed = fastavro.parse_schema(ORDER_SCHEMA)
+
+    def encoded(row: dict[str, Any]) -> bytes:
+        row["amount"] = Decimal(f"{row['amount']:.2f}")
+        body = io.BytesIO()
+        body.write(header)
+        fastavro.schemaless_writer(body, parsed, row)
+        return body.getvalue()
+
+    _fill(stack, topic, records, encoded)
+
+
+def _fill(
+    stack: Endpoints, topic: str, records: int, encoded: Callable[[dict[str, Any]], bytes]
+) -> None:
+    """`records` of the consumer benchmark's rows, each value `encoded`, in transactions of
+    50,000."""
     producer = Producer({"bootstrap.servers": stack.bootstrap_servers, "linger.ms": 20,
                          "transactional.id": f"bench-{uuid.uuid4().hex}"})  # fmt: skip
     producer.init_transactions(30)
@@ -78,56 +100,95 @@ def fill_avro_topic(stack: Endpoints, topic: str, records: int) -> None:
     for start in range(0, records, 50_000):
         producer.begin_transaction()
         for i in range(start, min(records, start + 50_000)):
-            row = record(i, now_ms)
-            row["amount"] = Decimal(f"{row['amount']:.2f}")
-            body = io.BytesIO()
-            body.write(header)
-            fastavro.schemaless_writer(body, parsed, row)
+            value = encoded(record(i, now_ms))
             while True:
                 try:
-                    producer.produce(topic, body.getvalue())
+                    producer.produce(topic, value)
                     break
                 except BufferError:
                     producer.poll(0.05)
         producer.commit_transaction(60)
 
 
-def consumer_rounds(stack: Endpoints, records: int, rounds: int, scratch: Path) -> dict[str, Any]:
+ORDER_PROTO = """syntax = "proto3";
+package bench;
+message Order {
+  int64 id = 1;
+  string customer = 2;
+  string amount = 3;
+  string currency = 4;
+  string note = 5;
+  int64 sent_ms = 6;
+}
+"""
+
+
+def fill_protobuf_topic(stack: Endpoints, topic: str, records: int) -> None:
+    """The same rows as `fill_topic` writes as JSON, as registry Protobuf (the amount as its
+    decimal text: Protobuf has no decimal), each body made by the protobuf runtime from the
+    compiled schema, as a producer's generated class would make it."""
+    assert stack.registry_url is not None
+    new_topic(stack, topic, partitions=PARTITIONS)
+    with SchemaRegistryClient({"url": stack.registry_url}) as client:
+        schema_id = client.register_schema(f"{topic}-value", Schema(ORDER_PROTO, "PROTOBUF"))
+    header = b"\x00" + schema_id.to_bytes(4, "big") + b"\x00"  # message indexes: [0]
+    order = message_factory.GetMessageClass(
+        ProtoSchema(compile_schema(ORDER_PROTO, {})).message((0,))
+    )
+
+    def encoded(row: dict[str, Any]) -> bytes:
+        row["amount"] = f"{row['amount']:.2f}"
+        return header + order(**row).SerializeToString()
+
+    _fill(stack, topic, records, encoded)
+
+
+def consumer_rounds(
+    stack: Endpoints, records: int, rounds: int, scratch: Path, typed: str = "avro"
+) -> dict[str, Any]:
     topics = {
         "json": f"bench-json-{uuid.uuid4().hex[:8]}",
-        "avro": f"bench-avro-{uuid.uuid4().hex[:8]}",
+        typed: f"bench-{typed}-{uuid.uuid4().hex[:8]}",
     }
     fill_topic(stack, topics["json"], records)
-    fill_avro_topic(stack, topics["avro"], records)
+    fill = fill_avro_topic if typed == "avro" else fill_protobuf_topic
+    fill(stack, topics[typed], records)
 
     def run(value_format: str) -> dict[str, Any]:
         return service_run(stack, topics[value_format], records, "insert", scratch,
                            value_format=value_format)  # fmt: skip
 
-    return {"records": records, **alternated("consumer", run, rounds, goal=">= 1.0")}
+    summary = alternated("consumer", run, rounds, goal=">= 1.0", formats=("json", typed))
+    return {"records": records, "format": typed, **summary}
 
 
 def alternated(
-    side: str, run: Callable[[str], dict[str, Any]], rounds: int, *, goal: str
+    side: str,
+    run: Callable[[str], dict[str, Any]],
+    rounds: int,
+    *,
+    goal: str,
+    formats: tuple[str, str] = FORMATS,
 ) -> dict[str, Any]:
     """One uncounted run of each format, then `rounds` rounds, JSON first in every other one:
-    each round's runs and Avro / JSON ratio of rows per second, and the medians."""
-    warm = {f: run(f) for f in FORMATS}
+    each round's runs and typed / JSON ratio of rows per second, and the medians."""
+    typed = formats[1]
+    warm = {f: run(f) for f in formats}
     print(f"{side} warm-up (not counted): "
           + ", ".join(f"{f} {r['rows_per_second']:,} rows/s" for f, r in warm.items()))  # fmt: skip
     runs: list[dict[str, Any]] = []
     for index in range(rounds):
-        order = FORMATS if index % 2 == 0 else FORMATS[::-1]
+        order = formats if index % 2 == 0 else formats[::-1]
         one: dict[str, Any] = {f: run(f) for f in order}
-        one["ratio"] = round(one["avro"]["rows_per_second"] / one["json"]["rows_per_second"], 3)
+        one["ratio"] = round(one[typed]["rows_per_second"] / one["json"]["rows_per_second"], 3)
         runs.append(one)
-        json_rate, avro_rate = one["json"]["rows_per_second"], one["avro"]["rows_per_second"]
-        print(f"{side} round {index + 1}: json {json_rate:,} rows/s, avro {avro_rate:,} "
-              f"rows/s, avro/json {one['ratio']}")  # fmt: skip
+        json_rate, typed_rate = one["json"]["rows_per_second"], one[typed]["rows_per_second"]
+        print(f"{side} round {index + 1}: json {json_rate:,} rows/s, {typed} {typed_rate:,} "
+              f"rows/s, {typed}/json {one['ratio']}")  # fmt: skip
     return {
         "rounds": runs,
         "json_rows_per_second": median(r["json"]["rows_per_second"] for r in runs),
-        "avro_rows_per_second": median(r["avro"]["rows_per_second"] for r in runs),
+        f"{typed}_rows_per_second": median(r[typed]["rows_per_second"] for r in runs),
         "ratio": median(r["ratio"] for r in runs),
         "goal": goal,
     }
@@ -206,21 +267,26 @@ def main() -> None:
     parser.add_argument("--files-per-epoch", type=int, default=2)
     parser.add_argument("--no-producer", dest="producer", action="store_false")
     parser.add_argument("--no-consumer", dest="consumer", action="store_false")
+    parser.add_argument("--format", choices=["avro", "protobuf"], default="avro",
+                        help="the consumer's typed format against JSON")  # fmt: skip
     args = parser.parse_args()
     figures: dict[str, Any] = {}
     with scratch_dir("bridge-bench-typed-") as scratch, running_stack() as stack:
         if stack.registry_url is None:
             raise SystemExit("the stack has no schema registry: `bridge stack up` again")
         if args.consumer:
-            figures["consumer"] = consumer_rounds(stack, args.records, args.rounds, scratch)
+            figures["consumer"] = consumer_rounds(
+                stack, args.records, args.rounds, scratch, args.format
+            )
         if args.producer:
             figures["producer"] = producer_rounds(
                 stack, args.records, args.rounds, args.files, args.files_per_epoch, scratch
             )
     path = write_results("typed", figures)
     for side, result in figures.items():
-        print(f"{side}: json {result['json_rows_per_second']:,} rows/s, avro "
-              f"{result['avro_rows_per_second']:,} rows/s, avro/json {result['ratio']} "
+        typed = result.get("format", "avro")
+        print(f"{side}: json {result['json_rows_per_second']:,} rows/s, {typed} "
+              f"{result[f'{typed}_rows_per_second']:,} rows/s, {typed}/json {result['ratio']} "
               f"(goal {result['goal']})")  # fmt: skip
     print(f"wrote {path}")
     print(json.dumps({side: result["ratio"] for side, result in figures.items()}))
