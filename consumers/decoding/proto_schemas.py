@@ -45,10 +45,11 @@ import re
 import subprocess
 import sys
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
+from operator import attrgetter, itemgetter
 from pathlib import Path, PurePosixPath
-from typing import Any, cast
+from typing import Any, Final, NamedTuple, cast
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
@@ -72,6 +73,17 @@ _WRAPPERS = {
     for name in ("DoubleValue", "FloatValue", "Int64Value", "UInt64Value", "Int32Value",
                  "UInt32Value", "BoolValue", "StringValue", "BytesValue")
 }  # fmt: skip
+
+
+MISSING: Final = object()  # `ProtoSchema.reader`'s value of a column the message has no field for
+
+
+class Reader(NamedTuple):
+    """`ProtoSchema.reader`'s: `read` a parsed message's values; `plain` when every one is a
+    scalar as it is or an absent value (no list or object among them)."""
+
+    read: Callable[[Message], tuple[Any, ...]]
+    plain: bool
 
 
 class ProtoError(BridgeError):
@@ -201,15 +213,82 @@ class ProtoSchema:
 
     def values(self, body: bytes, indexes: tuple[int, ...] = (0,)) -> dict[str, Any]:
         """The body as the message at `indexes`, its fields by name (see the module's rules)."""
+        return _message(self.parse(body, indexes), 0)
+
+    def parse(self, body: bytes, indexes: tuple[int, ...] = (0,)) -> Message:
+        """The body as the message at `indexes`, parsed by the protobuf runtime (in C)."""
         kind = self._classes.get(indexes)
         if kind is None:
             kind = self._classes[indexes] = message_factory.GetMessageClass(self.message(indexes))
         try:
-            parsed = kind.FromString(body)
+            return kind.FromString(body)
         except (DecodeError, RecursionError, ValueError) as exc:
             name = kind.DESCRIPTOR.full_name
             raise ProtoError(f"body does not parse as {name}: {exc or 'truncated'}") from None
-        return _message(parsed, 0)
+
+    def reader(
+        self,
+        indexes: tuple[int, ...],
+        columns: Sequence[str],
+        absent: Sequence[Any] | None = None,
+    ) -> Reader:
+        """How a parsed message (`parse`) gives the values of its fields named by `columns`,
+        in order, by the module's rules; where the message has no such field, that column's
+        `absent` value (MISSING by default). The fields that need no rule (scalars without
+        presence, not enums: most of a message) are read together in one C call; with only
+        those and absent columns, a row is two C calls."""
+        fields = self.message(indexes).fields_by_name
+        absent = tuple(absent) if absent is not None else (MISSING,) * len(columns)
+        plain = [
+            c for c in columns
+            if c in fields and fields[c].message_type is None and fields[c].enum_type is None
+            and not fields[c].is_repeated and not fields[c].has_presence
+        ]  # fmt: skip
+        if not plain:
+            read_plain: Callable[[Message], tuple[Any, ...]] = lambda _: ()  # noqa: E731
+        elif len(plain) == 1:
+            one = attrgetter(plain[0])
+            read_plain = lambda message: (one(message),)  # noqa: E731
+        else:
+            read_plain = attrgetter(*plain)
+        if len(plain) == len(columns):
+            return Reader(read_plain, plain=True)
+        where = {c: i for i, c in enumerate(plain)}
+        if all(c in where or c not in fields for c in columns):
+            # Absent columns after the plain values, then each column picked in its place.
+            missing = tuple(a for c, a in zip(columns, absent, strict=True) if c not in fields)
+            at_missing = iter(range(len(plain), len(plain) + len(missing)))
+            order = [where[c] if c in where else next(at_missing) for c in columns]
+            if len(order) == 1:  # an itemgetter of one index gives the item, not a tuple
+                return Reader(lambda message: missing, plain=True)
+            pick = itemgetter(*order)
+            return Reader(lambda message: pick(read_plain(message) + missing), plain=True)
+        parts: list[Callable[[Message, tuple[Any, ...]], Any]] = []
+        for column, value in zip(columns, absent, strict=True):
+            if column in where:
+                parts.append(_plain_at(where[column]))
+            elif column in fields:
+                parts.append(_by_rule(fields[column]))
+            else:
+                parts.append(_constant(value))
+
+        def read(message: Message) -> tuple[Any, ...]:
+            found = read_plain(message)
+            return tuple(part(message, found) for part in parts)
+
+        return Reader(read, plain=False)
+
+
+def _plain_at(at: int) -> Callable[[Message, tuple[Any, ...]], Any]:
+    return lambda _, found: found[at]
+
+
+def _by_rule(field: FieldDescriptor) -> Callable[[Message, tuple[Any, ...]], Any]:
+    return lambda message, _: _field(message, field, 0)
+
+
+def _constant(value: Any) -> Callable[[Message, tuple[Any, ...]], Any]:
+    return lambda *_: value
 
 
 def _check_depth(message: Descriptor, depth: int, path: set[str]) -> None:

@@ -13,7 +13,7 @@ from google.protobuf import descriptor_pb2, message_factory, timestamp_pb2
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from consumers.decoding.proto_schemas import ProtoError, ProtoSchema, read_indexes
+from consumers.decoding.proto_schemas import MISSING, ProtoError, ProtoSchema, read_indexes
 
 F = descriptor_pb2.FieldDescriptorProto
 SCALARS = {
@@ -131,4 +131,11 @@ def _expected(values: dict[str, Any]) -> dict[str, Any]:
 @given(records())
 def test_what_the_library_encodes_reads_back_as_its_values(values: dict[str, Any]) -> None:
     body = _encoded(values).SerializeToString()
-    assert SCHEMA.values(body) == _expected(values)
+    expected = _expected(values)
+    assert SCHEMA.values(body) == expected
+    # The column-wise reader the routes use gives the same, plain columns read in one call.
+    plain = ["not_a_field", *SCALARS, "nor_this"]
+    for columns in (list(SCALARS), plain, [*expected, "not_a_field"], ["not_a_field"]):
+        reading = SCHEMA.reader((0,), columns)
+        assert reading.plain == (columns != [*expected, "not_a_field"])
+        assert reading.read(SCHEMA.parse(body)) == tuple(expected.get(c, MISSING) for c in columns)
