@@ -215,6 +215,17 @@ def _close(clients: list[Any]) -> int:
 
 
 @pytest.fixture
+def registry_process(stack: Endpoints) -> Iterator[Any]:
+    """The local stack's registry process, started again after the test whatever happened."""
+    if stack.registry is None:
+        pytest.skip("needs the local stack's registry process to kill it")
+    yield stack.registry
+    if not stack.registry.running():
+        stack.registry.start()
+        stack.registry.wait_ready(120)
+
+
+@pytest.fixture
 def registry_url(stack: Endpoints) -> str:
     """The stack's schema registry (its Confluent-compatible API)."""
     if stack.registry_url is None:

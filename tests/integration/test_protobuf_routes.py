@@ -16,7 +16,7 @@ from google.protobuf import message_factory
 from bridge.errors import ConfigError
 from bridge.kafka_admin import create_topic
 from consumers.decoding.proto_schemas import ProtoSchema, compile_schema
-from tests.consumer_helpers import drained, produce, running, settings_for, sql
+from tests.consumer_helpers import drained, eventually, produce, running, settings_for, sql
 from tests.harness import Endpoints
 
 COMMON = """syntax = "proto3";
@@ -117,6 +117,36 @@ def test_a_protobuf_route_lands_every_value_exactly_and_dead_letters_what_it_can
     errors = " | ".join(e for (e,) in dead)
     assert f"does not decode by schema id {schema_id}: body does not parse as shop.Order" in errors
     assert f"schema id {2**31 - 1} is not in the registry" in errors
+
+
+def test_a_registry_outage_holds_protobuf_values_and_dead_letters_none(
+    stack: Endpoints,
+    names: dict[str, str],
+    registry_url: str,
+    registry_process: Any,
+    order_schema: tuple[int, Any],
+) -> None:
+    """A schema id the member has not fetched, with the registry gone: the values wait, said on
+    /readyz, never dead-lettered, and land once it is back (nothing produced after)."""
+    schema_id, order = order_schema
+    table = f"public.{names['table']}"
+    sql(stack, TABLE.format(table=table))
+    create_topic(stack.bootstrap_servers, names["topic"], partitions=PARTITIONS)
+    values = [(None, _framed(schema_id, order(id=i).SerializeToString())) for i in range(10)]
+    produce(stack, names["topic"], values)
+    registry_process.kill()
+    settings = settings_for(stack, names, registry_url=registry_url, value_format="protobuf",
+                            table=table)  # fmt: skip
+    with running(settings) as service:
+        eventually(lambda: any("schema registry unavailable" in r for r in service.not_ready()),
+                   timeout=60)  # fmt: skip
+        assert sql(stack, f"SELECT count(*) FROM {table}") == [(0,)]
+        registry_process.start()
+        registry_process.wait_ready(120)
+        drained(stack, names, PARTITIONS, timeout=120)
+        eventually(lambda: not any("registry" in r for r in service.not_ready()), timeout=30)
+    assert sql(stack, f"SELECT count(*), count(DISTINCT id) FROM {table}") == [(10, 10)]
+    assert sql(stack, f"SELECT count(*) FROM {names['schema']}.dead_letters") == [(0,)]
 
 
 def test_a_protobuf_route_cannot_create_or_evolve_its_table_yet(

@@ -299,17 +299,6 @@ def test_a_struct_value_without_encoding_is_refused_before_the_query_starts(
         writer.start().awaitTermination()
 
 
-@pytest.fixture
-def registry_process(stack: Endpoints) -> Iterator[Any]:
-    """The local stack's registry process, started again after the test whatever happened."""
-    if stack.registry is None:
-        pytest.skip("needs the local stack's registry process to kill it")
-    yield stack.registry
-    if not stack.registry.running():
-        stack.registry.start()
-        stack.registry.wait_ready(120)
-
-
 def test_the_registry_killed_and_restarted_under_both_sides_loses_and_doubles_nothing(
     spark: Any,
     stack: Endpoints,
