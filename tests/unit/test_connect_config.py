@@ -20,6 +20,7 @@ BASE = {
     "tasks.max": "2",
 }
 AVRO = "io.confluent.connect.avro.AvroConverter"
+PROTOBUF = "io.confluent.connect.protobuf.ProtobufConverter"
 
 
 @pytest.mark.parametrize(
@@ -53,6 +54,8 @@ AVRO = "io.confluent.connect.avro.AvroConverter"
           "auto.create": "true", "auto.evolve": "true"},
          {"value_format": "avro", "key_format": "avro", "key_source": "record_key",
           "auto_create": True, "auto_evolve": True}),
+        ({"value.converter": PROTOBUF, "value.converter.schema.registry.url": "http://r:8081"},
+         {"value_format": "protobuf"}),
     ],
 )  # fmt: skip
 def test_each_row_of_the_connect_table_translates_to_a_route_the_settings_take(
@@ -76,6 +79,18 @@ def test_every_key_that_cannot_be_translated_is_refused_at_once() -> None:
     keys = [key for key, _ in refused.value.problems]
     assert keys == ["insert.mode", "pk.fields", "value.converter", "transforms.t.type",
                     "behavior.on.null.values"], refused.value.problems  # fmt: skip
+
+
+def test_protobuf_keys_and_tables_following_protobuf_are_refused_naming_why() -> None:
+    registry = "http://r:8081"
+    with pytest.raises(ConfigError) as refused:
+        translate({**BASE, "value.converter": PROTOBUF,
+                   "value.converter.schema.registry.url": registry,
+                   "key.converter": PROTOBUF, "key.converter.schema.registry.url": registry,
+                   "auto.create": "true"})  # fmt: skip
+    problems = dict(refused.value.problems)
+    assert "Protobuf keys are not read yet" in problems["key.converter"]
+    assert "do not follow Protobuf schemas yet" in problems["auto.create"]
 
 
 def test_a_properties_file_and_the_rest_apis_json_read_alike(tmp_path: Path) -> None:
