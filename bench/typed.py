@@ -131,7 +131,7 @@ def fill_protobuf_topic(stack: Endpoints, topic: str, records: int) -> None:
     new_topic(stack, topic, partitions=PARTITIONS)
     with SchemaRegistryClient({"url": stack.registry_url}) as client:
         schema_id = client.register_schema(f"{topic}-value", Schema(ORDER_PROTO, "PROTOBUF"))
-    header = b"\x00" + schema_id.to_bytes(4, "big") + b"\x00"  # message indexes: [0]
+    header: bytes = b"\x00" + schema_id.to_bytes(4, "big") + b"\x00"  # message indexes: [0]
     order = message_factory.GetMessageClass(
         ProtoSchema(compile_schema(ORDER_PROTO, {})).message((0,))
     )

@@ -297,7 +297,7 @@ class RouteSettings(_Section):
     key_source: Literal["value", "record_key", "kafka"] = "value"
     # How record keys are written, where they are read (record_key, a tombstone's delete): JSON
     # or text, or framed by the schema registry as values are (value_format).
-    key_format: Literal["json", "avro", "json-schema"] = "json"
+    key_format: Literal["json", "avro", "json-schema", "protobuf"] = "json"
     fields: FieldSettings = Field(default_factory=FieldSettings)
     # per-partition: each batch's records are visible once it commits, partition by partition.
     # whole: a Spark epoch's records (sink option epochs=whole) wait in the state schema and are
@@ -387,7 +387,9 @@ class RouteSettings(_Section):
                 "auto_create and auto_evolve need value_format avro or json-schema: the table "
                 "follows the records' writer schemas (a plain JSON route's table is its contract)"
             )
-        if self.value_format == "protobuf" and (self.auto_create or self.auto_evolve):
+        if "protobuf" in (self.value_format, self.key_format) and (
+            self.auto_create or self.auto_evolve
+        ):
             raise ValueError(
                 "auto_create and auto_evolve do not follow Protobuf schemas yet: create the "
                 "table (docs/typed-records.md, Protobuf)"

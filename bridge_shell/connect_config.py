@@ -295,10 +295,6 @@ def _formats(keys: _Keys, notes: list[str]) -> tuple[dict[str, str], dict[str, A
         if chosen is None:
             keys.refuse(prefix, f"{converter} has no bridge format")
             continue
-        if chosen == "protobuf" and side == "key":
-            keys.refuse(prefix, "Protobuf keys are not read yet: key the records with JSON, "
-                        "Avro or JSON Schema, or take the key from the value")  # fmt: skip
-            continue
         if converter.endswith("JsonConverter"):
             enabled = (keys.get(f"{prefix}.schemas.enable", "true") or "true").lower()
             if enabled == "true":

@@ -1,5 +1,5 @@
 """A record's key read as key columns: JSON or text as it is, or framed by the schema registry
-(Avro, JSON Schema) and decoded by its writer schema.
+(Avro, JSON Schema, Protobuf) and decoded by its writer schema.
 
 Keys are read one record at a time (a route's tombstones, and `key_source: record_key`): a key
 is a handful of bytes, and fastavro's reader serves; the C reader is for values."""
@@ -13,9 +13,19 @@ from typing import Any
 import fastavro
 
 from bridge.settings import RouteSettings
+from consumers.decoding.proto_schemas import ProtoError, read_indexes
 from consumers.decoding.records import RecordError
-from consumers.decoding.registry_schemas import AVRO, HEADER, SchemaCache, schema_id
+from consumers.decoding.registry_schemas import (
+    AVRO,
+    HEADER,
+    JSON,
+    PROTOBUF,
+    SchemaCache,
+    schema_id,
+)
 from consumers.decoding.rows import decode_key, key_columns_of
+
+_KINDS = {"avro": AVRO, "json-schema": JSON, "protobuf": PROTOBUF}  # key_format's registry type
 
 
 class KeyReader:
@@ -57,11 +67,17 @@ class KeyReader:
         if schema is None:  # `prepare` was not called for it: a bug, not the record's
             raise KeyError(f"key schema id {writer} was not fetched before decoding")
         kind = self._schemas.types[writer]
-        if (kind == AVRO) != (self._format == "avro"):
+        if kind != _KINDS[self._format]:
             raise RecordError(f"key: schema id {writer} is {kind}, the route reads {self._format}")
         body = raw[HEADER:]
-        if kind != AVRO:
+        if kind == JSON:
             return decode_key(body, self._columns)
+        if kind == PROTOBUF:
+            try:
+                indexes, at = read_indexes(raw, HEADER)
+                return key_columns_of(schema.values(raw[at:], indexes), self._columns)
+            except ProtoError as exc:
+                raise RecordError(f"key does not decode by schema id {writer}: {exc}") from None
         try:
             reader = io.BytesIO(body)
             parsed = fastavro.schemaless_reader(reader, schema, None)

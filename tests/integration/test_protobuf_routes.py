@@ -149,6 +149,41 @@ def test_a_registry_outage_holds_protobuf_values_and_dead_letters_none(
     assert sql(stack, f"SELECT count(*) FROM {names['schema']}.dead_letters") == [(0,)]
 
 
+KEY = """syntax = "proto3";
+package shop;
+message OrderKey { int64 id = 1; }
+"""
+
+
+def test_protobuf_keys_upsert_by_the_key_and_a_tombstone_deletes_by_it(
+    stack: Endpoints, names: dict[str, str], registry_url: str, order_schema: tuple[int, Any]
+) -> None:
+    schema_id, order = order_schema
+    with SchemaRegistryClient({"url": registry_url}) as client:
+        key_id = client.register_schema(f"{names['topic']}-key", Schema(KEY, "PROTOBUF"))
+    key = message_factory.GetMessageClass(ProtoSchema(compile_schema(KEY, {})).message((0,)))
+    table = f"public.{names['table']}"
+    sql(stack, TABLE.format(table=table))
+    create_topic(stack.bootstrap_servers, names["topic"], partitions=PARTITIONS)
+
+    def keyed(i: int) -> bytes:
+        return _framed(key_id, key(id=i).SerializeToString())
+
+    produce(stack, names["topic"], [
+        (keyed(1), _framed(schema_id, order(id=1, note="first").SerializeToString())),
+        (keyed(2), _framed(schema_id, order(id=2, note="kept").SerializeToString())),
+        (keyed(1), _framed(schema_id, order(id=1, note="second").SerializeToString())),
+        (keyed(2), None),  # a tombstone: deletes by the Protobuf key
+        (keyed(3), _framed(schema_id, order(id=3).SerializeToString())),
+    ])  # fmt: skip
+    settings = settings_for(stack, names, registry_url=registry_url, value_format="protobuf",
+                            key_format="protobuf", key_source="record_key", key_columns=["id"],
+                            mode="upsert", table=table)  # fmt: skip
+    with running(settings):
+        drained(stack, names, PARTITIONS)
+    assert sql(stack, f"SELECT id, note FROM {table} ORDER BY id") == [(1, "second"), (3, None)]
+
+
 def test_a_protobuf_route_cannot_create_or_evolve_its_table_yet(
     stack: Endpoints, names: dict[str, str], registry_url: str
 ) -> None:

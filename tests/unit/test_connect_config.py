@@ -54,8 +54,10 @@ PROTOBUF = "io.confluent.connect.protobuf.ProtobufConverter"
           "auto.create": "true", "auto.evolve": "true"},
          {"value_format": "avro", "key_format": "avro", "key_source": "record_key",
           "auto_create": True, "auto_evolve": True}),
-        ({"value.converter": PROTOBUF, "value.converter.schema.registry.url": "http://r:8081"},
-         {"value_format": "protobuf"}),
+        ({"value.converter": PROTOBUF, "value.converter.schema.registry.url": "http://r:8081",
+          "key.converter": PROTOBUF, "key.converter.schema.registry.url": "http://r:8081",
+          "insert.mode": "upsert", "pk.mode": "record_key", "pk.fields": "id"},
+         {"value_format": "protobuf", "key_format": "protobuf", "key_source": "record_key"}),
     ],
 )  # fmt: skip
 def test_each_row_of_the_connect_table_translates_to_a_route_the_settings_take(
@@ -81,16 +83,12 @@ def test_every_key_that_cannot_be_translated_is_refused_at_once() -> None:
                     "behavior.on.null.values"], refused.value.problems  # fmt: skip
 
 
-def test_protobuf_keys_and_tables_following_protobuf_are_refused_naming_why() -> None:
-    registry = "http://r:8081"
+def test_a_table_following_protobuf_is_refused_naming_why() -> None:
     with pytest.raises(ConfigError) as refused:
         translate({**BASE, "value.converter": PROTOBUF,
-                   "value.converter.schema.registry.url": registry,
-                   "key.converter": PROTOBUF, "key.converter.schema.registry.url": registry,
+                   "value.converter.schema.registry.url": "http://r:8081",
                    "auto.create": "true"})  # fmt: skip
-    problems = dict(refused.value.problems)
-    assert "Protobuf keys are not read yet" in problems["key.converter"]
-    assert "do not follow Protobuf schemas yet" in problems["auto.create"]
+    assert "do not follow Protobuf schemas yet" in dict(refused.value.problems)["auto.create"]
 
 
 def test_a_properties_file_and_the_rest_apis_json_read_alike(tmp_path: Path) -> None:
