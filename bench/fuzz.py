@@ -1,4 +1,5 @@
-"""The C Avro reader under AddressSanitizer and UndefinedBehaviorSanitizer, fuzzed for longer.
+"""The C Avro reader under AddressSanitizer and UndefinedBehaviorSanitizer, fuzzed for longer;
+or, with `--protobuf`, the Protobuf reader.
 
 `python -m bench.fuzz --examples 20000` (also `make fuzz`) builds `consumers/decoding/_avro_body.c`
 with `-fsanitize=address,undefined` into a copy of the `consumers` package in a scratch directory,
@@ -8,6 +9,10 @@ the hostile-schema reproducers and the reader's own tests. Python allocates with
 (PYTHONMALLOC=malloc) so that ASan sees every object the reader touches; any sanitizer report ends
 the run. Writes `bench/results/fuzz-<time>.json`: examples, seconds, tests passed, and every
 sanitizer report found (none, when all is well).
+
+`python -m bench.fuzz --protobuf --examples 20000` runs the Protobuf reader's differential fuzz
+(tests/unit/test_proto_fuzz.py) and its row tests with that many fresh examples a property. Its C
+is the protobuf runtime's, not ours, so nothing is rebuilt under the sanitizers.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from bench.common import scratch_dir, write_results
 ROOT = Path(__file__).parents[1]
 TESTS = ["tests/unit/test_avro_fuzz.py", "tests/unit/test_avro_hostile.py",
          "tests/unit/test_avro_body.py"]  # fmt: skip
+PROTOBUF_TESTS = ["tests/unit/test_proto_fuzz.py", "tests/unit/test_proto_rows.py"]
 SANITIZE = "-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
 _REPORT = re.compile(r"(ERROR: AddressSanitizer|runtime error:|ERROR: LeakSanitizer)[^\n]*")
 
@@ -70,10 +76,42 @@ def sanitized_env(tree: Path, examples: int) -> dict[str, str]:
     }
 
 
+def protobuf(examples: int) -> None:
+    """The Protobuf reader's fuzz, `examples` fresh ones a property."""
+    env = {**os.environ, "BRIDGE_FUZZ_EXAMPLES": str(examples), "BRIDGE_FUZZ_RANDOM": "1"}
+    started = time.monotonic()
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--timeout=0",
+         "--hypothesis-show-statistics", *PROTOBUF_TESTS],
+        cwd=ROOT, env=env, capture_output=True, text=True,
+    )  # fmt: skip
+    seconds = time.monotonic() - started
+    output = run.stdout + run.stderr
+    passed = re.search(r"(\d+) passed", output)
+    figures = {
+        "reader": "protobuf",
+        "examples_per_property": examples,
+        "seconds": round(seconds, 1),
+        "exit_code": run.returncode,
+        "tests_passed": int(passed.group(1)) if passed else 0,
+        "tail": output[-4000:] if run.returncode else "",
+    }
+    path = write_results("fuzz-protobuf", figures)
+    print(output[-3000:])
+    print(f"{examples} examples per property (Protobuf): {seconds:.0f} s, exit "
+          f"{run.returncode}; {path}")  # fmt: skip
+    if run.returncode:
+        raise SystemExit(1)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--examples", type=int, default=20_000, help="examples per property")
+    parser.add_argument("--protobuf", action="store_true", help="the Protobuf reader instead")
     args = parser.parse_args()
+    if args.protobuf:
+        protobuf(args.examples)
+        return
     with scratch_dir("bridge-fuzz-") as scratch:
         tree = build(scratch)
         env = sanitized_env(tree, args.examples)

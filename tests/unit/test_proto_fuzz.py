@@ -6,6 +6,7 @@ those values, by the module's rules. The schema is built as descriptors here (no
 
 from __future__ import annotations
 
+import os
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -65,9 +66,19 @@ def _schema() -> ProtoSchema:
 
 SCHEMA = _schema()
 REC: Any = message_factory.GetMessageClass(SCHEMA.message((0,)))
+# `make test` runs a few hundred examples a property, the same on every machine;
+# `python -m bench.fuzz --protobuf` runs many more, fresh (BRIDGE_FUZZ_EXAMPLES, _RANDOM).
+EXAMPLES = int(os.environ.get("BRIDGE_FUZZ_EXAMPLES", "400"))
+FUZZ = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+    database=None,
+    derandomize=os.environ.get("BRIDGE_FUZZ_RANDOM") is None,
+)
 
 
-@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+@FUZZ
 @given(st.binary(max_size=200), st.lists(st.integers(0, 3), min_size=1, max_size=3))
 def test_any_body_and_any_path_give_values_or_a_proto_error(body: bytes, path: list[int]) -> None:
     try:
@@ -77,7 +88,7 @@ def test_any_body_and_any_path_give_values_or_a_proto_error(body: bytes, path: l
     assert isinstance(found, dict)
 
 
-@settings(max_examples=400)
+@FUZZ
 @given(st.binary(max_size=30))
 def test_any_framing_gives_indexes_or_a_proto_error(raw: bytes) -> None:
     try:
@@ -127,7 +138,7 @@ def _expected(values: dict[str, Any]) -> dict[str, Any]:
     return expected
 
 
-@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@FUZZ
 @given(records())
 def test_what_the_library_encodes_reads_back_as_its_values(values: dict[str, Any]) -> None:
     body = _encoded(values).SerializeToString()
