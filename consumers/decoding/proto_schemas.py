@@ -139,15 +139,21 @@ def compile_schema(text: str, references: Mapping[str, str]) -> bytes:
     with tempfile.TemporaryDirectory(prefix="bridge-proto-") as scratch:
         root = Path(scratch) / "in"
         for name, body in {**references, _MAIN: text}.items():
+            try:
+                encoded = body.encode("utf-8")  # JSON's text may hold a lone surrogate
+            except UnicodeEncodeError as exc:  # its message would carry the character
+                raise ProtoError(f"schema: {name} is not text protoc can read (a lone "
+                                 f"surrogate at character {exc.start})") from None  # fmt: skip
             (root / name).parent.mkdir(parents=True, exist_ok=True)
-            (root / name).write_text(body, encoding="utf-8")
+            (root / name).write_bytes(encoded)
         out = Path(scratch) / "set.pb"
         arguments = ["protoc", f"-I{root}", f"-I{_WELL_KNOWN_DIR}", "--include_imports",
                      f"--descriptor_set_out={out}", str(root / _MAIN)]  # fmt: skip
         try:
             done = subprocess.run(  # noqa: S603 - our interpreter; the schema only as files
                 [sys.executable, "-c", _PROTOC, str(_COMPILE_MEMORY), *arguments],
-                capture_output=True, text=True, check=False, timeout=_COMPILE_TIMEOUT_S,
+                capture_output=True, encoding="utf-8", errors="replace", check=False,
+                timeout=_COMPILE_TIMEOUT_S,
                 env={"PATH": os.environ.get("PATH", "")},
             )  # fmt: skip
         except subprocess.TimeoutExpired:

@@ -166,6 +166,8 @@ def test_a_schema_that_does_not_compile_says_what_protoc_says() -> None:
         compile_schema(ORDER, {"../etc/passwd": COMMON})
     with pytest.raises(ProtoError, match=r"more than"):
         compile_schema("//" + "x" * 1024**2, {})
+    with pytest.raises(ProtoError, match=r"is not text protoc can read"):
+        compile_schema('syntax = "proto3";\n// \ud800\nmessage A {}\n', {})
     with pytest.raises(ProtoError, match=r"defines no message"):
         ProtoSchema(compile_schema('syntax = "proto3";\nenum E { A = 0; }\n', {}))
 
