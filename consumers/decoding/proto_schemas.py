@@ -359,5 +359,8 @@ def _single(value: Any, field: FieldDescriptor, depth: int) -> Any:
         if name in _WRAPPERS:
             return value.value
         if name in (f"{_WELL_KNOWN}Struct", f"{_WELL_KNOWN}Value", f"{_WELL_KNOWN}ListValue"):
-            return MessageToDict(value)
+            try:
+                return MessageToDict(value)
+            except (ValueError, RecursionError) as exc:  # NaN and infinities are not JSON
+                raise ProtoError(f"value: field {field.full_name}: {exc}") from None
     return _message(value, depth + 1)

@@ -157,6 +157,10 @@ def test_message_indexes_choose_the_message_nested_ones_by_path(schema: ProtoSch
 def test_a_body_that_does_not_parse_is_named(schema: ProtoSchema) -> None:
     with pytest.raises(ProtoError, match=r"body does not parse as shop.Order"):
         schema.values(b"\x0a\xff\xff")  # field 1 as length-delimited, its length past the end
+    order = classes(schema, (0,))()
+    order.extra.update({"n": float("nan")})  # a Struct's number that JSON cannot hold
+    with pytest.raises(ProtoError, match=r"field shop.Order.extra: Fail to serialize NaN"):
+        schema.values(order.SerializeToString())
 
 
 def test_a_schema_that_does_not_compile_says_what_protoc_says() -> None:
