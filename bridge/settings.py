@@ -384,15 +384,9 @@ class RouteSettings(_Section):
     def _following_needs_a_schema(self) -> RouteSettings:
         if self.value_format == "json" and (self.auto_create or self.auto_evolve):
             raise ValueError(
-                "auto_create and auto_evolve need value_format avro or json-schema: the table "
-                "follows the records' writer schemas (a plain JSON route's table is its contract)"
-            )
-        if "protobuf" in (self.value_format, self.key_format) and (
-            self.auto_create or self.auto_evolve
-        ):
-            raise ValueError(
-                "auto_create and auto_evolve do not follow Protobuf schemas yet: create the "
-                "table (docs/typed-records.md, Protobuf)"
+                "auto_create and auto_evolve need value_format avro, json-schema or protobuf: "
+                "the table follows the records' writer schemas (a plain JSON route's table is "
+                "its contract)"
             )
         if self.auto_create and self.key_source == "kafka":
             raise ValueError(
@@ -401,8 +395,9 @@ class RouteSettings(_Section):
             )
         if self.auto_create and self.key_source == "record_key" and self.key_format == "json":
             raise ValueError(
-                "key_source 'record_key' with auto_create needs key_format avro or json-schema: "
-                "the key columns' types come from the keys' writer schemas (a JSON key has none)"
+                "key_source 'record_key' with auto_create needs key_format avro, json-schema or "
+                "protobuf: the key columns' types come from the keys' writer schemas (a JSON "
+                "key has none)"
             )
         if self.auto_create and self.metadata:
             raise ValueError(

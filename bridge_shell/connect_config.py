@@ -358,12 +358,10 @@ def _evolution(keys: _Keys, debezium: bool, formats: dict[str, str]) -> dict[str
             if (keys.get(name, "false") or "false").lower() == "true"
         }
         where = "auto.create" if "auto_create" in wanted else "auto.evolve"
-    if wanted and formats.get("value_format") == "protobuf":
-        keys.refuse(where, "tables do not follow Protobuf schemas yet: create the table, and "
-                    "set it false")  # fmt: skip
-    elif wanted and formats.get("value_format") not in ("avro", "json-schema"):
+    if wanted and formats.get("value_format") not in ("avro", "json-schema", "protobuf"):
         keys.refuse(where, "a table that follows its records needs their writer schemas: "
-                    "AvroConverter or JsonSchemaConverter through a registry")  # fmt: skip
+                    "AvroConverter, JsonSchemaConverter or ProtobufConverter through a "
+                    "registry")  # fmt: skip
     return wanted
 
 

@@ -2,7 +2,8 @@
 
 Before a batch is planned, each writer schema its records name that the table has not been checked
 against is compared with the table's columns (`consumers.tables.table_types` maps an Avro
-record's fields, `consumers.tables.json_schema_types` a JSON Schema's properties):
+record's fields, `consumers.tables.json_schema_types` a JSON Schema's properties,
+`consumers.tables.proto_types` the fields of the Protobuf message the records' indexes name):
 
 - no table, with `auto_create`: `CREATE TABLE` from the schema, the route's key columns as its
   primary key;
@@ -23,6 +24,7 @@ without a column, by another member meanwhile) is refused as a whole, and the ta
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -36,9 +38,11 @@ from sqlalchemy import Engine
 from bridge.errors import BridgeError, ConfigError, PermissionMissing
 from bridge.settings import RouteSettings
 from bridge.topic_patterns import split_table
+from consumers.decoding.proto_schemas import ProtoError, ProtoSchema, read_indexes
 from consumers.decoding.registry_schemas import AVRO, JSON, SchemaCache, schema_id
 from consumers.tables.applier import Step
 from consumers.tables.json_schema_types import json_schema_columns
+from consumers.tables.proto_types import proto_columns
 from consumers.tables.table_types import FieldColumn, field_columns
 from consumers.tables.targets import Target, reflect_target
 
@@ -156,7 +160,7 @@ def _element_kind(array_type: str) -> str:
         return "N"
     if element.startswith(("date", "time")):
         return "D"
-    return {"boolean": "B", "text": "S", "bytea": "U", "uuid": "U"}[element]
+    return {"boolean": "B", "text": "S", "bytea": "U", "uuid": "U", "interval": "T"}[element]
 
 
 def follow_table(
@@ -286,7 +290,7 @@ class TableFollower:
             self._read_again()
         writers = {i for i in map(schema_id, set(map(_head, values))) if i is not None}
         for writer in sorted(writers - self._checked):
-            fields = self._fields_of(writer, self.route.value_format)
+            fields = self._fields_of(writer, self.route.value_format, values)
             if fields is None:
                 continue  # its records are dead letters naming why (consumers.decoding)
             try:
@@ -341,7 +345,7 @@ class TableFollower:
             return
         for writer in sorted({i for i in map(schema_id, set(map(_head, keys))) if i is not None}):
             schema = self._schemas.schemas.get(writer)
-            fields = self._fields_of(writer, self.route.key_format)
+            fields = self._fields_of(writer, self.route.key_format, keys)
             one, kind = len(self.route.key_columns) == 1, self._format_of(writer)
             if fields is not None:
                 found = {f.name: f for f in fields}
@@ -364,10 +368,13 @@ class TableFollower:
     def _format_of(self, writer: int) -> str | None:
         return self._schemas.types.get(writer) if writer in self._schemas.schemas else None
 
-    def _fields_of(self, writer: int, wire_format: str) -> list[FieldColumn] | None:
+    def _fields_of(
+        self, writer: int, wire_format: str, raws: Sequence[bytes]
+    ) -> list[FieldColumn] | None:
         """A writer schema's fields as columns: an Avro record's on an avro route, a JSON
-        Schema object's on a json-schema one; None for any other (its records are not rows of
-        this table)."""
+        Schema object's on a json-schema one, on a protobuf one the fields of the messages
+        `raws` (those of `writer`) are; None for any other (its records are not rows of this
+        table)."""
         schema = self._schemas.schemas.get(writer)
         kind = self._format_of(writer)
         if wire_format == "avro" and kind == AVRO:
@@ -375,6 +382,8 @@ class TableFollower:
                 return field_columns(schema)
         elif wire_format == "json-schema" and kind == JSON:
             return json_schema_columns(schema)
+        elif wire_format == "protobuf" and isinstance(schema, ProtoSchema):
+            return _message_columns(schema, writer, raws)
         return None
 
     def _take(self, writer: int, fields: list[FieldColumn]) -> None:
@@ -487,3 +496,26 @@ def _column(field: FieldColumn, *, not_null: bool) -> TableColumn:
 
 def _head(value: bytes) -> bytes:
     return value[:5]
+
+
+def _message_columns(
+    schema: ProtoSchema, writer: int, raws: Sequence[bytes]
+) -> list[FieldColumn] | None:
+    """The columns of the messages of `schema` that the values of `writer` among `raws` are
+    (their message indexes choose them: most often the first message alone), each field once;
+    None when none of them names a message the schema has (they are dead letters, naming why)."""
+    head = writer.to_bytes(4, "big")
+    paths: set[tuple[int, ...]] = set()
+    for raw in raws:
+        if raw is not None and raw[1:5] == head:
+            with contextlib.suppress(ProtoError):
+                paths.add(read_indexes(raw, 5)[0])
+    columns: dict[str, FieldColumn] = {}
+    for path in sorted(paths):
+        try:
+            message = schema.message(path)
+        except ProtoError:
+            continue
+        for column in proto_columns(message):
+            columns.setdefault(column.name, column)
+    return list(columns.values()) if columns else None

@@ -13,7 +13,6 @@ import pytest
 from confluent_kafka.schema_registry import Schema, SchemaReference, SchemaRegistryClient
 from google.protobuf import message_factory
 
-from bridge.errors import ConfigError
 from bridge.kafka_admin import create_topic
 from consumers.decoding.proto_schemas import ProtoSchema, compile_schema
 from tests.consumer_helpers import drained, eventually, produce, running, settings_for, sql
@@ -184,9 +183,73 @@ def test_protobuf_keys_upsert_by_the_key_and_a_tombstone_deletes_by_it(
     assert sql(stack, f"SELECT id, note FROM {table} ORDER BY id") == [(1, "second"), (3, None)]
 
 
-def test_a_protobuf_route_cannot_create_or_evolve_its_table_yet(
-    stack: Endpoints, names: dict[str, str], registry_url: str
+ORDER_V2 = ORDER.replace("\n}\n", "\n  optional string region = 17;\n}\n")
+CREATED = {
+    "id": "bigint", "at": "timestamp with time zone", "big": "numeric(20,0)", "small": "integer",
+    "note": "text", "status": "text", "tags": "text[]", "attrs": "jsonb", "price": "jsonb",
+    "took": "interval", "boxed": "bigint", "blob": "bytea", "ratio": "double precision",
+    "flag": "boolean", "card": "text", "cash": "bigint",
+}  # fmt: skip
+
+
+def test_a_protobuf_route_creates_its_table_and_gains_a_column_mid_stream(
+    stack: Endpoints, names: dict[str, str], registry_url: str, order_schema: tuple[int, Any]
 ) -> None:
-    with pytest.raises(ConfigError, match="do not follow Protobuf schemas yet"):
-        settings_for(stack, names, registry_url=registry_url, value_format="protobuf",
-                     auto_create=True)  # fmt: skip
+    """auto_create from the message the records name (a reference's type among its fields),
+    auto_evolve with a field a later schema adds; the values land as on a table made by hand."""
+    schema_id, order = order_schema
+    with SchemaRegistryClient({"url": registry_url}) as client:
+        reference = SchemaReference("shop/common.proto", f"{names['topic']}-common", 1)
+        v2_id = client.register_schema(
+            f"{names['topic']}-value", Schema(ORDER_V2, "PROTOBUF", [reference])
+        )
+    order_v2 = message_factory.GetMessageClass(
+        ProtoSchema(compile_schema(ORDER_V2, {"shop/common.proto": COMMON})).message((0,))
+    )
+    table = f"public.{names['table']}"
+    create_topic(stack.bootstrap_servers, names["topic"], partitions=PARTITIONS)
+    settings = settings_for(stack, names, registry_url=registry_url, value_format="protobuf",
+                            table=table, auto_create=True, auto_evolve=True, mode="upsert",
+                            key_columns=["id"])  # fmt: skip
+    try:
+        with running(settings):
+            first = order(id=1, big=2**64 - 1, note="n", status=1, tags=["a"], cash=5)
+            first.at.seconds = 1_764_000_000
+            first.took.seconds = 3
+            produce(stack, names["topic"], [
+                (None, _framed(schema_id, first.SerializeToString())),
+                (None, _framed(schema_id, order(id=2).SerializeToString())),
+            ])  # fmt: skip
+            drained(stack, names, PARTITIONS)
+            assert _columns(stack, table) == CREATED
+            produce(stack, names["topic"], [
+                (None, _framed(v2_id, order_v2(id=3, region="eu").SerializeToString())),
+                (None, _framed(schema_id, order(id=4).SerializeToString())),
+            ])  # fmt: skip
+            drained(stack, names, PARTITIONS)
+            assert _columns(stack, table) == {**CREATED, "region": "text"}
+        assert sql(stack, f"SELECT id, big, note, status, tags, cash, at, took, region, "
+                          f"small, boxed FROM {table} ORDER BY id") == [
+            (1, Decimal(2**64 - 1), "n", "PAID", ["a"], 5,
+             datetime(2025, 11, 24, 16, 0, tzinfo=UTC), timedelta(seconds=3), None, 0, None),
+            (2, Decimal(0), None, "NEW", [], None, None, None, None, 0, None),
+            (3, Decimal(0), None, "NEW", [], None, None, None, "eu", 0, None),
+            (4, Decimal(0), None, "NEW", [], None, None, None, None, 0, None),
+        ]  # fmt: skip
+        not_null = sql(stack, f"SELECT attname FROM pg_attribute WHERE attrelid = "
+                              f"'{table}'::regclass AND attnum > 0 AND attnotnull "
+                              "ORDER BY attname")  # fmt: skip
+        # The fields that are never NULL (plain scalars, repeated), and the key.
+        assert [n for (n,) in not_null] == sorted(
+            ["id", "big", "small", "status", "tags", "attrs", "blob", "ratio", "flag"]
+        )
+        assert sql(stack, f"SELECT count(*) FROM {names['schema']}.dead_letters") == [(0,)]
+    finally:
+        sql(stack, f"DROP TABLE IF EXISTS {table}")
+
+
+def _columns(stack: Endpoints, table: str) -> dict[str, str]:
+    return dict(
+        sql(stack, f"SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute "
+                   f"WHERE attrelid = '{table}'::regclass AND attnum > 0 AND NOT attisdropped")
+    )  # fmt: skip

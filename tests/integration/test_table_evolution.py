@@ -1,6 +1,7 @@
 """Tables that follow their records' writer schemas, on the real stack and registry: created from
 the first record, evolved mid-stream in the batch's own transaction (also with the consumer
-SIGKILLed in that transaction before its ALTER, inside it, and right after its commit), by two
+SIGKILLed in that transaction before its ALTER, inside it, and right after its commit, with
+Avro and with Protobuf values), by two
 members at once, and stopped, never dead-lettered, by a change a column cannot mend, until the
 table is fixed by hand."""
 
@@ -392,7 +393,9 @@ def _consuming(service: Any) -> bool:
     return bool(service._partitions.counts().get("consuming"))
 
 
-def _config(path: Path, stack: Endpoints, names: dict[str, str], url: str) -> Path:
+def _config(
+    path: Path, stack: Endpoints, names: dict[str, str], url: str, value_format: str = "avro"
+) -> Path:
     settings = {
         # A short session lets the group drop a killed member quickly.
         "kafka": {"bootstrap_servers": stack.bootstrap_servers,
@@ -404,11 +407,63 @@ def _config(path: Path, stack: Endpoints, names: dict[str, str], url: str) -> Pa
             "group_id": names["group"], "state_schema": names["schema"],
             "batch_max_wait_ms": 50,
             "routes": [{"topic": names["topic"], "table": f"public.{names['table']}",
-                        "value_format": "avro", "auto_create": True, "auto_evolve": True}],
+                        "value_format": value_format, "auto_create": True,
+                        "auto_evolve": True}],
         },
     }  # fmt: skip
     path.write_text(yaml.safe_dump(settings))
     return path
+
+
+PROTO_V1 = """syntax = "proto3";
+package test;
+import "google/protobuf/timestamp.proto";
+message Payment {
+  int64 id = 1;
+  optional string note = 2;
+  google.protobuf.Timestamp at = 3;
+  repeated string tags = 4;
+}
+"""
+# V1 and one more field, with presence: what auto_evolve adds as a column.
+PROTO_V2 = PROTO_V1.replace("\n}\n", "\n  optional string region = 5;\n}\n")
+
+
+class _Writer:
+    """Version 1 and version 2 (one more nullable field, `region`) of a value schema, in one
+    of the registry's formats: registered, and records of each produced."""
+
+    def __init__(self, value_format: str, stack: Endpoints, url: str, topic: str) -> None:
+        self.value_format, self._stack, self._topic = value_format, stack, topic
+        if value_format == "avro":
+            self._ids = _ids(stack, url, topic, V1, V2)
+            return
+        from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+        from google.protobuf import message_factory
+
+        from consumers.decoding.proto_schemas import ProtoSchema, compile_schema
+
+        with SchemaRegistryClient({"url": url, **stack.registry_properties}) as client:
+            self._ids = [client.register_schema(f"{topic}-value", Schema(text, "PROTOBUF"))
+                         for text in (PROTO_V1, PROTO_V2)]  # fmt: skip
+        self._classes = [
+            message_factory.GetMessageClass(ProtoSchema(compile_schema(text, {})).message((0,)))
+            for text in (PROTO_V1, PROTO_V2)
+        ]
+
+    def produce(self, ids: range, version: int, **more: Any) -> None:
+        schema_id = self._ids[version - 1]
+        if self.value_format == "avro":
+            _produce(self._stack, self._topic, ids, schema_id, (V1, V2)[version - 1], **more)
+            return
+        payment = self._classes[version - 1]
+        records = []
+        for i in ids:
+            message: Any = payment(id=i, note=f"n{i}", tags=["a", str(i)], **more)
+            message.at.seconds = 1_764_000_000 + i
+            body = message.SerializeToString()
+            records.append(({"id": i}, b"\x00" + schema_id.to_bytes(4, "big") + b"\x00" + body))
+        produce(self._stack, self._topic, records)
 
 
 def _alter_waiting(stack: Endpoints) -> bool:
@@ -422,12 +477,18 @@ def _blocked_by(stack: Endpoints, holder: int) -> list[str]:
     return [str(row[0]) for row in sql(stack, query)]
 
 
+@pytest.mark.parametrize("value_format", ["avro", "protobuf"])
 def test_sigkill_before_inside_and_after_the_altering_transaction_loses_nothing(
-    stack: Endpoints, names: dict[str, str], registry_url: str, table: str, tmp_path: Path
+    stack: Endpoints,
+    names: dict[str, str],
+    registry_url: str,
+    table: str,
+    tmp_path: Path,
+    value_format: str,
 ) -> None:
-    v1, v2 = _ids(stack, registry_url, names["topic"], V1, V2)
-    _produce(stack, names["topic"], range(0, 100), v1, V1)
-    config = _config(tmp_path / "bridge.yaml", stack, names, registry_url)
+    writer = _Writer(value_format, stack, registry_url, names["topic"])
+    writer.produce(range(0, 100), 1)
+    config = _config(tmp_path / "bridge.yaml", stack, names, registry_url, value_format)
     log = tmp_path / "consumer.log"
     consumer = start_consumer(config, log)
     try:
@@ -435,7 +496,7 @@ def test_sigkill_before_inside_and_after_the_altering_transaction_loses_nothing(
         # Before: the offsets rows locked by the test, so the batch that carries the change
         # waits on its offset advance, the first step of its transaction, before its ALTER,
         # and is killed there.
-        _produce(stack, names["topic"], range(100, 200), v2, V2, region="eu")
+        writer.produce(range(100, 200), 2, region="eu")
         with psycopg.connect(stack.dsn) as holder:
             offsets = f"{names['schema']}.offsets"
             holder.execute(f"SELECT 1 FROM {offsets} WHERE group_id = %s FOR UPDATE",
@@ -464,7 +525,7 @@ def test_sigkill_before_inside_and_after_the_altering_transaction_loses_nothing(
         eventually(lambda: "region" in _columns(stack, table), timeout=60)
         consumer.send_signal(signal.SIGKILL)
         consumer.wait(30)
-        _produce(stack, names["topic"], range(200, 300), v2, V2, region="us")
+        writer.produce(range(200, 300), 2, region="us")
         consumer = start_consumer(config, log)
         drained(stack, names, PARTITIONS, timeout=90)
     finally:

@@ -56,8 +56,10 @@ PROTOBUF = "io.confluent.connect.protobuf.ProtobufConverter"
           "auto_create": True, "auto_evolve": True}),
         ({"value.converter": PROTOBUF, "value.converter.schema.registry.url": "http://r:8081",
           "key.converter": PROTOBUF, "key.converter.schema.registry.url": "http://r:8081",
-          "insert.mode": "upsert", "pk.mode": "record_key", "pk.fields": "id"},
-         {"value_format": "protobuf", "key_format": "protobuf", "key_source": "record_key"}),
+          "insert.mode": "upsert", "pk.mode": "record_key", "pk.fields": "id",
+          "auto.create": "true", "auto.evolve": "true"},
+         {"value_format": "protobuf", "key_format": "protobuf", "key_source": "record_key",
+          "auto_create": True, "auto_evolve": True}),
     ],
 )  # fmt: skip
 def test_each_row_of_the_connect_table_translates_to_a_route_the_settings_take(
@@ -81,14 +83,6 @@ def test_every_key_that_cannot_be_translated_is_refused_at_once() -> None:
     keys = [key for key, _ in refused.value.problems]
     assert keys == ["insert.mode", "pk.fields", "value.converter", "transforms.t.type",
                     "behavior.on.null.values"], refused.value.problems  # fmt: skip
-
-
-def test_a_table_following_protobuf_is_refused_naming_why() -> None:
-    with pytest.raises(ConfigError) as refused:
-        translate({**BASE, "value.converter": PROTOBUF,
-                   "value.converter.schema.registry.url": "http://r:8081",
-                   "auto.create": "true"})  # fmt: skip
-    assert "do not follow Protobuf schemas yet" in dict(refused.value.problems)["auto.create"]
 
 
 def test_a_properties_file_and_the_rest_apis_json_read_alike(tmp_path: Path) -> None:

@@ -171,9 +171,9 @@ def test_a_key_the_schema_lacks_is_a_mismatch(cache: SchemaCache) -> None:
         follower.follow(_values(cache, 4, keyless))
 
 
-def test_following_a_table_needs_avro() -> None:
+def test_following_a_table_needs_a_registry_format() -> None:
     route = {"topic": "t", "table": "t", "auto_create": True}
-    with pytest.raises(ConfigError, match="need value_format avro or json-schema"):
+    with pytest.raises(ConfigError, match="need value_format avro, json-schema or protobuf"):
         load_settings(
             kafka={"bootstrap_servers": "k:9092"}, postgres={"dsn": "postgresql://x@h/db"},
             consumer={"group_id": "g", "routes": [route]},
