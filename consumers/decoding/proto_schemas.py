@@ -6,14 +6,15 @@ indexes**, then the body. The indexes say which message of the schema the body i
 by their path: a zigzag varint count, then each index as a zigzag varint; a lone 0 (a count of
 none) stands for [0], the schema's first message, as Confluent's serializers write it.
 
-**Compiling** (`compile_schema`): the schema's text and its references' (by the name its
-`import` gives) go to protoc, the reference compiler (`grpcio-tools`), in a process of its own,
-bounded in time and memory: a hostile schema can fail its own compilation and nothing else. A
-well-known import (`google/protobuf/timestamp.proto` and the others) that no reference names is
-protoc's own copy, as Confluent's registry treats them as built in. The FileDescriptorSet it
-writes is loaded into a pool of the schema's own, and its messages become classes
-(`message_factory`) that the protobuf runtime parses in C. Checked by hand against Apicurio
-2.6.13 (docs/typed-records.md): it serves the text as registered, with the references it was
+**Compiling** (`compile_schema`, the foundations' `bridge.protobuf_compiler`, which the sink
+uses too): the schema's text and its references' (by the name its `import` gives) go to protoc,
+the reference compiler (`grpcio-tools`), in a process of its own, bounded in time and memory: a
+hostile schema can fail its own compilation and nothing else. A well-known import
+(`google/protobuf/timestamp.proto` and the others) that no reference names is protoc's own
+copy, as Confluent's registry treats them as built in. The FileDescriptorSet it writes is
+loaded into a pool of the schema's own, and its messages become classes (`message_factory`)
+that the protobuf runtime parses in C. Checked by hand against Apicurio 2.6.13
+(docs/typed-records.md): it serves the text as registered, with the references it was
 registered with, and ignores `?format=serialized`, so the text is what there is to compile.
 
 **Reading** (`ProtoSchema.values`): a body becomes a dict of its fields, by name:
@@ -40,15 +41,9 @@ body protobuf will not parse. Nothing else escapes (the fuzz test holds it to th
 
 from __future__ import annotations
 
-import os
-import re
-import subprocess
-import sys
-import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from operator import attrgetter, itemgetter
-from pathlib import Path, PurePosixPath
 from typing import Any, Final, NamedTuple, cast
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
@@ -56,16 +51,16 @@ from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import DecodeError, Message
 
-from bridge.errors import BridgeError
+# The compiler is the foundations' (the sink compiles its schemas too); its names are this
+# module's as well, for the reader's one error is the compiler's.
+from bridge.protobuf_compiler import MAIN_FILE, MAX_REFERENCES, MAX_SCHEMA_CHARS, ProtoError
+from bridge.protobuf_compiler import compile_schema as compile_schema
 
-MAX_SCHEMA_CHARS = 1024**2  # a schema's text with its references'; a real one is kilobytes
-MAX_REFERENCES = 100
+__all__ = ["MAX_REFERENCES", "MAX_SCHEMA_CHARS", "MISSING", "ProtoError", "ProtoSchema",
+           "Reader", "compile_schema", "read_indexes"]  # fmt: skip
+
 MAX_DEPTH = 64  # nested messages, in the schema and in a body's values
 MAX_INDEXES = MAX_DEPTH  # a message's path among the schema's nested messages
-_COMPILE_TIMEOUT_S = 20
-_COMPILE_MEMORY = 1024**3  # protoc's address space
-_MAIN = "bridge_schema.proto"  # the schema's own file name, beside its references' names
-_IMPORT_NAME = re.compile(r"[A-Za-z0-9_./-]{1,255}")
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _WELL_KNOWN = "google.protobuf."
 _WRAPPERS = {
@@ -84,10 +79,6 @@ class Reader(NamedTuple):
 
     read: Callable[[Message], tuple[Any, ...]]
     plain: bool
-
-
-class ProtoError(BridgeError):
-    """A Protobuf schema or value bridge cannot read; the message says what and where."""
 
 
 def read_indexes(raw: bytes, start: int) -> tuple[tuple[int, ...], int]:
@@ -122,68 +113,6 @@ def _zigzag(raw: bytes, at: int) -> tuple[int, int]:
             raise ProtoError("message indexes: a varint longer than 10 bytes")
 
 
-def compile_schema(text: str, references: Mapping[str, str]) -> bytes:
-    """The FileDescriptorSet (serialized, imports included) of `text`, whose imports are
-    `references` (import name to text) or protoc's well-known types; ProtoError with protoc's
-    own words when it does not compile."""
-    size = len(text) + sum(len(name) + len(body) for name, body in references.items())
-    if size > MAX_SCHEMA_CHARS:
-        raise ProtoError(f"schema: {size} characters with its references, more than "
-                         f"{MAX_SCHEMA_CHARS}")  # fmt: skip
-    if len(references) > MAX_REFERENCES:
-        raise ProtoError(f"schema: {len(references)} references, more than {MAX_REFERENCES}")
-    for name in references:
-        path = PurePosixPath(name)
-        if not _IMPORT_NAME.fullmatch(name) or path.is_absolute() or ".." in path.parts:
-            raise ProtoError(f"schema: reference {name[:260]!r} is not an import path")
-    with tempfile.TemporaryDirectory(prefix="bridge-proto-") as scratch:
-        root = Path(scratch) / "in"
-        for name, body in {**references, _MAIN: text}.items():
-            try:
-                encoded = body.encode("utf-8")  # JSON's text may hold a lone surrogate
-            except UnicodeEncodeError as exc:  # its message would carry the character
-                raise ProtoError(f"schema: {name} is not text protoc can read (a lone "
-                                 f"surrogate at character {exc.start})") from None  # fmt: skip
-            (root / name).parent.mkdir(parents=True, exist_ok=True)
-            (root / name).write_bytes(encoded)
-        out = Path(scratch) / "set.pb"
-        arguments = ["protoc", f"-I{root}", f"-I{_WELL_KNOWN_DIR}", "--include_imports",
-                     f"--descriptor_set_out={out}", str(root / _MAIN)]  # fmt: skip
-        try:
-            done = subprocess.run(  # noqa: S603 - our interpreter; the schema only as files
-                [sys.executable, "-c", _PROTOC, str(_COMPILE_MEMORY), *arguments],
-                capture_output=True, encoding="utf-8", errors="replace", check=False,
-                timeout=_COMPILE_TIMEOUT_S,
-                env={"PATH": os.environ.get("PATH", "")},
-            )  # fmt: skip
-        except subprocess.TimeoutExpired:
-            raise ProtoError(f"schema: protoc took more than {_COMPILE_TIMEOUT_S} s") from None
-        if done.returncode != 0 or not out.exists():
-            said = (done.stderr or done.stdout).replace(str(root) + "/", "").strip()
-            raise ProtoError(f"schema does not compile: {said[:1000] or done.returncode}")
-        return out.read_bytes()
-
-
-# The child bounds its own memory before protoc runs in it (a preexec_fn is unsafe in the
-# consumer, which has threads).
-_PROTOC = (
-    "import resource, sys\n"
-    "limit = int(sys.argv[1])\n"
-    "resource.setrlimit(resource.RLIMIT_AS, (limit, limit))\n"
-    "from grpc_tools import protoc\n"
-    "sys.exit(protoc.main(sys.argv[2:]))\n"
-)
-
-
-def _well_known_dir() -> str:
-    import grpc_tools
-
-    return str(Path(grpc_tools.__file__).parent / "_proto")
-
-
-_WELL_KNOWN_DIR = _well_known_dir()
-
-
 class ProtoSchema:
     """One registry schema, compiled: its messages by index path, each read into a dict."""
 
@@ -193,7 +122,7 @@ class ProtoSchema:
             pool = descriptor_pool.DescriptorPool()
             for file in files:
                 pool.Add(file)
-            main = pool.FindFileByName(_MAIN)
+            main = pool.FindFileByName(MAIN_FILE)
         except (DecodeError, TypeError, KeyError, ValueError) as exc:  # as the backends say it
             raise ProtoError(f"schema: its descriptors do not load: {exc}") from None
         self._top = tuple(main.message_types_by_name.values())
