@@ -1,5 +1,5 @@
-"""Typed values for the sink: struct columns in the schema registry's wire format, as Avro or
-as JSON with a JSON Schema.
+"""Typed values for the sink: struct columns in the schema registry's wire format, as Avro, as
+JSON with a JSON Schema, or as Protobuf.
 
     options = {"kafka.bootstrap.servers": ..., "topic": "orders", "value.format": "avro",
                "schema.registry.url": "http://registry:8080/apis/ccompat/v7"}
@@ -10,7 +10,11 @@ as JSON with a JSON Schema.
 schema from the DataFrame's schema (`spark_jobs.avro_schema`), registers it under its subject,
 and replaces the column by the magic byte, the schema id and Spark's own `to_avro` of it. The
 encoding runs in the JVM, in the same stage that makes the rows, so the sink's Python writer
-moves bytes as it does for JSON. A schema the registry refuses (incompatible with the subject's
+moves bytes as it does for JSON. Protobuf's schema is derived as text
+(`spark_jobs.proto_schema`), compiled by protoc on the driver, and its bodies made in the
+Python workers from the compiled descriptors by an Arrow UDF (`spark_jobs.proto_encoder`),
+framed with the message indexes of the schema's first message in their short form (a lone 0),
+as Confluent's serializers write it. A schema the registry refuses (incompatible with the subject's
 latest under its compatibility rule, or refused outright) stops here, before the query starts,
 with the subject and the registry's reason.
 """
@@ -21,7 +25,7 @@ import contextlib
 import json
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from confluent_kafka.schema_registry.error import SchemaRegistryError
@@ -29,13 +33,18 @@ from pyspark.errors import AnalysisException
 from pyspark.sql import types as T
 
 from bridge.errors import BridgeError, ConfigError
+from bridge.protobuf_compiler import ProtoError, compile_schema
 from spark_jobs.avro_schema import avro_schema
 from spark_jobs.json_schema import TO_JSON_OPTIONS, json_schema
+from spark_jobs.proto_encoder import ProtoEncoder
+from spark_jobs.proto_schema import proto_schema
 from spark_jobs.sink_options import SinkOptions, SubjectStrategy, ValueFormat
 from spark_jobs.spark_packages import spark_packages
 
 MAGIC = b"\x00"
-_TYPES = {ValueFormat.AVRO: "AVRO", ValueFormat.JSON_SCHEMA: "JSON"}  # the registry's schemaType
+_TYPES = {ValueFormat.AVRO: "AVRO", ValueFormat.JSON_SCHEMA: "JSON",
+          ValueFormat.PROTOBUF: "PROTOBUF"}  # the registry's schemaType  # fmt: skip
+FIRST_MESSAGE = b"\x00"  # Protobuf's message indexes [0], in the short form
 _NOT_A_NAME = re.compile(r"[^A-Za-z0-9_]")
 _AVRO_SERIALIZER_LOGGER = "org.apache.spark.sql.avro.AvroSerializer"
 
@@ -83,8 +92,10 @@ def encode(df: Any, options: Mapping[str, str]) -> Any:
                 _quiet_nullable_root(df.sparkSession)
             try:
                 encoded = encoded.withColumn(
-                    field.name, framed(field.name, schema, ids, wanted, by_topic=by_topic)
-                )
+                    field.name,
+                    framed(field.name, schema, ids, wanted, by_topic=by_topic,
+                           data_type=field.dataType, package=parsed.record_namespace),
+                )  # fmt: skip
             except AnalysisException as exc:
                 if exc.getCondition() != "AVRO_NOT_LOADED_SQL_FUNCTIONS_UNUSABLE":
                     raise
@@ -134,15 +145,18 @@ def _schema(
     data_type: Any,
     wanted: ValueFormat,
     topic: str | None,
-) -> tuple[dict[str, Any], str]:
-    """The column's schema in `wanted`'s language, named for `topic` (the topic option's when
-    None), and the subject it goes under."""
+) -> tuple[dict[str, Any] | str, str]:
+    """The column's schema in `wanted`'s language (a Protobuf schema is its text), named for
+    `topic` (the topic option's when None), and the subject it goes under."""
     name = record_name(options, column, topic)
     if wanted is ValueFormat.AVRO:
         schema = avro_schema(data_type, name=name, namespace=options.record_namespace)
         return schema, subject_name(options, column, schema, topic)
     named = {"name": name, "namespace": options.record_namespace}
-    return json_schema(data_type, title=name), subject_name(options, column, named, topic)
+    subject = subject_name(options, column, named, topic)
+    if wanted is ValueFormat.PROTOBUF:
+        return proto_schema(data_type, name=name, package=options.record_namespace), subject
+    return json_schema(data_type, title=name), subject
 
 
 def record_name(options: SinkOptions, column: str, topic: str | None = None) -> str:
@@ -176,15 +190,17 @@ def subject_name(
 def register(
     client: SchemaRegistryClient,
     subject: str,
-    schema: dict[str, Any],
+    schema: dict[str, Any] | str,
     *,
     url: str = "its url",
     schema_type: str = "AVRO",
 ) -> int:
-    """The id of `schema` under `subject`, registering it when new; SchemaRefused naming the
-    subject and the registry's reason when the registry will not take it."""
+    """The id of `schema` (a document, or a Protobuf schema's text) under `subject`, registering
+    it when new; SchemaRefused naming the subject and the registry's reason when the registry
+    will not take it."""
+    text = schema if isinstance(schema, str) else json.dumps(schema)
     try:
-        return int(client.register_schema(subject, Schema(json.dumps(schema), schema_type)))
+        return int(client.register_schema(subject, Schema(text, schema_type)))
     except SchemaRegistryError as exc:
         if exc.http_status_code >= 500:
             raise RegistryUnreachable(
@@ -203,26 +219,34 @@ def register(
 
 def framed(
     column: str,
-    schema: dict[str, Any],
+    schema: dict[str, Any] | str,
     schema_ids: Mapping[str | None, int],
     value_format: ValueFormat = ValueFormat.AVRO,
     *,
     by_topic: str | None = None,
+    data_type: Any = None,
+    package: str = "",
 ) -> Any:
-    """The column as the wire format's bytes, in the JVM: the magic byte, the id (4 bytes, big
-    endian) and `to_avro` of the value, or its `to_json` as UTF-8; null stays null (a
-    tombstone). `schema_ids`: the id, under None; or, with `by_topic` (the topic column), each
-    topic's, a row of any other topic failing its task with the topic named. The body is the
-    same under every topic's subject: the schemas differ only in the record's name, which
-    neither encoding writes."""
+    """The column as the wire format's bytes: the magic byte, the id (4 bytes, big endian) and
+    `to_avro` of the value, or its `to_json` as UTF-8, in the JVM; or Protobuf's message indexes
+    and body, made in the Python workers (`data_type`: the column's struct type, `package`: the
+    schema's); null stays null (a tombstone). `schema_ids`: the id, under None; or, with
+    `by_topic` (the topic column), each topic's, a row of any other topic failing its task with
+    the topic named. The body is the same under every topic's subject: the schemas differ only
+    in the record's name, which no encoding writes (Protobuf's indexes name the message by its
+    place, not its name)."""
     from pyspark.sql import functions as F
     from pyspark.sql.avro.functions import to_avro
 
+    indexes = FIRST_MESSAGE if value_format is ValueFormat.PROTOBUF else b""
+
     def header(schema_id: int) -> Any:
-        return F.lit(bytearray(MAGIC + schema_id.to_bytes(4, "big")))
+        return F.lit(bytearray(MAGIC + schema_id.to_bytes(4, "big") + indexes))
 
     if value_format is ValueFormat.AVRO:
         body = to_avro(F.col(column), json.dumps(schema))
+    elif value_format is ValueFormat.PROTOBUF:
+        body = _protobuf_bodies(column, str(schema), data_type, package)
     else:
         body = F.encode(F.to_json(F.col(column), TO_JSON_OPTIONS), "UTF-8")
     if by_topic is None:
@@ -242,3 +266,22 @@ def framed(
     return F.when(F.col(column).isNull(), F.lit(None).cast("binary")).otherwise(
         F.concat(chosen, body)
     )
+
+
+def _protobuf_bodies(column: str, text: str, data_type: T.StructType, package: str) -> Any:
+    """The column's Protobuf bodies, by an Arrow UDF that ships the schema compiled here."""
+    from pyspark.sql import functions as F
+
+    try:
+        descriptors = compile_schema(text, {})
+    except ProtoError as exc:  # a name protoc refuses that the derivation let through
+        raise ConfigError(
+            [(column, f"its Protobuf schema does not compile: {exc}")],
+            source="the DataFrame's schema as Protobuf",
+        ) from None
+    name = text.split("\nmessage ", 1)[1].split(" ", 1)[0]  # the one top-level message
+    encoder = ProtoEncoder(descriptors, f"{package}.{name}" if package else name, data_type)
+    # pyspark's stubs know only the form that names the UDF's type, which Spark 4.1 warns
+    # against; the form that reads the type hints of `bodies` (pa.Array to pa.Array) is this.
+    udf = cast(Any, F).arrow_udf(encoder.bodies, T.BinaryType())
+    return udf(F.col(column))

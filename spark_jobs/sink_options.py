@@ -73,13 +73,15 @@ class IdNaming(StrEnum):
 
 class ValueFormat(StrEnum):
     """How a record's value (or key) is written. `json`: the column's text or bytes as they are
-    (a JSON document, by convention). `avro` and `json-schema`: a struct column as Avro, or as
-    JSON with a registered JSON Schema, in the schema registry's wire format (magic byte, schema
-    id, body), by `spark_jobs.registry_frames.encode`."""
+    (a JSON document, by convention). `avro`, `json-schema` and `protobuf`: a struct column as
+    Avro, as JSON with a registered JSON Schema, or as Protobuf, in the schema registry's wire
+    format (magic byte, schema id, Protobuf's message indexes, body), by
+    `spark_jobs.registry_frames.encode`."""
 
     JSON = "json"
     AVRO = "avro"
     JSON_SCHEMA = "json-schema"
+    PROTOBUF = "protobuf"
 
     @property
     def registered(self) -> bool:
@@ -207,7 +209,7 @@ class SinkOptions:
                 formats[name] = ValueFormat.JSON
         typed = any(f.registered for f in formats.values())
         if typed and not registry.get("url", "").strip():
-            problems.append(("schema.registry.url", "required with avro or json-schema"))
+            problems.append(("schema.registry.url", "required with avro, json-schema or protobuf"))
         strategy = _choice(lowered, "subject.name.strategy", SubjectStrategy.TOPIC, problems)
         for name in ("value.record.name", "key.record.name"):
             if name in lowered and not _AVRO_NAME.match(lowered[name]):
@@ -258,7 +260,7 @@ def _topics_problems(
                          "name a topic column's topics only without it"))  # fmt: skip
     elif topics and not (typed and strategy is SubjectStrategy.TOPIC):
         problems.append(("topics", "names the subjects of the topic strategy: only with "
-                         "value.format or key.format avro or json-schema"))  # fmt: skip
+                         "value.format or key.format avro, json-schema or protobuf"))  # fmt: skip
     elif typed and strategy is SubjectStrategy.TOPIC and topic is None and not topics:
         problems.append((
             "subject.name.strategy",

@@ -37,7 +37,7 @@ def test_sink_formats_default_to_json_and_avro_needs_the_registry() -> None:
     with pytest.raises(ConfigError) as raised:
         SinkOptions.parse({**BASE, "value.format": "avro"})
     assert dict(raised.value.problems) == {
-        "schema.registry.url": "required with avro or json-schema"
+        "schema.registry.url": "required with avro, json-schema or protobuf"
     }
     options = SinkOptions.parse(
         {**BASE, **REGISTRY, "value.format": "avro", "schema.registry.basic.auth.user.info": "u:p"}
@@ -61,7 +61,7 @@ def test_sink_formats_default_to_json_and_avro_needs_the_registry() -> None:
 @pytest.mark.parametrize(
     ("extra", "key"),
     [
-        ({"value.format": "protobuf"}, "value.format"),
+        ({"value.format": "thrift"}, "value.format"),
         ({"value.format": "json_schema"}, "value.format"),
         ({"key.format": "xml"}, "key.format"),
         ({"subject.name.strategy": "topic-record"}, "subject.name.strategy"),
