@@ -57,8 +57,13 @@ def check(settings: BridgeSettings) -> Checked:
         schemas = SchemaCache(settings.schema_registry)
         _registry(schemas, done)
     try:
+        settings.consumer_to_run()  # routes in the registry's format without one: said here
+    except ConfigError as exc:
+        done.problems += exc.problems
+    try:
         dsn = settings.postgres.dsn.get_secret_value()
-        if _postgres(dsn, done):
+        # Typed routes are planned with their registry; without it, only the problem is said.
+        if _postgres(dsn, done) and (schemas is not None or not typed):
             _routes(consumer, dsn, schemas, topics, done)
     finally:
         if schemas is not None:

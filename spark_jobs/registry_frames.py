@@ -24,27 +24,25 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any, cast
 
-from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+from confluent_kafka.schema_registry import Schema, SchemaReference, SchemaRegistryClient
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 from pyspark.errors import AnalysisException
 from pyspark.sql import types as T
 
 from bridge.errors import BridgeError, ConfigError
-from bridge.protobuf_compiler import ProtoError, compile_schema
 from spark_jobs.avro_schema import avro_schema
 from spark_jobs.json_schema import TO_JSON_OPTIONS, json_schema
 from spark_jobs.proto_encoder import ProtoEncoder
-from spark_jobs.proto_schema import proto_schema
+from spark_jobs.proto_files import ProtoWriting, derived, from_file
 from spark_jobs.sink_options import SinkOptions, SubjectStrategy, ValueFormat
 from spark_jobs.spark_packages import spark_packages
 
 MAGIC = b"\x00"
-_TYPES = {ValueFormat.AVRO: "AVRO", ValueFormat.JSON_SCHEMA: "JSON",
-          ValueFormat.PROTOBUF: "PROTOBUF"}  # the registry's schemaType  # fmt: skip
-FIRST_MESSAGE = b"\x00"  # Protobuf's message indexes [0], in the short form
+_TYPES = {ValueFormat.AVRO: "AVRO", ValueFormat.JSON_SCHEMA: "JSON"}  # the registry's schemaType
 _NOT_A_NAME = re.compile(r"[^A-Za-z0-9_]")
 _AVRO_SERIALIZER_LOGGER = "org.apache.spark.sql.avro.AvroSerializer"
 
@@ -82,7 +80,13 @@ def encode(df: Any, options: Mapping[str, str]) -> Any:
                 )  # fmt: skip
             by_topic = _topic_column(parsed, fields)
             ids: dict[str | None, int] = {}
+            schema: dict[str, Any] | ProtoWriting
             for topic in parsed.topics if by_topic is not None else (None,):
+                if wanted is ValueFormat.PROTOBUF:
+                    schema = _proto_writing(parsed, column, field.dataType, topic)
+                    subject = subject_name(parsed, column, {"name": schema.full_name}, topic)
+                    ids[topic] = _register_proto(client, subject, schema, parsed.registry["url"])
+                    continue
                 schema, subject = _schema(parsed, column, field.dataType, wanted, topic)
                 ids[topic] = register(
                     client, subject, schema, url=parsed.registry["url"],
@@ -94,7 +98,7 @@ def encode(df: Any, options: Mapping[str, str]) -> Any:
                 encoded = encoded.withColumn(
                     field.name,
                     framed(field.name, schema, ids, wanted, by_topic=by_topic,
-                           data_type=field.dataType, package=parsed.record_namespace),
+                           data_type=field.dataType),
                 )  # fmt: skip
             except AnalysisException as exc:
                 if exc.getCondition() != "AVRO_NOT_LOADED_SQL_FUNCTIONS_UNUSABLE":
@@ -145,18 +149,49 @@ def _schema(
     data_type: Any,
     wanted: ValueFormat,
     topic: str | None,
-) -> tuple[dict[str, Any] | str, str]:
-    """The column's schema in `wanted`'s language (a Protobuf schema is its text), named for
-    `topic` (the topic option's when None), and the subject it goes under."""
+) -> tuple[dict[str, Any], str]:
+    """The column's schema in `wanted`'s language, named for `topic` (the topic option's when
+    None), and the subject it goes under."""
     name = record_name(options, column, topic)
     if wanted is ValueFormat.AVRO:
         schema = avro_schema(data_type, name=name, namespace=options.record_namespace)
         return schema, subject_name(options, column, schema, topic)
     named = {"name": name, "namespace": options.record_namespace}
-    subject = subject_name(options, column, named, topic)
-    if wanted is ValueFormat.PROTOBUF:
-        return proto_schema(data_type, name=name, package=options.record_namespace), subject
-    return json_schema(data_type, title=name), subject
+    return json_schema(data_type, title=name), subject_name(options, column, named, topic)
+
+
+def _proto_writing(
+    options: SinkOptions, column: str, data_type: Any, topic: str | None
+) -> ProtoWriting:
+    """The Protobuf schema `column` is written with: the user's file's message, or the one
+    derived from its struct type, named for `topic` as Avro's record is; checked against the
+    column's fields before any query runs."""
+    if column in options.proto_files:
+        path, message = options.proto_files[column]
+        writing = from_file(path, message, option=f"{column}.proto.file")
+    else:
+        name = record_name(options, column, topic)
+        writing = derived(data_type, name=name, package=options.record_namespace)
+    ProtoEncoder(writing.descriptors, writing.full_name, data_type).check()
+    return writing
+
+
+def _register_proto(
+    client: SchemaRegistryClient, subject: str, writing: ProtoWriting, url: str
+) -> int:
+    """The id of the Protobuf schema under `subject`, its imports registered first, each under
+    its import path as its subject (Confluent's default for references), and referenced by the
+    version the registry gave it."""
+    versions: dict[str, int] = {}
+
+    def references(name: str) -> list[SchemaReference]:
+        return [SchemaReference(i, i, versions[i]) for i in writing.imports[name] if i in versions]
+
+    for name, text in writing.references:
+        schema = Schema(text, "PROTOBUF", references(name))
+        register(client, name, schema, url=url)
+        versions[name] = _registered(name, url, partial(client.lookup_schema, name, schema)).version
+    return register(client, subject, Schema(writing.text, "PROTOBUF", references("")), url=url)
 
 
 def record_name(options: SinkOptions, column: str, topic: str | None = None) -> str:
@@ -190,17 +225,23 @@ def subject_name(
 def register(
     client: SchemaRegistryClient,
     subject: str,
-    schema: dict[str, Any] | str,
+    schema: dict[str, Any] | Schema,
     *,
     url: str = "its url",
     schema_type: str = "AVRO",
 ) -> int:
-    """The id of `schema` (a document, or a Protobuf schema's text) under `subject`, registering
-    it when new; SchemaRefused naming the subject and the registry's reason when the registry
-    will not take it."""
-    text = schema if isinstance(schema, str) else json.dumps(schema)
+    """The id of `schema` (a document of `schema_type`, or a registry Schema as it is) under
+    `subject`, registering it when new; SchemaRefused naming the subject and the registry's
+    reason when the registry will not take it."""
+    sent = schema if isinstance(schema, Schema) else Schema(json.dumps(schema), schema_type)
+    return int(_registered(subject, url, partial(client.register_schema, subject, sent)))
+
+
+def _registered(subject: str, url: str, call: Callable[[], Any]) -> Any:
+    """`call()`'s answer about `subject`; its failure as the registry's refusal, or as the
+    registry out of reach."""
     try:
-        return int(client.register_schema(subject, Schema(text, schema_type)))
+        return call()
     except SchemaRegistryError as exc:
         if exc.http_status_code >= 500:
             raise RegistryUnreachable(
@@ -219,18 +260,17 @@ def register(
 
 def framed(
     column: str,
-    schema: dict[str, Any] | str,
+    schema: dict[str, Any] | ProtoWriting,
     schema_ids: Mapping[str | None, int],
     value_format: ValueFormat = ValueFormat.AVRO,
     *,
     by_topic: str | None = None,
     data_type: Any = None,
-    package: str = "",
 ) -> Any:
     """The column as the wire format's bytes: the magic byte, the id (4 bytes, big endian) and
     `to_avro` of the value, or its `to_json` as UTF-8, in the JVM; or Protobuf's message indexes
-    and body, made in the Python workers (`data_type`: the column's struct type, `package`: the
-    schema's); null stays null (a tombstone). `schema_ids`: the id, under None; or, with
+    and body, made in the Python workers (`data_type`: the column's struct type); null stays
+    null (a tombstone). `schema_ids`: the id, under None; or, with
     `by_topic` (the topic column), each topic's, a row of any other topic failing its task with
     the topic named. The body is the same under every topic's subject: the schemas differ only
     in the record's name, which no encoding writes (Protobuf's indexes name the message by its
@@ -238,15 +278,15 @@ def framed(
     from pyspark.sql import functions as F
     from pyspark.sql.avro.functions import to_avro
 
-    indexes = FIRST_MESSAGE if value_format is ValueFormat.PROTOBUF else b""
+    indexes = schema.indexes if isinstance(schema, ProtoWriting) else b""
 
     def header(schema_id: int) -> Any:
         return F.lit(bytearray(MAGIC + schema_id.to_bytes(4, "big") + indexes))
 
-    if value_format is ValueFormat.AVRO:
+    if isinstance(schema, ProtoWriting):
+        body = _protobuf_bodies(column, schema, data_type)
+    elif value_format is ValueFormat.AVRO:
         body = to_avro(F.col(column), json.dumps(schema))
-    elif value_format is ValueFormat.PROTOBUF:
-        body = _protobuf_bodies(column, str(schema), data_type, package)
     else:
         body = F.encode(F.to_json(F.col(column), TO_JSON_OPTIONS), "UTF-8")
     if by_topic is None:
@@ -268,19 +308,11 @@ def framed(
     )
 
 
-def _protobuf_bodies(column: str, text: str, data_type: T.StructType, package: str) -> Any:
-    """The column's Protobuf bodies, by an Arrow UDF that ships the schema compiled here."""
+def _protobuf_bodies(column: str, writing: ProtoWriting, data_type: T.StructType) -> Any:
+    """The column's Protobuf bodies, by an Arrow UDF that ships the compiled schema."""
     from pyspark.sql import functions as F
 
-    try:
-        descriptors = compile_schema(text, {})
-    except ProtoError as exc:  # a name protoc refuses that the derivation let through
-        raise ConfigError(
-            [(column, f"its Protobuf schema does not compile: {exc}")],
-            source="the DataFrame's schema as Protobuf",
-        ) from None
-    name = text.split("\nmessage ", 1)[1].split(" ", 1)[0]  # the one top-level message
-    encoder = ProtoEncoder(descriptors, f"{package}.{name}" if package else name, data_type)
+    encoder = ProtoEncoder(writing.descriptors, writing.full_name, data_type)
     # pyspark's stubs know only the form that names the UDF's type, which Spark 4.1 warns
     # against; the form that reads the type hints of `bodies` (pa.Array to pa.Array) is this.
     udf = cast(Any, F).arrow_udf(encoder.bodies, T.BinaryType())

@@ -48,6 +48,11 @@ _KNOWN = {
     "value.record.name",
     "key.record.name",
     "record.namespace",
+    # A user's own Protobuf schema, instead of the one derived from the DataFrame's.
+    "value.proto.file",
+    "value.proto.message",
+    "key.proto.file",
+    "key.proto.message",
 }
 # Kafka's legal characters for ids and topic names.
 _LEGAL_NAME = re.compile(r"^[A-Za-z0-9._\-]+$")
@@ -129,6 +134,9 @@ class SinkOptions:
     # The topics a `topic` column may name, for the topic strategy's subjects (`<topic>-value`):
     # each registered before the query starts, since a running query never asks the registry.
     topics: tuple[str, ...] = ()
+    # A `.proto` file (on the driver) and a message of it, by column ("value", "key"), that
+    # `protobuf` writes with instead of deriving a schema; the message None: its first.
+    proto_files: dict[str, tuple[str, str | None]] = field(default_factory=dict)
 
     @property
     def typed(self) -> bool:
@@ -217,6 +225,21 @@ class SinkOptions:
         topics = tuple(dict.fromkeys(t.strip() for t in lowered.get("topics", "").split(",")
                                      if t.strip()))  # fmt: skip
         problems += _topics_problems(topics, topic=topic, typed=typed, strategy=strategy)
+        proto_files: dict[str, tuple[str, str | None]] = {}
+        for column in ("value", "key"):
+            path = lowered.get(f"{column}.proto.file")
+            message = lowered.get(f"{column}.proto.message") or None
+            if path is None and message is None:
+                continue
+            if formats[f"{column}.format"] is not ValueFormat.PROTOBUF:
+                problems.append((f"{column}.proto.file" if path else f"{column}.proto.message",
+                                 f"a Protobuf schema of your own needs {column}.format "
+                                 "protobuf"))  # fmt: skip
+            elif not path:
+                problems.append((f"{column}.proto.file", f"{column}.proto.message names a "
+                                 "message of a .proto file: give the file"))  # fmt: skip
+            else:
+                proto_files[column] = (path, message)
         namespace = lowered.get("record.namespace", "bridge")
         if namespace and not all(_AVRO_NAME.match(part) for part in namespace.split(".")):
             problems.append(("record.namespace", f"{namespace!r} is not an Avro namespace"))
@@ -240,6 +263,7 @@ class SinkOptions:
             key_record_name=lowered.get("key.record.name") or None,
             record_namespace=namespace,
             topics=topics,
+            proto_files=proto_files,
         )
 
 

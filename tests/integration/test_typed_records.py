@@ -7,7 +7,7 @@ from __future__ import annotations
 import io
 import json
 from collections.abc import Iterator
-from datetime import UTC, date, datetime
+from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -19,6 +19,7 @@ from confluent_kafka.schema_registry import Schema, SchemaReference, SchemaRegis
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from bridge.errors import ConfigError
 from bridge.kafka_admin import create_topic
 from bridge_shell.spark.producer_job import ProducerJob, Source, run
 from spark_jobs.avro_schema import avro_schema
@@ -33,6 +34,7 @@ from tests.consumer_helpers import (
     sql,
 )
 from tests.harness import Endpoints
+from tests.integration.test_protobuf_routes import COMMON
 from tests.kafka_helpers import avro_long, read_messages
 
 PARTITIONS = 2
@@ -604,3 +606,125 @@ def _column_types(stack: Endpoints, table: str) -> dict[str, str]:
         sql(stack, f"SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute "
                    f"WHERE attrelid = '{table}'::regclass AND attnum > 0 AND NOT attisdropped")
     )  # fmt: skip
+
+
+ORDER_PROTO = """syntax = "proto3";
+package shop;
+import "google/protobuf/timestamp.proto";
+import "google/protobuf/duration.proto";
+import "google/protobuf/wrappers.proto";
+import "google/protobuf/struct.proto";
+import "shop/common.proto";
+enum Status { NEW = 0; PAID = 1; }
+message Header { string source = 1; }
+message Order {
+  int64 id = 1;
+  google.protobuf.Timestamp at = 2;
+  uint64 big = 3;
+  sint32 small = 4;
+  fixed32 f32 = 5;
+  sfixed64 sf64 = 6;
+  uint32 u32 = 7;
+  optional string note = 8;
+  Status status = 9;
+  repeated string tags = 10;
+  map<string, int32> attrs = 11;
+  common.Money price = 12;
+  google.protobuf.Duration took = 13;
+  google.protobuf.Int64Value boxed = 14;
+  bytes blob = 15;
+  double ratio = 16;
+  bool flag = 17;
+  oneof pay { string card = 18; int64 cash = 19; }
+  google.protobuf.Struct doc = 20;
+  float ff = 21;
+}
+"""
+ORDER_COLUMNS = (
+    "id BIGINT NOT NULL, at TIMESTAMP, big DECIMAL(20, 0), small INT, f32 BIGINT, sf64 BIGINT, "
+    "u32 BIGINT, note STRING, status STRING, tags ARRAY<STRING>, attrs MAP<STRING, INT>, "
+    "price STRUCT<currency: STRING, units: BIGINT>, took INTERVAL DAY TO SECOND, boxed BIGINT, "
+    "blob BINARY, ratio DOUBLE, flag BOOLEAN, card STRING, cash BIGINT, doc STRING, ff FLOAT"
+)
+
+
+def test_a_users_own_proto_with_an_import_writes_every_type_into_a_table_made_from_it(
+    spark: Any, stack: Endpoints, names: dict[str, str], registry_url: str, tmp_path: Path
+) -> None:
+    """The user's `.proto` (its second message, so the long form of the message indexes; an
+    import of their own, registered as a reference; well-known types built in) through the
+    real sink, registry and consumer into a table `auto_create` makes from it: every kind of
+    field the reader's table names lands exactly, presence included."""
+    protos = tmp_path / "protos"
+    (protos / "shop").mkdir(parents=True)
+    (protos / "shop" / "common.proto").write_text(COMMON)
+    (protos / "order.proto").write_text(ORDER_PROTO)
+    create_topic(stack.bootstrap_servers, names["topic"], partitions=PARTITIONS)
+    options = sink_options(stack, names["topic"], registry_url, "protobuf") | {
+        "value.proto.file": str(protos / "order.proto"), "value.proto.message": "shop.Order"
+    }  # fmt: skip
+    at = datetime(2026, 11, 27, 13, 0, 0, 123456, tzinfo=UTC)
+    rows = [
+        (1, at, Decimal(2**64 - 1), -(2**31), 2**32 - 1, -(2**63), 2**32 - 1, "n", "PAID",
+         ["a", "ç"], {"k": -1}, ("EUR", 12), timedelta(days=1, microseconds=5), 0,
+         bytes(range(256)), 1.0000000000000002, True, None, 2**63 - 1,
+         '{"a": [1, "x", null]}', 0.5),
+        (2, *([None] * 20)),
+    ]  # fmt: skip
+    source = tmp_path / "in"
+    spark.createDataFrame(rows, ORDER_COLUMNS).write.parquet(str(source))
+    read = spark.readStream.schema(ORDER_COLUMNS).parquet(str(source))
+    framed = encode(read.select(F.struct(*read.columns).alias("value")), options)
+    framed.writeStream.format("bridge-kafka").options(**options).option(
+        "checkpointLocation", str(tmp_path / "checkpoint")
+    ).trigger(availableNow=True).start().awaitTermination()
+
+    with registry_client(stack, registry_url) as client:
+        main = client.get_latest_version(f"{names['topic']}-value").schema
+        assert [(r.name, r.subject) for r in main.references or ()] == [
+            ("shop/common.proto", "shop/common.proto")
+        ]
+    found = read_messages(stack.bootstrap_servers, names["topic"], config=stack.properties())
+    assert {bytes(m.value() or b"")[5:7] for m in found} == {b"\x02\x02"}  # indexes [1], long form
+
+    table = f"public.{names['table']}"
+    settings = settings_for(stack, names, registry_url=registry_url, value_format="protobuf",
+                            table=table, auto_create=True, mode="upsert",
+                            key_columns=["id"])  # fmt: skip
+    try:
+        with running(settings) as service:
+            drained(stack, names, PARTITIONS)
+            assert sample(service, "bridge_consumer_dead_letters_total", topic=names["topic"]) == 0
+        landed = sql(stack, f"SELECT id, at, big, small, f32, sf64, u32, note, status, tags, "
+                            f"attrs, price, took, boxed, blob, ratio, flag, card, cash, doc, ff "
+                            f"FROM {table} ORDER BY id")  # fmt: skip
+        assert landed == [
+            (1, at, Decimal(2**64 - 1), -(2**31), 2**32 - 1, -(2**63), 2**32 - 1, "n", "PAID",
+             ["a", "ç"], {"k": -1}, {"currency": "EUR", "units": 12},
+             timedelta(days=1, microseconds=5), 0, bytes(range(256)), 1.0000000000000002, True,
+             None, 2**63 - 1, {"a": [1, "x", None]}, 0.5),
+            (2, None, Decimal(0), 0, 0, 0, 0, None, "NEW", [], {}, None, None, None, b"", 0.0,
+             False, None, None, None, 0.0),
+        ]  # fmt: skip
+    finally:
+        sql(stack, f"DROP TABLE IF EXISTS {table}")
+
+
+def test_a_users_own_proto_that_does_not_fit_the_columns_is_refused_naming_each(
+    spark: Any, stack: Endpoints, names: dict[str, str], registry_url: str, tmp_path: Path
+) -> None:
+    protos = tmp_path / "protos"
+    (protos / "shop").mkdir(parents=True)
+    (protos / "shop" / "common.proto").write_text(COMMON)
+    (protos / "order.proto").write_text(ORDER_PROTO)
+    options = sink_options(stack, names["topic"], registry_url, "protobuf") | {
+        "value.proto.file": str(protos / "order.proto"), "value.proto.message": "shop.Order"
+    }  # fmt: skip
+    frame = spark.createDataFrame([(1, "x", 2)], "id STRING, nope STRING, status BIGINT")
+    with pytest.raises(ConfigError) as refused:
+        encode(frame.select(F.struct("*").alias("value")), options)
+    assert [where for where, _ in refused.value.problems] == ["id", "nope"], refused.value
+    missing = options | {"value.proto.message": "shop.Refund"}
+    with pytest.raises(ConfigError, match=r"has no message 'shop.Refund' \(its messages: "
+                       r"shop.Header, shop.Order\)"):  # fmt: skip
+        encode(frame.select(F.struct("*").alias("value")), missing)

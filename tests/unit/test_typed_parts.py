@@ -67,6 +67,10 @@ def test_sink_formats_default_to_json_and_avro_needs_the_registry() -> None:
         ({"subject.name.strategy": "topic-record"}, "subject.name.strategy"),
         ({"value.record.name": "9lives"}, "value.record.name"),
         ({"record.namespace": "com.-x"}, "record.namespace"),
+        # A Protobuf schema of one's own: only with protobuf, and a message only with a file.
+        ({"value.format": "avro", "value.proto.file": "order.proto"}, "value.proto.file"),
+        ({"value.format": "protobuf", "value.proto.message": "shop.Order"}, "value.proto.file"),
+        ({"key.proto.message": "shop.Key"}, "key.proto.message"),
     ],
 )
 def test_bad_format_options_are_refused_by_name(extra: dict[str, str], key: str) -> None:
