@@ -4,7 +4,7 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml setup.py consumers/decoding/_avro_body.c | cksum | cut -d' ' -f1)
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml setup.py consumers/decoding/_avro_body.c consumers/decoding/_proto_body.c | cksum | cut -d' ' -f1)
 PACKAGES := bridge bridge_shell spark_jobs consumers tests bench
 
 .PHONY: setup demo test check lint unit integration fuzz model stack-up stack-down clean
@@ -22,7 +22,7 @@ setup: $(STAMP)
 	@bash scripts/ensure-k8scheck.sh > /dev/null
 	@$(BIN)/bridge stack prepare
 
-$(STAMP): pyproject.toml setup.py consumers/decoding/_avro_body.c
+$(STAMP): pyproject.toml setup.py consumers/decoding/_avro_body.c consumers/decoding/_proto_body.c
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
@@ -58,11 +58,13 @@ test: setup lint
 	$(PYTEST) tests
 	$(PYTEST) --secure tests/integration
 
-# The Avro reader built under ASan and UBSan, fuzzed against fastavro for longer than `make test`
-# does (FUZZ_EXAMPLES per property); its figures go to bench/results/fuzz-*.json.
+# The C readers built under ASan and UBSan, fuzzed for longer than `make test` does
+# (FUZZ_EXAMPLES per property): Avro against fastavro, Protobuf against the protobuf runtime;
+# their figures go to bench/results/fuzz-*.json.
 FUZZ_EXAMPLES ?= 20000
 fuzz: $(STAMP)
 	$(BIN)/python -m bench.fuzz --examples $(FUZZ_EXAMPLES)
+	$(BIN)/python -m bench.fuzz --protobuf --examples $(FUZZ_EXAMPLES)
 
 # The keyed modes against their record-by-record model, with MODEL_EXAMPLES random sequences
 # per mode (make test runs 2), each through the real consumer with a SIGKILL.

@@ -10,9 +10,10 @@ the hostile-schema reproducers and the reader's own tests. Python allocates with
 the run. Writes `bench/results/fuzz-<time>.json`: examples, seconds, tests passed, and every
 sanitizer report found (none, when all is well).
 
-`python -m bench.fuzz --protobuf --examples 20000` runs the Protobuf reader's differential fuzz
-(tests/unit/test_proto_fuzz.py) and its row tests with that many fresh examples a property. Its C
-is the protobuf runtime's, not ours, so nothing is rebuilt under the sanitizers.
+`python -m bench.fuzz --protobuf --examples 20000` does the same for the Protobuf reader: its
+differential fuzz against the protobuf runtime (tests/unit/test_proto_fuzz.py), the C reader of
+plain fields (`consumers/decoding/_proto_body.c`) built under the sanitizers, and its row tests;
+to `bench/results/fuzz-protobuf-<time>.json`.
 """
 
 from __future__ import annotations
@@ -49,8 +50,9 @@ def build(scratch: Path) -> Path:
         cwd=ROOT, env=env, check=True, capture_output=True,
     )  # fmt: skip
     suffix = sysconfig.get_config_var("EXT_SUFFIX")
-    built = tree / "consumers" / "decoding" / f"_avro_body{suffix}"
-    assert built.exists(), "the sanitized build is missing"
+    for module in ("_avro_body", "_proto_body"):
+        built = tree / "consumers" / "decoding" / f"{module}{suffix}"
+        assert built.exists(), f"the sanitized build of {module} is missing"
     return tree
 
 
@@ -76,54 +78,32 @@ def sanitized_env(tree: Path, examples: int) -> dict[str, str]:
     }
 
 
-def protobuf(examples: int) -> None:
-    """The Protobuf reader's fuzz, `examples` fresh ones a property."""
-    env = {**os.environ, "BRIDGE_FUZZ_EXAMPLES": str(examples), "BRIDGE_FUZZ_RANDOM": "1"}
-    started = time.monotonic()
-    run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--timeout=0",
-         "--hypothesis-show-statistics", *PROTOBUF_TESTS],
-        cwd=ROOT, env=env, capture_output=True, text=True,
-    )  # fmt: skip
-    seconds = time.monotonic() - started
-    output = run.stdout + run.stderr
-    passed = re.search(r"(\d+) passed", output)
-    figures = {
-        "reader": "protobuf",
-        "examples_per_property": examples,
-        "seconds": round(seconds, 1),
-        "exit_code": run.returncode,
-        "tests_passed": int(passed.group(1)) if passed else 0,
-        "tail": output[-4000:] if run.returncode else "",
-    }
-    path = write_results("fuzz-protobuf", figures)
-    print(output[-3000:])
-    print(f"{examples} examples per property (Protobuf): {seconds:.0f} s, exit "
-          f"{run.returncode}; {path}")  # fmt: skip
-    if run.returncode:
-        raise SystemExit(1)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--examples", type=int, default=20_000, help="examples per property")
     parser.add_argument("--protobuf", action="store_true", help="the Protobuf reader instead")
     args = parser.parse_args()
     if args.protobuf:
-        protobuf(args.examples)
-        return
+        fuzz("protobuf", "_proto_body", PROTOBUF_TESTS, args.examples)
+    else:
+        fuzz("avro", "_avro_body", TESTS, args.examples)
+
+
+def fuzz(reader: str, module: str, tests: list[str], examples: int) -> None:
+    """`tests` against the sanitized build of `consumers.decoding.<module>`, `examples` fresh
+    examples a property; the figures to bench/results/fuzz[-protobuf]-*.json."""
     with scratch_dir("bridge-fuzz-") as scratch:
         tree = build(scratch)
-        env = sanitized_env(tree, args.examples)
+        env = sanitized_env(tree, examples)
         where = subprocess.run(
-            [sys.executable, "-c", "import consumers.decoding._avro_body as m; print(m.__file__)"],
+            [sys.executable, "-c", f"import consumers.decoding.{module} as m; print(m.__file__)"],
             env=env, capture_output=True, text=True, check=True, cwd=scratch,
         ).stdout.strip()  # fmt: skip
         assert where.startswith(str(tree)), f"the tests would read {where}, not the sanitized build"
         started = time.monotonic()
         run = subprocess.run(
             [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-             "--import-mode=append", "--timeout=0", "--hypothesis-show-statistics", *TESTS],
+             "--import-mode=append", "--timeout=0", "--hypothesis-show-statistics", *tests],
             cwd=ROOT, env=env, capture_output=True, text=True,
         )  # fmt: skip
         seconds = time.monotonic() - started
@@ -131,16 +111,17 @@ def main() -> None:
     reports = sorted(set(m.group(0) for m in _REPORT.finditer(output)))
     passed = re.search(r"(\d+) passed", output)
     figures = {
-        "examples_per_property": args.examples,
+        "reader": reader,
+        "examples_per_property": examples,
         "seconds": round(seconds, 1),
         "exit_code": run.returncode,
         "tests_passed": int(passed.group(1)) if passed else 0,
         "sanitizer_reports": reports,
         "tail": output[-4000:] if run.returncode else "",
     }
-    path = write_results("fuzz", figures)
+    path = write_results("fuzz" if reader == "avro" else f"fuzz-{reader}", figures)
     print(output[-3000:])
-    print(f"{args.examples} examples per property under ASan+UBSan: {seconds:.0f} s, "
+    print(f"{examples} examples per property ({reader}) under ASan+UBSan: {seconds:.0f} s, "
           f"exit {run.returncode}, {len(reports)} sanitizer report(s); {path}")  # fmt: skip
     if run.returncode or reports:
         raise SystemExit(1)

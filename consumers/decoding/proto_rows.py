@@ -20,6 +20,7 @@ from itertools import repeat
 from operator import itemgetter
 from typing import Any
 
+from consumers.decoding import _proto_body
 from consumers.decoding.proto_schemas import (
     ProtoError,
     ProtoSchema,
@@ -87,7 +88,8 @@ class ProtobufRowDecoder:
     def decode_all(self, raws: Iterable[bytes]) -> list[Row] | None:
         """Every value as a row, None when any is not one (`decode` then tells which). Values
         that all start alike (one schema id, the first message), as a batch's mostly do, are
-        checked once and read in C loops; others one by one."""
+        checked once and read in C loops (in one call by `_proto_body.c` when every column is
+        a plain scalar field or absent); others one by one."""
         values = raws if isinstance(raws, list) else list(raws)
         writer = self._one_writer(values)
         if writer is None:
@@ -141,6 +143,10 @@ class ProtobufRowDecoder:
         parse or may decode past the bound (`decode` then names it)."""
         if max(map(len, values)) * _EXPANSION > self._schemas.max_decoded_bytes:
             return None
+        if reading.program is not None:  # plain scalars: the whole batch in one C call
+            rows = _proto_body.decode_rows(values, HEADER + 1, *reading.program)
+            if rows is not None:
+                return rows  # else something it declines: the runtime reads every value
         bodies = map(itemgetter(slice(HEADER + 1, None)), values)
         try:
             rows = list(map(reading.read, map(schema.parse, bodies)))

@@ -73,12 +73,36 @@ _WRAPPERS = {
 MISSING: Final = object()  # `ProtoSchema.reader`'s value of a column the message has no field for
 
 
+Program = tuple[tuple[tuple[int, int, int] | None, ...], tuple[Any, ...]]
+
+
 class Reader(NamedTuple):
     """`ProtoSchema.reader`'s: `read` a parsed message's values; `plain` when every one is a
-    scalar as it is or an absent value (no list or object among them)."""
+    scalar as it is or an absent value (no list or object among them); `program`, when every
+    column is a plain scalar field or absent, what `consumers.decoding._proto_body` reads a
+    body by without the runtime: slots by field number, each (kind, column, repeated), column
+    -1 for a field it only checks as the runtime would parse it, and the row's template (the
+    fields' defaults, the absent columns' values)."""
 
     read: Callable[[Message], tuple[Any, ...]]
     plain: bool
+    program: Program | None = None
+
+
+# The field types `_proto_body.c` reads, by its numbers for them (keep the two in step).
+_KINDS = {
+    FieldDescriptor.TYPE_INT32: 1, FieldDescriptor.TYPE_INT64: 2, FieldDescriptor.TYPE_UINT32: 3,
+    FieldDescriptor.TYPE_UINT64: 4, FieldDescriptor.TYPE_SINT32: 5, FieldDescriptor.TYPE_SINT64: 6,
+    FieldDescriptor.TYPE_BOOL: 7, FieldDescriptor.TYPE_FIXED32: 8,
+    FieldDescriptor.TYPE_SFIXED32: 9, FieldDescriptor.TYPE_FLOAT: 10,
+    FieldDescriptor.TYPE_FIXED64: 11, FieldDescriptor.TYPE_SFIXED64: 12,
+    FieldDescriptor.TYPE_DOUBLE: 13, FieldDescriptor.TYPE_STRING: 14,
+    FieldDescriptor.TYPE_BYTES: 15, FieldDescriptor.TYPE_ENUM: 16,
+    FieldDescriptor.TYPE_MESSAGE: 17, FieldDescriptor.TYPE_GROUP: 17,
+}  # fmt: skip
+# A program's slots are a tuple indexed by field number: a schema numbering its fields past
+# this is read by the runtime alone.
+_MAX_PROGRAM_FIELD = 4096
 
 
 def read_indexes(raw: bytes, start: int) -> tuple[tuple[int, ...], int]:
@@ -187,17 +211,21 @@ class ProtoSchema:
         else:
             read_plain = attrgetter(*plain)
         if len(plain) == len(columns):
-            return Reader(read_plain, plain=True)
+            program = _program(self.message(indexes), columns, absent)
+            return Reader(read_plain, plain=True, program=program)
         where = {c: i for i, c in enumerate(plain)}
         if all(c in where or c not in fields for c in columns):
             # Absent columns after the plain values, then each column picked in its place.
             missing = tuple(a for c, a in zip(columns, absent, strict=True) if c not in fields)
             at_missing = iter(range(len(plain), len(plain) + len(missing)))
             order = [where[c] if c in where else next(at_missing) for c in columns]
+            program = _program(self.message(indexes), columns, absent)
             if len(order) == 1:  # an itemgetter of one index gives the item, not a tuple
-                return Reader(lambda message: missing, plain=True)
+                return Reader(lambda message: missing, plain=True, program=program)
             pick = itemgetter(*order)
-            return Reader(lambda message: pick(read_plain(message) + missing), plain=True)
+            return Reader(
+                lambda message: pick(read_plain(message) + missing), plain=True, program=program
+            )
         parts: list[Callable[[Message, tuple[Any, ...]], Any]] = []
         for column, value in zip(columns, absent, strict=True):
             if column in where:
@@ -212,6 +240,30 @@ class ProtoSchema:
             return tuple(part(message, found) for part in parts)
 
         return Reader(read, plain=False)
+
+
+def _program(message: Descriptor, columns: Sequence[str], absent: Sequence[Any]) -> Program | None:
+    """The C reader's program for `columns` of `message`, each a plain scalar field or absent
+    (the caller checked); every other field of the message checked only. None for a message
+    that is not proto3 (its text's UTF-8 is another matter to the runtime), or that numbers a
+    field past what the slots hold."""
+    main = descriptor_pb2.FileDescriptorProto()
+    message.file.CopyToProto(main)
+    numbers = [field.number for field in message.fields]
+    if main.syntax != "proto3" or max(numbers, default=0) > _MAX_PROGRAM_FIELD:
+        return None
+    slots: list[tuple[int, int, int] | None] = [None] * (max(numbers, default=0) + 1)
+    for field in message.fields:
+        slots[field.number] = (_KINDS[field.type], -1, int(field.is_repeated))
+    template = []
+    for at, (column, value) in enumerate(zip(columns, absent, strict=True)):
+        read = message.fields_by_name.get(column)
+        if read is None:
+            template.append(value)
+            continue
+        slots[read.number] = (_KINDS[read.type], at, 0)
+        template.append(read.default_value)
+    return tuple(slots), tuple(template)
 
 
 def _plain_at(at: int) -> Callable[[Message, tuple[Any, ...]], Any]:
