@@ -22,6 +22,7 @@ from typing import Any
 
 from consumers.decoding import _proto_body
 from consumers.decoding.proto_schemas import (
+    JsonDocument,
     ProtoError,
     ProtoSchema,
     Reader,
@@ -177,6 +178,8 @@ class ProtobufRowDecoder:
         return tuple(map(self._cell, columns, values))
 
     def _cell(self, column: str, value: Any) -> Any:
+        if isinstance(value, JsonDocument):
+            return json_text(value.value)
         if isinstance(value, list):
             return ArrayValue(value) if column in self._arrays else json_text(value)
         if isinstance(value, dict):

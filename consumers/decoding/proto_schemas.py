@@ -56,8 +56,8 @@ from google.protobuf.message import DecodeError, Message
 from bridge.protobuf_compiler import MAIN_FILE, MAX_REFERENCES, MAX_SCHEMA_CHARS, ProtoError
 from bridge.protobuf_compiler import compile_schema as compile_schema
 
-__all__ = ["MAX_REFERENCES", "MAX_SCHEMA_CHARS", "MISSING", "ProtoError", "ProtoSchema",
-           "Reader", "compile_schema", "read_indexes"]  # fmt: skip
+__all__ = ["MAX_REFERENCES", "MAX_SCHEMA_CHARS", "MISSING", "JsonDocument", "ProtoError",
+           "ProtoSchema", "Reader", "compile_schema", "read_indexes"]  # fmt: skip
 
 MAX_DEPTH = 64  # nested messages, in the schema and in a body's values
 MAX_INDEXES = MAX_DEPTH  # a message's path among the schema's nested messages
@@ -71,6 +71,14 @@ _WRAPPERS = {
 
 
 MISSING: Final = object()  # `ProtoSchema.reader`'s value of a column the message has no field for
+
+
+class JsonDocument(NamedTuple):
+    """`ProtoSchema.reader`'s value of a `google.protobuf.Value` field that is set: JSON of any
+    kind (a string, a number, a bool, null as well as an object or a list), which its column
+    takes as JSON text, not as a value of that kind."""
+
+    value: Any
 
 
 Program = tuple[tuple[tuple[int, int, int] | None, ...], tuple[Any, ...]]
@@ -271,6 +279,14 @@ def _plain_at(at: int) -> Callable[[Message, tuple[Any, ...]], Any]:
 
 
 def _by_rule(field: FieldDescriptor) -> Callable[[Message, tuple[Any, ...]], Any]:
+    kind = field.message_type
+    if kind is not None and kind.full_name == f"{_WELL_KNOWN}Value" and not field.is_repeated:
+
+        def document(message: Message, _: tuple[Any, ...]) -> Any:
+            found = _field(message, field, 0)
+            return None if found is None else JsonDocument(found)
+
+        return document
     return lambda message, _: _field(message, field, 0)
 
 

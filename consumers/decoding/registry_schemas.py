@@ -14,6 +14,7 @@ waits on the network. What the registry answers decides what a failure is:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -25,6 +26,7 @@ import fastavro
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 from fastavro.schema import SchemaParseException
+from google.protobuf.descriptor import Descriptor
 
 from bridge.errors import BridgeError
 from bridge.settings import SchemaRegistrySettings
@@ -35,6 +37,7 @@ from consumers.decoding.proto_schemas import (
     ProtoError,
     ProtoSchema,
     compile_schema,
+    read_indexes,
 )
 from consumers.decoding.records import RecordError
 
@@ -110,16 +113,19 @@ class SchemaCache:
     def prepare(self, raws: Iterable[bytes]) -> set[str]:
         """Fetch the schemas the framed values among `raws` name (RegistryUnavailable when the
         registry cannot answer), so that decoding them waits on nothing. Returns their
-        top-level fields: an Avro record's fields, a JSON Schema's properties."""
+        top-level fields: an Avro record's fields, a JSON Schema's properties, the fields of the
+        Protobuf messages the values' indexes name."""
+        values = raws if isinstance(raws, list) else list(raws)
         # A batch's values share a few headers: one C pass takes them apart, not a step each.
-        headers: set[bytes] = set(map(_head, raws))
+        headers: set[bytes] = set(map(_head, values))
         ids = {i for i in map(schema_id, headers) if i is not None}
         self.fetch(ids)
         fields: set[str] = set()
         for writer in ids:
             schema = self.schemas.get(writer)
             if isinstance(schema, ProtoSchema):
-                fields.update(f.name for f in schema.message((0,)).fields)
+                for message in _messages(schema, writer, values):
+                    fields.update(f.name for f in message.fields)
                 continue
             if not isinstance(schema, dict):
                 continue
@@ -247,6 +253,31 @@ class SchemaCache:
 
     def close(self) -> None:
         self._client.close()
+
+
+def _messages(schema: ProtoSchema, writer: int, values: list[bytes]) -> list[Descriptor]:
+    """The messages of `schema` that the values of `writer` are, by their indexes: read from
+    one value of each distinct start (the header, the count of indexes, then as many bytes:
+    each index's one byte, below 64), for a batch's values share a few; an index path the
+    schema lacks is left to the value's decoding, which names it."""
+    head = bytes([MAGIC]) + writer.to_bytes(4, "big")
+    starts: dict[bytes, bytes] = {}
+    for framed in {v[: HEADER + 1] for v in values if v.startswith(head)}:
+        count = framed[HEADER] >> 1 if len(framed) > HEADER and framed[HEADER] < 0x80 else 0
+        for value in values:
+            if value.startswith(framed):
+                starts.setdefault(value[: HEADER + 1 + count], value)
+                if count == 0:
+                    break
+    paths: set[tuple[int, ...]] = set()
+    for value in starts.values():
+        with contextlib.suppress(ProtoError):
+            paths.add(read_indexes(value, HEADER)[0])
+    found = []
+    for path in sorted(paths):
+        with contextlib.suppress(ProtoError):
+            found.append(schema.message(path))
+    return found
 
 
 def registry_backoff() -> HoldBackoff:

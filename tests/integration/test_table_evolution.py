@@ -23,6 +23,7 @@ import fastavro
 import psycopg
 import pytest
 import yaml
+from pyspark.sql import types as T
 
 from bridge.kafka_admin import create_topic
 from spark_jobs.registry_frames import register
@@ -415,23 +416,22 @@ def _config(
     return path
 
 
-PROTO_V1 = """syntax = "proto3";
-package test;
-import "google/protobuf/timestamp.proto";
-message Payment {
-  int64 id = 1;
-  optional string note = 2;
-  google.protobuf.Timestamp at = 3;
-  repeated string tags = 4;
-}
-"""
-# V1 and one more field, with presence: what auto_evolve adds as a column.
-PROTO_V2 = PROTO_V1.replace("\n}\n", "\n  optional string region = 5;\n}\n")
+# As a Spark job's columns: the sink derives the Protobuf schema from them.
+PROTO_V1 = [
+    T.StructField("id", T.LongType(), nullable=False),
+    T.StructField("note", T.StringType()),
+    T.StructField("at", T.TimestampType()),
+    T.StructField("tags", T.ArrayType(T.StringType())),
+]
+PROTO_V2 = [*PROTO_V1, T.StructField("region", T.StringType())]  # with presence: a new column
 
 
 class _Writer:
     """Version 1 and version 2 (one more nullable field, `region`) of a value schema, in one
-    of the registry's formats: registered, and records of each produced."""
+    of the registry's formats: registered, and records of each produced. Protobuf's as the
+    sink writes them: its schema derived from the columns and registered by
+    `spark_jobs.registry_frames`, each body made by its encoder (`spark_jobs.proto_encoder`)
+    from the rows as Arrow hands them to it, without a Spark session."""
 
     def __init__(self, value_format: str, stack: Endpoints, url: str, topic: str) -> None:
         self.value_format, self._stack, self._topic = value_format, stack, topic
@@ -439,16 +439,19 @@ class _Writer:
             self._ids = _ids(stack, url, topic, V1, V2)
             return
         from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
-        from google.protobuf import message_factory
 
-        from consumers.decoding.proto_schemas import ProtoSchema, compile_schema
+        from spark_jobs.proto_encoder import ProtoEncoder
+        from spark_jobs.proto_files import derived
 
+        self._types = [T.StructType(fields) for fields in (PROTO_V1, PROTO_V2)]
+        writings = [derived(t, name="Payment", package="test") for t in self._types]
         with SchemaRegistryClient({"url": url, **stack.registry_properties}) as client:
-            self._ids = [client.register_schema(f"{topic}-value", Schema(text, "PROTOBUF"))
-                         for text in (PROTO_V1, PROTO_V2)]  # fmt: skip
-        self._classes = [
-            message_factory.GetMessageClass(ProtoSchema(compile_schema(text, {})).message((0,)))
-            for text in (PROTO_V1, PROTO_V2)
+            self._ids = [register(client, f"{topic}-value", Schema(w.text, "PROTOBUF"))
+                         for w in writings]  # fmt: skip
+        self._framing = [w.indexes for w in writings]
+        self._encoders = [
+            ProtoEncoder(w.descriptors, w.full_name, t)
+            for w, t in zip(writings, self._types, strict=True)
         ]
 
     def produce(self, ids: range, version: int, **more: Any) -> None:
@@ -456,13 +459,15 @@ class _Writer:
         if self.value_format == "avro":
             _produce(self._stack, self._topic, ids, schema_id, (V1, V2)[version - 1], **more)
             return
-        payment = self._classes[version - 1]
-        records = []
-        for i in ids:
-            message: Any = payment(id=i, note=f"n{i}", tags=["a", str(i)], **more)
-            message.at.seconds = 1_764_000_000 + i
-            body = message.SerializeToString()
-            records.append(({"id": i}, b"\x00" + schema_id.to_bytes(4, "big") + b"\x00" + body))
+        import pyarrow as pa
+        from pyspark.sql.pandas.types import to_arrow_type
+
+        rows = [{"id": i, "note": f"n{i}", "at": datetime(2026, 11, 27, tzinfo=UTC),
+                 "tags": ["a", str(i)], **more} for i in ids]  # fmt: skip
+        kind = to_arrow_type(self._types[version - 1], timezone="UTC")
+        bodies = self._encoders[version - 1].bodies(pa.array(rows, type=kind)).to_pylist()
+        head = b"\x00" + schema_id.to_bytes(4, "big") + self._framing[version - 1]
+        records = [({"id": i}, head + body) for i, body in zip(ids, bodies, strict=True)]
         produce(self._stack, self._topic, records)
 
 
