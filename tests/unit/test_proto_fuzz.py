@@ -1,8 +1,10 @@
 """The Protobuf reader (`consumers.decoding.proto_schemas`) against hostile bytes and against the
 protobuf library's own encoding: any body and any message-index framing give a dict or a
 ProtoError, nothing else; and messages the library encodes from generated values read back as
-those values, by the module's rules. The schema is built as descriptors here (no protoc: no I/O);
-`tests/integration/test_protobuf_schemas.py` compiles real `.proto` text."""
+those values, by the module's rules; and the C reader of plain fields (`_proto_body.c`) gives the
+runtime's rows or declines, never rows for a body the runtime refuses. The schema is built as
+descriptors here (no protoc: no I/O); `tests/integration/test_protobuf_schemas.py` compiles real
+`.proto` text."""
 
 from __future__ import annotations
 
