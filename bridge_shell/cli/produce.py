@@ -123,17 +123,17 @@ def produce(
         str,
         typer.Option(
             "--value-format",
-            help="json (each line, or the row as JSON), avro or json-schema (typed records "
-            "registered in the schema registry of the settings, schema_registry.url; see "
-            "docs/typed-records.md).",
+            help="json (each line, or the row as JSON), avro, json-schema or protobuf (typed "
+            "records registered in the schema registry of the settings, schema_registry.url; "
+            "see docs/typed-records.md).",
         ),
     ] = "json",
     key_format: Annotated[
         str,
         typer.Option(
             "--key-format",
-            help="json (the --key-field's value as text) or avro or json-schema: a typed "
-            "record of the --key-field, registered under the topic's -key subject.",
+            help="json (the --key-field's value as text) or avro, json-schema or protobuf: a "
+            "typed record of the --key-field, registered under the topic's -key subject.",
         ),
     ] = "json",
     value_schema: Annotated[

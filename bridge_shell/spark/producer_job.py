@@ -5,16 +5,16 @@ source, the line itself: each line of a JSON-lines file already is one). A line 
 still goes through, unchanged: the consumer dead-letters it with its coordinates, so nothing is
 lost and the operator sees it where the other bad records are.
 
-With `value_format` avro (or json-schema), each value is a typed record instead, registered
-and framed in the schema registry's wire format (`spark_jobs.registry_frames`): the rate
-source's own columns, or for the files and kafka sources each JSON line read by
+With `value_format` avro (or json-schema, or protobuf), each value is a typed record instead,
+registered and framed in the schema registry's wire format (`spark_jobs.registry_frames`): the
+rate source's own columns, or for the files and kafka sources each JSON line read by
 `value_schema` (a Spark DDL string such as `id BIGINT, amount DECIMAL(12,2), at TIMESTAMP`).
 A line that is not JSON or does not fit the schema goes through unchanged and unframed, for the
 consumer to dead-letter as above.
 
-With `key_format` avro (or json-schema) and `key_field`, each key is a typed record of that one
-field, registered under the topic's `-key` subject and framed the same way; the field keeps the
-type the value gives it (a string where the value stays JSON).
+With `key_format` avro (or json-schema, or protobuf) and `key_field`, each key is a typed
+record of that one field, registered under the topic's `-key` subject and framed the same way;
+the field keeps the type the value gives it (a string where the value stays JSON).
 
 Run it with `bridge produce ...`, or `spark-submit bridge_shell/cli/spark_submit.py ...` (same
 options).
@@ -46,6 +46,8 @@ KAFKA_SOURCE_COLUMNS = (
 )  # fmt: skip
 _INTERVAL = re.compile(r"^\d+(\.\d+)?\s*(ms|milliseconds?|s|seconds?|m|minutes?|h|hours?)$")
 _FIELD = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*$")
+_FORMATS = ("json", "avro", "json-schema", "protobuf")  # the sink's value.format / key.format
+_FORMAT_NAMES = "json, avro, json-schema or protobuf"
 _CORRUPT = "_bridge_unreadable_line"  # where from_json puts a line it cannot read by the schema
 
 
@@ -80,7 +82,7 @@ class ProducerJob:
     metrics_port: int | None = None  # Prometheus /metrics from the driver; 0: any free port
     metrics_host: str = "0.0.0.0"  # noqa: S104 - scraped from elsewhere
     progress_file: Path | None = None  # default: see locations.progress_path
-    value_format: str = "json"  # or avro, json-schema: see the module's docstring
+    value_format: str = "json"  # or avro, json-schema, protobuf: see the module's docstring
     key_format: str = "json"  # the same, for the key: a record of `key_field`
     value_schema: str | None = None  # a Spark DDL string: the JSON lines' fields, for avro
     # The schema registry client's settings (url, credentials): never in a repr.
@@ -126,10 +128,8 @@ class ProducerJob:
             problems.append(("--max-files-per-trigger", "must be at least 1"))
         if self.rows_per_second < 1:
             problems.append(("--rows-per-second", "must be at least 1"))
-        if self.value_format not in ("json", "avro", "json-schema"):
-            problems.append(
-                ("--value-format", f"{self.value_format!r} is not json, avro or json-schema")
-            )
+        if self.value_format not in _FORMATS:
+            problems.append(("--value-format", f"{self.value_format!r} is not {_FORMAT_NAMES}"))
         if self.value_format != "json":
             if not self.registry.get("url"):
                 problems.append(
@@ -145,10 +145,8 @@ class ProducerJob:
                 )  # fmt: skip
         elif self.value_schema is not None:
             problems.append(("--value-schema", "only a registry format reads lines by a schema"))
-        if self.key_format not in ("json", "avro", "json-schema"):
-            problems.append(
-                ("--key-format", f"{self.key_format!r} is not json, avro or json-schema")
-            )
+        if self.key_format not in _FORMATS:
+            problems.append(("--key-format", f"{self.key_format!r} is not {_FORMAT_NAMES}"))
         elif self.key_format != "json":
             if self.key_field is None:
                 problems.append(("--key-format", "a typed key is a record of --key-field: name it"))

@@ -745,3 +745,36 @@ def test_a_users_own_proto_that_does_not_fit_the_columns_is_refused_naming_each(
     with pytest.raises(ConfigError, match=r"has no message 'shop.Refund' \(its messages: "
                        r"shop.Header, shop.Order\)"):  # fmt: skip
         encode(frame.select(F.struct("*").alias("value")), missing)
+
+
+def test_the_producer_job_writes_protobuf_values_and_keys_and_passes_bad_lines_through(
+    spark: Any, stack: Endpoints, names: dict[str, str], registry_url: str, typed_table: str,
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    """`bridge produce --value-format protobuf --value-schema ... --key-field id --key-format
+    protobuf`: each line a Protobuf record, its key one of its id, both framed with the first
+    message's indexes; a line that is not JSON goes through as it is, for a dead letter."""
+    create_topic(stack.bootstrap_servers, names["topic"], partitions=PARTITIONS)
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "part-0.json").write_text(
+        '{"id": 1, "name": "one", "amount": "12.50", "tags": ["a"]}\nnot json\n{"id": 2}\n'
+    )
+    job = ProducerJob(
+        source=Source.FILES, input=tmp_path / "in", topic=names["topic"],
+        checkpoint=tmp_path / "checkpoint", bootstrap_servers=stack.bootstrap_servers,
+        value_format="protobuf", value_schema="id BIGINT, name STRING, amount DECIMAL(38,18), "
+        "tags ARRAY<STRING>", registry={"url": registry_url}, key_field="id",
+        key_format="protobuf",
+    )  # fmt: skip
+    assert run(job, spark).rows_written == 3
+    found = read_messages(stack.bootstrap_servers, names["topic"], partitions=PARTITIONS,
+                          config=stack.properties())  # fmt: skip
+    assert {bytes(m.key() or b"")[5:6] for m in found} == {b"\x00"}  # the short form: [0]
+    settings = settings_for(stack, names, registry_url=registry_url, value_format="protobuf")
+    with running(settings):
+        drained(stack, names, PARTITIONS)
+    assert sql(stack, f"SELECT id, name, amount, tags FROM {typed_table} ORDER BY id") == [
+        (1, "one", Decimal("12.5"), ["a"]), (2, None, None, []),
+    ]  # fmt: skip
+    dead = sql(stack, f"SELECT value FROM {names['schema']}.dead_letters")
+    assert [bytes(value) for (value,) in dead] == [b"not json"]

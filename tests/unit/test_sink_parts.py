@@ -341,8 +341,8 @@ def test_a_typed_key_needs_its_field_and_the_registry() -> None:
         "--key-format": "a typed key is a record of --key-field: name it",
         "schema_registry.url": "--key-format avro needs the schema registry",
     }
-    assert problems(key_format="protobuf", key_field="id") == {
-        "--key-format": "'protobuf' is not json, avro or json-schema"
+    assert problems(key_format="thrift", key_field="id") == {
+        "--key-format": "'thrift' is not json, avro, json-schema or protobuf"
     }
     typed: dict[str, Any] = {"key_field": "value", "key_format": "avro",
                              "registry": {"url": "http://r"}}  # fmt: skip
