@@ -11,12 +11,12 @@ schema from the DataFrame's schema (`spark_jobs.avro_schema`), registers it unde
 and replaces the column by the magic byte, the schema id and Spark's own `to_avro` of it. The
 encoding runs in the JVM, in the same stage that makes the rows, so the sink's Python writer
 moves bytes as it does for JSON. Protobuf's schema is derived as text
-(`spark_jobs.proto_schema`), compiled by protoc on the driver, and its bodies made in the
-Python workers from the compiled descriptors by an Arrow UDF (`spark_jobs.proto_encoder`),
-framed with the message indexes of the schema's first message in their short form (a lone 0),
-as Confluent's serializers write it. A schema the registry refuses (incompatible with the subject's
-latest under its compatibility rule, or refused outright) stops here, before the query starts,
-with the subject and the registry's reason.
+(`spark_jobs.proto_schema`), or is the user's own `.proto` (`spark_jobs.proto_files`),
+compiled by protoc on the driver; its bodies are made in the Python workers from the compiled
+descriptors by an Arrow UDF (`spark_jobs.proto_encoder`), framed with the message's indexes as
+Confluent's serializers write them. A schema the registry refuses (incompatible with the
+subject's latest under its compatibility rule, or refused outright) stops here, before the
+query starts, with the subject and the registry's reason.
 """
 
 from __future__ import annotations
@@ -270,11 +270,10 @@ def framed(
     """The column as the wire format's bytes: the magic byte, the id (4 bytes, big endian) and
     `to_avro` of the value, or its `to_json` as UTF-8, in the JVM; or Protobuf's message indexes
     and body, made in the Python workers (`data_type`: the column's struct type); null stays
-    null (a tombstone). `schema_ids`: the id, under None; or, with
-    `by_topic` (the topic column), each topic's, a row of any other topic failing its task with
-    the topic named. The body is the same under every topic's subject: the schemas differ only
-    in the record's name, which no encoding writes (Protobuf's indexes name the message by its
-    place, not its name)."""
+    null (a tombstone). `schema_ids`: the id, under None; or, with `by_topic` (the topic
+    column), each topic's, a row of any other topic failing its task with the topic named. The
+    body is the same under every topic's subject: the schemas differ only in the record's name,
+    which no encoding writes (Protobuf's indexes name the message by its place)."""
     from pyspark.sql import functions as F
     from pyspark.sql.avro.functions import to_avro
 
