@@ -36,7 +36,6 @@ import argparse
 import json
 import time
 import uuid
-from collections import Counter
 from pathlib import Path
 from statistics import median
 from typing import Any
@@ -58,6 +57,7 @@ from bench.consumer import (
 )
 from bench.cpu import CpuMeter
 from bench.latency import run_pipeline
+from bridge.delivered_offsets import DeliveredOffsets
 from bridge.epoch_manifest import Epoch, Part, key_of
 from bridge.names import (
     DEFAULT_EPOCHS_TOPIC,
@@ -72,12 +72,15 @@ from bridge.names import (
 def fill_epochs(
     stack: Endpoints, topic: str, *, epochs: int, tasks: int, rows_per_task: int
 ) -> str:
-    """The topic and the manifest as the sink writes them with whole epochs; the query id."""
+    """The topic and the manifest as the sink writes them with whole epochs (each part naming
+    its records' offsets, from their delivery reports); the query id."""
     new_topic(stack, topic, partitions=PARTITIONS)
     new_topic(stack, DEFAULT_EPOCHS_TOPIC, partitions=1)
     query = f"bench-{uuid.uuid4().hex[:8]}"
+    delivered = DeliveredOffsets()
     producer = Producer({"bootstrap.servers": stack.bootstrap_servers, "linger.ms": 20,
-                         "transactional.id": f"bench-{uuid.uuid4().hex}"})  # fmt: skip
+                         "transactional.id": f"bench-{uuid.uuid4().hex}",
+                         "on_delivery": delivered})  # fmt: skip
     producer.init_transactions(30)
     now_ms = int(time.time() * 1000)
     record_id = 0
@@ -99,8 +102,11 @@ def fill_epochs(
                     except BufferError:
                         producer.poll(0.05)
                 record_id += 1
-            part = Part(query=query, epoch=epoch, partition=task,
-                        records=Counter({topic: rows_per_task}))  # fmt: skip
+            producer.flush(60)
+            written = {topic: rows_per_task}
+            part = Part(query=query, epoch=epoch, partition=task, records=written,
+                        offsets=delivered.ranges(written) or {})  # fmt: skip
+            delivered.clear()  # for the next transaction's
             producer.produce(DEFAULT_EPOCHS_TOPIC, part.encode(), key_of(query), 0)
             producer.commit_transaction(60)
         producer.begin_transaction()

@@ -5,7 +5,9 @@ keyed by the query id), both JSON:
 
 - a **part**, written by a write task inside the very Kafka transaction that carries its records,
   so that the part and the records commit or abort together: the query, the epoch, the task's
-  Spark partition, and how many records it wrote to each topic;
+  Spark partition, how many records it wrote to each topic, and (from this version's sink) where
+  they are: each topic partition's offsets as ranges, from the task's delivery reports, so that
+  a reader finds a record's epoch from its offset instead of its headers;
 - an **epoch**, written by the driver's commit hook once every task of the epoch succeeded, in a
   transaction of its own: the query, the epoch, and the Spark partitions that wrote a part (a
   task with no input writes none).
@@ -25,7 +27,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 from bridge.errors import BridgeError
@@ -36,7 +38,13 @@ MAX_PARTS: Final = 65_536  # Spark partitions of one epoch
 MAX_TOPICS: Final = 10_000  # topics one task writes to
 _MAX_QUERY_ID: Final = 200
 _MAX_INT64: Final = (1 << 63) - 1
+MAX_RANGES: Final = 20_000  # offset ranges of one part (bridge.delivered_offsets bounds them)
 _TOPIC: Final = re.compile(r"[A-Za-z0-9._-]{1,249}")
+_PARTITION: Final = re.compile(r"0|[1-9][0-9]{0,9}")
+_MAX_KAFKA_PARTITION: Final = (1 << 31) - 1
+
+# topic -> Kafka partition -> the task's records' offsets, as (first, last) ranges, in order
+OffsetRanges = Mapping[str, Mapping[int, tuple[tuple[int, int], ...]]]
 
 
 class ManifestError(BridgeError):
@@ -45,24 +53,30 @@ class ManifestError(BridgeError):
 
 @dataclass(frozen=True, kw_only=True)
 class Part:
-    """One write task's share of an epoch: records per topic."""
+    """One write task's share of an epoch: records per topic, and where they are when the task
+    knew it (`offsets`: each range's offsets are all the task's records; empty: not named)."""
 
     query: str
     epoch: int
     partition: int
     records: Mapping[str, int]
+    offsets: OffsetRanges = field(default_factory=dict)
 
     def encode(self) -> bytes:
-        return _dump(
-            {
-                "v": VERSION,
-                "kind": "part",
-                "query": self.query,
-                "epoch": self.epoch,
-                "partition": self.partition,
-                "records": dict(sorted(self.records.items())),
+        document: dict[str, Any] = {
+            "v": VERSION,
+            "kind": "part",
+            "query": self.query,
+            "epoch": self.epoch,
+            "partition": self.partition,
+            "records": dict(sorted(self.records.items())),
+        }
+        if self.offsets:
+            document["offsets"] = {
+                topic: {str(p): [list(r) for r in ranges] for p, ranges in sorted(of.items())}
+                for topic, of in sorted(self.offsets.items())
             }
-        )
+        return _dump(document)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -117,7 +131,8 @@ def parse(value: bytes | None) -> Part | Epoch:
                 raise ManifestError(f"records: {topic[:260]!r} is not a topic name")
             _count(records, topic, where=f"records.{topic}")
         partition = _count(document, "partition", most=MAX_PARTS - 1)
-        return Part(query=query, epoch=epoch, partition=partition, records=records)
+        offsets = _offsets(document.get("offsets", {}), records)
+        return Part(query=query, epoch=epoch, partition=partition, records=records, offsets=offsets)
     if kind == "epoch":
         parts = document.get("parts")
         if not isinstance(parts, list) or len(parts) > MAX_PARTS:
@@ -127,6 +142,50 @@ def parse(value: bytes | None) -> Part | Epoch:
             raise ManifestError("parts: a partition is named twice")
         return Epoch(query=query, epoch=epoch, parts=tuple(sorted(checked)))
     raise ManifestError(f"kind: {str(kind)[:20]!r}, expected 'part' or 'epoch'")
+
+
+def _offsets(value: Any, records: Mapping[str, int]) -> OffsetRanges:
+    """A part's offset ranges, checked: topics it counts, partitions, ranges in order, and as
+    many offsets in a topic's ranges as the part counts records there."""
+    if not isinstance(value, dict):
+        raise ManifestError("offsets: an object of topics expected")
+    found: dict[str, dict[int, tuple[tuple[int, int], ...]]] = {}
+    ranges_seen = 0
+    for topic, of_topic in value.items():
+        where = f"offsets.{topic[:260]}"
+        if topic not in records:
+            raise ManifestError(f"{where}: a topic the part counts no records of")
+        if not isinstance(of_topic, dict):
+            raise ManifestError(f"{where}: an object of partitions expected")
+        in_ranges = 0
+        checked: dict[int, tuple[tuple[int, int], ...]] = {}
+        for name, ranges in of_topic.items():
+            if not _PARTITION.fullmatch(name) or int(name) > _MAX_KAFKA_PARTITION:
+                raise ManifestError(f"{where}: {name[:20]!r} is not a partition")
+            if not isinstance(ranges, list) or not ranges:
+                raise ManifestError(f"{where}.{name}: a list of [first, last] ranges expected")
+            ranges_seen += len(ranges)
+            if ranges_seen > MAX_RANGES:
+                raise ManifestError(f"offsets: more than {MAX_RANGES} ranges")
+            pairs = []
+            after = -1  # the end of the range before: ranges are in order, not overlapping
+            for i, pair in enumerate(ranges):
+                at = f"{where}.{name}[{i}]"
+                if not isinstance(pair, list) or len(pair) != 2:
+                    raise ManifestError(f"{at}: a [first, last] pair expected")
+                first, last = (_number(n, at, most=_MAX_INT64) for n in pair)
+                if not after < first <= last:
+                    raise ManifestError(f"{at}: first <= last, after the range before, expected")
+                in_ranges += last - first + 1
+                after = last
+                pairs.append((first, last))
+            checked[int(name)] = tuple(pairs)
+        if in_ranges != records[topic]:
+            raise ManifestError(
+                f"{where}: {in_ranges} offsets in its ranges, {records[topic]} records counted"
+            )
+        found[topic] = checked
+    return found
 
 
 def _count(

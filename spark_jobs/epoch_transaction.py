@@ -7,8 +7,9 @@ Order, and why:
    the id (a failed attempt, a dead driver's task, a speculative twin) and fences that holder.
 2. Read the marker of P. Only now is it trustworthy: no earlier holder can still commit.
 3. Marker epoch >= E: this epoch of P is already in Kafka (a replay after a driver crash), write
-   nothing. Otherwise begin, produce every row, then (with `epochs=whole`) the task's part of the
-   epoch manifest (`bridge.epoch_manifest`), add the marker (P, E) to the transaction, commit.
+   nothing. Otherwise begin, produce every row, then (with `epochs=whole`) wait for their delivery
+   reports and write the task's part of the epoch manifest (`bridge.epoch_manifest`), naming
+   where the records landed, add the marker (P, E) to the transaction, commit.
 
 Errors: retriable ones are retried within the transaction timeout; an abortable one aborts the
 transaction and fails the task so that Spark re-runs it from its input; fatal ones (fenced, ...)
@@ -39,6 +40,7 @@ from tenacity import (
     wait_exponential,
 )
 
+from bridge.delivered_offsets import DeliveredOffsets
 from bridge.epoch_manifest import Part, key_of
 from bridge.errors import BridgeError
 from bridge.kafka_refusal import RefusalWatch
@@ -210,6 +212,8 @@ class EpochTransaction:
         # Credentials or TLS the brokers refused: librdkafka says so only to its error callback,
         # while the call it blocks in ends in a bare timeout.
         self._refused = RefusalWatch()
+        # With whole epochs, where each record landed, for the task's part of the manifest.
+        self._delivered = DeliveredOffsets() if options.epochs is Epochs.WHOLE else None
         # librdkafka connects in the background from here on.
         self._producer = Producer(self._producer_config())
         self._markers = MarkerReader(
@@ -312,6 +316,8 @@ class EpochTransaction:
         config["transactional.id"] = self._transactional_id
         config["transaction.timeout.ms"] = self._options.transaction_timeout_ms
         config["error_cb"] = self._refused
+        if self._delivered is not None:
+            config["on_delivery"] = self._delivered
         # librdkafka's own lines as log records of the task, not raw `%4|...` lines on stderr.
         config["logger"] = RDKAFKA_LOG
         return config
@@ -324,12 +330,20 @@ class EpochTransaction:
         return self._refused.refused
 
     def _produce_part(self, producer: Producer, topics: Counter[str]) -> None:
-        """The task's part of the epoch manifest, in the transaction that carries its records."""
+        """The task's part of the epoch manifest, in the transaction that carries its records.
+
+        It names their offsets once every record's delivery report is in: the commit would wait
+        for them anyway. Without them (a flush that timed out, a record undelivered: the commit
+        fails then) the part names none, and readers find the epoch in each record's headers."""
+        offsets = None
+        if self._delivered is not None and producer.flush(self._timeout) == 0:
+            offsets = self._delivered.ranges(dict(topics))
         part = Part(
             query=self._where.query_id,
             epoch=self._where.epoch,
             partition=self._where.partition,
             records=dict(topics),
+            offsets=offsets or {},
         )
         record: KafkaRow = (self._options.epochs_topic, part.encode(), key_of(part.query), 0, [])
         self._produce_records(producer, [record], sum(topics.values()))

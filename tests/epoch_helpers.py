@@ -3,8 +3,10 @@ watches the tables for part of an epoch.
 
 `HandSink` writes what `bridge-kafka` with `epochs=whole` writes (`spark_jobs.epoch_transaction`,
 `spark_jobs.manifest_writer`): each task's records with their provenance headers and its part in
-one Kafka transaction, then the epoch's record in another. A test can stop between any two of
-those, which Spark's scheduler does not let it choose. The Spark tests drive the real sink.
+one Kafka transaction (naming the records' offsets, from their delivery reports, unless told to
+write parts as a sink before them did), then the epoch's record in another. A test can stop
+between any two of those, which Spark's scheduler does not let it choose. The Spark tests drive
+the real sink.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from bridge.delivered_offsets import DeliveredOffsets
 from bridge.epoch_manifest import Epoch, Part, key_of
 from bridge.names import (
     EPOCH_STAGED_TABLE,
@@ -34,10 +37,13 @@ from tests.kafka_helpers import transactional_producer
 class HandSink:
     """One streaming query's writes, as bridge's sink makes them with whole epochs."""
 
-    def __init__(self, stack: Endpoints, *, manifest_topic: str, query: str) -> None:
+    def __init__(
+        self, stack: Endpoints, *, manifest_topic: str, query: str, name_offsets: bool = True
+    ) -> None:
         self._stack = stack
         self.manifest_topic = manifest_topic
         self.query = query
+        self.name_offsets = name_offsets  # False: parts as sinks before offsets wrote them
 
     def task(
         self,
@@ -49,8 +55,10 @@ class HandSink:
     ) -> None:
         """One write task: `records` as (topic, Kafka partition, key, value), and its part, in
         one transaction (aborted with `abort`, as a task that failed)."""
+        delivered = DeliveredOffsets()
         producer = transactional_producer(
-            self._stack.bootstrap_servers, config=self._stack.properties()
+            self._stack.bootstrap_servers,
+            config={**self._stack.properties(), "on_delivery": delivered},
         )
         headers: list[tuple[str, str | bytes | None]] = [
             (PROVENANCE_QUERY, self.query.encode()),
@@ -62,7 +70,11 @@ class HandSink:
             for topic, partition, key, value in records:
                 producer.produce(topic, value, key, partition, headers=headers)
             written = Counter(topic for topic, _, _, _ in records)
-            part = Part(query=self.query, epoch=epoch, partition=spark_partition, records=written)
+            offsets = None
+            if self.name_offsets and producer.flush(30) == 0:
+                offsets = delivered.ranges(dict(written))
+            part = Part(query=self.query, epoch=epoch, partition=spark_partition,
+                        records=written, offsets=offsets or {})  # fmt: skip
             producer.produce(self.manifest_topic, part.encode(), key_of(self.query), 0)
             if abort:
                 producer.flush(30)

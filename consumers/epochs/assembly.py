@@ -15,17 +15,17 @@ manifest with it. For each batch, `assemble`:
    seen kept, as the ledger keeps them; what this member did not read (committed before it
    joined) is asked of the ledger between batches (`asking`, answered by the publisher's next
    look), at most every `_LOOK_AGAIN_S` an epoch;
-3. counts the whole topics' records per epoch (their provenance headers, read once per run of a
-   task's records) and finds the epochs the batch **publishes**: the epoch record is known, every
-   part is in hand, record for record (`EpochState.lacks`, the judge's rule), every
-   whole topic it wrote to has all its partitions here, none of it was staged, and no earlier
-   epoch of its query is in hand unpublished or staged. Their records are planned for their
-   tables like any batch's, and `ledger.publish_in_batch` settles each epoch in the same
-   transaction, or refuses the batch when the ledger disagrees: its judge (`epoch_lacks`),
-   with the batch's records counted, finds the epoch lacking, or an earlier epoch is open,
-   records were staged by another member, or it knows a part this member never saw. A refused
-   batch is written again statement by statement, staging everything, exactly as without this
-   module;
+3. counts the whole topics' records per epoch (each record's epoch found from the manifest's
+   offsets, or else its provenance headers: `consumers.epochs.placement`) and finds the epochs
+   the batch **publishes**: the epoch record is known, every part is in hand, record for record
+   (`EpochState.lacks`, the judge's rule), every whole topic it wrote to has all its partitions
+   here, none of it was staged, and no earlier epoch of its query is in hand unpublished or
+   staged. Their records are planned for their tables like any batch's, and
+   `ledger.publish_in_batch` settles each epoch in the same transaction, or refuses the batch
+   when the ledger disagrees: its judge (`epoch_lacks`), with the batch's records counted, finds
+   the epoch lacking, or an earlier epoch is open, records were staged by another member, or it
+   knows a part this member never saw. A refused batch is written again statement by statement,
+   staging everything, exactly as without this module;
 4. **holds back**, per partition, the records from the first one of an epoch that may yet
    complete here: its topics all held in full, waiting less than `hold_s`, while the held
    records number at most `hold_records`. Their offsets do not advance, so a crash loses
@@ -45,13 +45,13 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import chain
-from typing import NamedTuple
 
 from bridge.epoch_manifest import ManifestError, Part, parse
 from consumers.database.offsets import PartitionKey
 from consumers.decoding.records import Record, offset_of
 from consumers.epochs.ledger import EpochKey, EpochState, Judged, Manifest
-from consumers.epochs.staging import provenance_of, runs
+from consumers.epochs.placement import Placed as _Run
+from consumers.epochs.placement import Placement
 
 _KNOWN_EPOCHS = 10_000  # manifests remembered; the oldest forgotten first (staged, then)
 _LOOK_AGAIN_S = 0.5  # the ledger asked again about an epoch whose manifest is not all known
@@ -80,15 +80,6 @@ class Assembled:
     # What each published epoch was judged whole with, for the ledger's check.
     judged: dict[EpochKey, Judged] = field(default_factory=dict)
     pending: PendingEpochs = PendingEpochs()  # settled or dropped with the batch
-
-
-class _Run(NamedTuple):
-    """Consecutive records of one write task in a partition: their epoch (None without the
-    sink's provenance) and Spark partition."""
-
-    epoch: EpochKey | None
-    spark_partition: int
-    records: list[Record]
 
 
 @dataclass
@@ -135,6 +126,7 @@ class EpochAssembly:
         self._asking: list[EpochKey] = []  # epochs whose manifest the next look reads
         self._answered = False  # a look brought manifests since the last batch
         self._known: dict[EpochKey, _Known] = {}
+        self._placement = Placement()  # where the parts read say their records are
         self._held: dict[PartitionKey, list[_Run]] = {}
         self._waiting: dict[EpochKey, float] = {}  # epochs held back, since when
         # Epochs with records staged (here, or by a batch refused and written again), since
@@ -233,14 +225,7 @@ class EpochAssembly:
             topic = key[0]
             if topic == self._manifest_topic or not self._whole_topic(topic):
                 continue
-            of_epochs = found.setdefault(key, [])
-            for headers, run in runs(of_key):
-                origin = provenance_of(headers)
-                if isinstance(origin, str):
-                    of_epochs.append(_Run(None, -1, run))  # a dead letter, staged
-                else:
-                    epoch = (origin.query, origin.epoch)
-                    of_epochs.append(_Run(epoch, origin.spark_partition, run))
+            found.setdefault(key, []).extend(self._placement.runs(key, of_key))
         in_hand: dict[EpochKey, Counter[tuple[int, str]]] = {}
         for (topic, _), of_epochs in found.items():
             for found_run in of_epochs:
@@ -298,6 +283,7 @@ class EpochAssembly:
             if isinstance(document, Part):
                 known = self._known.get(key) or self._remember(key)
                 known.written.setdefault(document.partition, dict(document.records))
+                self._placement.learn(document)
             else:
                 known = self._known.get(key) or self._remember(key)
                 known.parts = known.parts or tuple(sorted(document.parts))

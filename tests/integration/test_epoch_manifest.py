@@ -47,28 +47,36 @@ def manifest_of(
     return dict(parts), dict(epochs)
 
 
+Placed = dict[tuple[int, int], dict[str, dict[int, list[int]]]]
+
+
 def records_by_epoch(
     stack: Endpoints, topics: dict[str, int], query: str
-) -> dict[int, Counter[str]]:
-    """How many records of `query` each epoch put in each topic (topic -> its partitions)."""
+) -> tuple[dict[int, Counter[str]], Placed]:
+    """How many records of `query` each epoch put in each topic (topic -> its partitions), and
+    each task's records' offsets: (epoch, Spark partition) -> topic -> Kafka partition."""
     counts: dict[int, Counter[str]] = defaultdict(Counter)
+    placed: Placed = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
     for topic, partitions in topics.items():
         for message in read_messages(
             stack.bootstrap_servers, topic, partitions=partitions, config=stack.properties()
         ):
             headers = header_map(message)
             if headers["bridge.query"].decode() == query:
-                counts[int(headers["bridge.epoch"])][topic] += 1
-    return dict(counts)
+                epoch, task = int(headers["bridge.epoch"]), int(headers["bridge.partition"])
+                counts[epoch][topic] += 1
+                placed[epoch, task][topic][message.partition()].append(message.offset())  # type: ignore[index, arg-type]
+    return dict(counts), placed
 
 
 def assert_whole(
     stack: Endpoints, epochs_topic: str, topics: dict[str, int], query: str, epochs: set[int]
 ) -> dict[int, list[Epoch]]:
     """Every epoch of `epochs` has a record; all its records say the same; it names exactly the
-    parts written for it, once each, and their counts are its records in every topic."""
+    parts written for it, once each, and their counts are its records in every topic; each
+    part's offset ranges name exactly its task's records."""
     parts, records = manifest_of(stack, epochs_topic, query)
-    written = records_by_epoch(stack, topics, query)
+    written, placed = records_by_epoch(stack, topics, query)
     assert set(records) == epochs, f"epoch records for {sorted(records)}, expected {epochs}"
     for epoch, seen in records.items():
         assert len({record for record in seen}) == 1, f"epoch {epoch}: records differ: {seen}"
@@ -78,6 +86,12 @@ def assert_whole(
         for partition in named:
             (part,) = parts[epoch, partition]  # one part per task, whatever was replayed
             counted.update({t: n for t, n in part.records.items() if n})
+            offsets = {
+                topic: {p: [o for first, last in r for o in range(first, last + 1)]
+                        for p, r in of_topic.items()}
+                for topic, of_topic in part.offsets.items()
+            }  # fmt: skip
+            assert offsets == placed.get((epoch, partition), {}), f"part {epoch}/{partition}"
         assert counted == written.get(epoch, Counter()), f"epoch {epoch}"
     assert set(written) <= epochs
     return records

@@ -33,6 +33,15 @@ def test_a_part_and_an_epoch_read_back_as_written() -> None:
     assert parse(epoch.encode()) == epoch
     empty = Epoch(query=QUERY, epoch=8, parts=())  # an epoch without a part
     assert parse(empty.encode()) == empty
+    placed = Part(
+        query=QUERY, epoch=7, partition=3, records={"orders": 6, "lines": 0},
+        offsets={"orders": {0: ((0, 2), (5, 5)), 3: ((10, 11),)}},
+    )  # fmt: skip
+    assert parse(placed.encode()) == placed
+
+
+def _part(**offsets: Any) -> bytes:
+    return _document(kind="part", parts=..., partition=0, records={"t": 3}, **offsets)
 
 
 def _document(**changes: Any) -> bytes:
@@ -66,6 +75,20 @@ def _document(**changes: Any) -> bytes:
         (_document(kind="part", parts=..., partition=0, records={"t": -1}), "records.t:"),
         (_document(kind="part", parts=..., partition=-1, records={}), "partition:"),
         (_document(kind="part", parts=..., partition=0, records=[]), "records:"),
+        (_part(offsets=[]), "offsets:"),
+        (_part(offsets={"u": {"0": [[0, 2]]}}), "offsets.u:"),
+        (_part(offsets={"t": []}), "offsets.t:"),
+        (_part(offsets={"t": {"-1": [[0, 2]]}}), "offsets.t: '-1'"),
+        (_part(offsets={"t": {"01": [[0, 2]]}}), "offsets.t: '01'"),
+        (_part(offsets={"t": {"2147483648": [[0, 2]]}}), "offsets.t: '2147483648'"),
+        (_part(offsets={"t": {"0": []}}), "offsets.t.0:"),
+        (_part(offsets={"t": {"0": [[0]]}}), "offsets.t.0[0]:"),
+        (_part(offsets={"t": {"0": [[2, 0]]}}), "offsets.t.0[0]:"),
+        (_part(offsets={"t": {"0": [[-1, 1]]}}), "offsets.t.0[0]:"),
+        (_part(offsets={"t": {"0": [[0, 1], [1, 1]]}}), "offsets.t.0[1]:"),
+        (_part(offsets={"t": {"0": [[4, 5], [0, 0]]}}), "offsets.t.0[1]:"),
+        (_part(offsets={"t": {"0": [[0, 1]]}}), "2 offsets in its ranges, 3 records"),
+        (_part(offsets={"t": {"0": [[0, 0]] * 20_001}}), "more than 20000 ranges"),
     ],
 )
 def test_what_is_not_a_manifest_record_is_refused_naming_why(
@@ -90,6 +113,16 @@ _FIELDS = st.fixed_dictionaries(
         "partition": st.integers(min_value=-2, max_value=1 << 20) | _JSON,
         "records": st.dictionaries(st.text(max_size=12), st.integers() | _JSON) | _JSON,
         "parts": st.lists(st.integers(min_value=-1, max_value=1 << 17), max_size=8) | _JSON,
+        "offsets": st.dictionaries(
+            st.sampled_from(["t", "u"]),
+            st.dictionaries(
+                st.sampled_from(["0", "1", "01", "-1"]),
+                st.lists(st.lists(st.integers(min_value=-1, max_value=9), max_size=3), max_size=3)
+                | _JSON,
+            )
+            | _JSON,
+        )
+        | _JSON,
     },
 )
 
