@@ -9,7 +9,9 @@ records of `--value-bytes` bytes in one Kafka transaction, as one write task doe
 header, with one, and with the three (as a dict and as a list of pairs: the sink uses either),
 in alternated rounds, and reports the median of each: the produce calls' time on the Python
 thread (the loop the sink runs), the commit's, and the process's CPU over the whole
-transaction (librdkafka's threads included).
+transaction (librdkafka's threads included). One more shape is the sink's with whole epochs:
+the three headers, and every record's delivery report gathered into offset ranges
+(`bridge.delivered_offsets`), waited for before the commit as the task waits before its part.
 
 The reader's side: `--read-records` records with the three headers and as many without, each
 written in one transaction, are read back (read_committed) once a round, fresh, and the
@@ -35,6 +37,7 @@ from confluent_kafka import Consumer, Message, Producer
 
 from bench.common import Endpoints, new_topic, running_stack, write_results
 from bench.cpu import process_seconds
+from bridge.delivered_offsets import DeliveredOffsets
 from consumers.epochs.staging import runs as epoch_runs
 
 PROVENANCE = {
@@ -47,15 +50,22 @@ SHAPES: dict[str, Any] = {
     "one": {"bridge.epoch": PROVENANCE["bridge.epoch"]},
     "three (dict)": PROVENANCE,
     "three (list)": list(PROVENANCE.items()),
+    "three + offsets": list(PROVENANCE.items()),
 }
+GATHERS_OFFSETS = {"three + offsets"}
 
 
 def one_transaction(
-    stack: Endpoints, topic: str, values: list[bytes], headers: Any
+    stack: Endpoints, topic: str, values: list[bytes], headers: Any, *, offsets: bool = False
 ) -> dict[str, float]:
-    """One task's worth of records in one transaction; what each part took."""
-    producer = Producer({"bootstrap.servers": stack.bootstrap_servers, "linger.ms": 5,
-                         "transactional.id": f"bench-headers-{uuid.uuid4().hex}"})  # fmt: skip
+    """One task's worth of records in one transaction; what each part took. With `offsets`,
+    their delivery reports gathered, and waited for before the commit."""
+    delivered = DeliveredOffsets()
+    config: dict[str, Any] = {"bootstrap.servers": stack.bootstrap_servers, "linger.ms": 5,
+                              "transactional.id": f"bench-headers-{uuid.uuid4().hex}"}  # fmt: skip
+    if offsets:
+        config["on_delivery"] = delivered
+    producer = Producer(config)
     producer.init_transactions(30)
     produce: Callable[..., None] = producer.produce
     cpu_before = process_seconds(os.getpid())
@@ -69,6 +79,10 @@ def one_transaction(
             except BufferError:
                 producer.poll(0.01)
     produced = time.perf_counter()
+    if offsets:
+        producer.flush(60)
+        if delivered.ranges({topic: len(values)}) is None:
+            raise RuntimeError(f"{topic}: the delivery reports do not name every record")
     producer.commit_transaction(60)
     committed = time.perf_counter()
     cpu = process_seconds(os.getpid()) - cpu_before
@@ -131,7 +145,8 @@ def main() -> None:
             shapes = list(SHAPES)
             shapes = shapes[number % len(shapes) :] + shapes[: number % len(shapes)]
             for shape in shapes:
-                runs[shape].append(one_transaction(stack, topic, values, SHAPES[shape]))
+                runs[shape].append(one_transaction(stack, topic, values, SHAPES[shape],
+                                                   offsets=shape in GATHERS_OFFSETS))  # fmt: skip
         read_values = values * (args.read_records // len(values) + 1)
         read_topics = {}
         for shape in ("none", "three (list)"):
@@ -157,6 +172,11 @@ def main() -> None:
               f"process CPU {f['cpu_ms']} ms")  # fmt: skip
     per_row_us = (figures["three (list)"]["produce_ms"] - base) * 1000 / args.records
     print(f"three headers add {per_row_us:.2f} µs a record on the producing thread")
+    with_offsets = figures["three + offsets"]
+    offsets_cpu_us = (
+        (with_offsets["cpu_ms"] - figures["three (list)"]["cpu_ms"]) * 1000 / args.records
+    )
+    print(f"gathering the offsets adds {offsets_cpu_us:.2f} µs of process CPU a record")
     read_figures = {
         shape: {part: round(median(r[part] for r in done), 3) for part in done[0]}
         for shape, done in reads.items()
@@ -168,6 +188,7 @@ def main() -> None:
         "records": args.records, "value_bytes": args.value_bytes, "rounds": args.rounds,
         "shapes": figures, "rounds_produce_ms": every_round,
         "three_headers_added_us_per_record": round(per_row_us, 2),
+        "offsets_added_cpu_us_per_record": round(offsets_cpu_us, 2),
         "read_records": args.read_records, "reading": read_figures,
         "rounds_reading": {shape: [{k: round(v, 3) for k, v in r.items()} for r in done]
                            for shape, done in reads.items()},
