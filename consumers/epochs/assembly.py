@@ -126,7 +126,7 @@ class EpochAssembly:
         self._asking: list[EpochKey] = []  # epochs whose manifest the next look reads
         self._answered = False  # a look brought manifests since the last batch
         self._known: dict[EpochKey, _Known] = {}
-        self._placement = Placement()  # where the parts read say their records are
+        self._placement = Placement(whole_topic)  # where the parts read say their records are
         self._held: dict[PartitionKey, list[_Run]] = {}
         self._waiting: dict[EpochKey, float] = {}  # epochs held back, since when
         # Epochs with records staged (here, or by a batch refused and written again), since

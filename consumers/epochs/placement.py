@@ -19,7 +19,7 @@ batch says it holds of each epoch against the manifest, as it always has.
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right, insort
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Final, NamedTuple, cast
 
 from bridge.epoch_manifest import Part
@@ -28,7 +28,10 @@ from consumers.decoding.records import Record, offset_of
 from consumers.epochs.ledger import EpochKey
 from consumers.epochs.staging import Headers, Provenance, provenance_of, runs
 
-_MAX_SPANS: Final = 100_000  # ranges remembered a partition; the oldest forgotten first
+# Ranges remembered a partition (a few a part; about 1.5 MB at most), the oldest forgotten
+# first: a partition this member does not hold keeps them until then, and records behind them
+# are placed by their headers.
+_MAX_SPANS: Final = 10_000
 _AFTER_ANY: Final = 1 << 63  # more than any offset
 
 
@@ -50,13 +53,17 @@ class _Span(NamedTuple):
 
 
 class Placement:
-    """The ranges of the parts this member read, by partition, until its records pass them."""
+    """The ranges of the parts this member read, by partition, until its records pass them:
+    only the whole topics' (`whole_topic`); a part names every topic its task wrote to."""
 
-    def __init__(self) -> None:
+    def __init__(self, whole_topic: Callable[[str], bool]) -> None:
+        self._whole_topic = whole_topic
         self._spans: dict[PartitionKey, list[_Span]] = {}
 
     def learn(self, part: Part) -> None:
         for topic, of_topic in part.offsets.items():
+            if not self._whole_topic(topic):
+                continue
             for partition, ranges in of_topic.items():
                 spans = self._spans.setdefault((topic, partition), [])
                 for first, last in ranges:

@@ -44,7 +44,7 @@ def test_records_inside_a_parts_ranges_are_its_tasks_with_only_the_ends_headers_
         record(o, (provenance(4, 0) if o < 3 or o > 6 else provenance(4, 1)) if o in ends else None)
         for o in (0, 1, 2, 3, 4, 5, 7, 8, 9)
     ]
-    placement = Placement()
+    placement = Placement(lambda topic: topic == TOPIC)
     placement.learn(part(4, 0, (0, 2), (7, 9)))
     placement.learn(part(4, 1, (3, 5)))
     assert placed(list(placement.runs(KEY, records))) == [
@@ -63,7 +63,7 @@ def test_records_outside_every_range_are_placed_by_their_headers() -> None:
         record(3, None),
         record(4, provenance(1, 2)),
     ]
-    placement = Placement()
+    placement = Placement(lambda topic: topic == TOPIC)
     placement.learn(part(1, 0, (0, 1)))
     placement.learn(part(1, 2, (4, 4)))
     assert placed(list(placement.runs(KEY, records))) == [
@@ -77,7 +77,7 @@ def test_records_outside_every_range_are_placed_by_their_headers() -> None:
 def test_ranges_that_do_not_speak_of_these_records_are_forgotten_and_headers_read() -> None:
     # The topic made again: an old part's ranges name offsets that other records hold now.
     records = [record(o, provenance(9, 3)) for o in range(4)]
-    placement = Placement()
+    placement = Placement(lambda topic: topic == TOPIC)
     placement.learn(part(1, 0, (0, 3)))
     assert placed(list(placement.runs(KEY, records))) == [((QUERY, 9), 3, [0, 1, 2, 3])]
     placement.learn(part(9, 3, (4, 5)))
@@ -86,7 +86,7 @@ def test_ranges_that_do_not_speak_of_these_records_are_forgotten_and_headers_rea
 
 
 def test_ranges_behind_the_records_are_forgotten_and_a_rewind_reads_headers() -> None:
-    placement = Placement()
+    placement = Placement(lambda topic: topic == TOPIC)
     placement.learn(part(1, 0, (0, 1)))
     placement.learn(part(2, 0, (2, 4)))
     later = [record(2, provenance(2, 0)), record(3, None), record(4, provenance(2, 0))]
@@ -96,7 +96,7 @@ def test_ranges_behind_the_records_are_forgotten_and_a_rewind_reads_headers() ->
 
 
 def test_a_batch_ending_inside_a_range_is_placed_up_to_its_end() -> None:
-    placement = Placement()
+    placement = Placement(lambda topic: topic == TOPIC)
     placement.learn(part(1, 0, (0, 9)))
     first = [record(o, provenance(1, 0)) for o in range(4)]
     assert placed(list(placement.runs(KEY, first))) == [((QUERY, 1), 0, [0, 1, 2, 3])]
@@ -134,3 +134,23 @@ def test_no_ranges_when_a_record_failed_came_out_of_order_or_they_are_too_many()
     for offset in range(0, 2 * (MAX_RANGES + 1), 2):
         scattered(None, delivered(TOPIC, 0, offset))
     assert scattered.ranges({TOPIC: MAX_RANGES + 1}) is None
+
+
+def test_only_whole_topics_ranges_are_kept_and_at_most_ten_thousand_a_partition() -> None:
+    placement = Placement(lambda topic: topic == TOPIC)
+    other = Part(query=QUERY, epoch=1, partition=0, records={"lines": 2},
+                 offsets={"lines": {0: ((0, 1),)}})  # fmt: skip
+    placement.learn(other)  # a topic of no whole route: its ranges are not kept
+    lines = [Message("lines", 0, o, None, b"{}", None, None, (1, 0)) for o in (0, 1)]
+    assert placed(list(placement.runs(("lines", 0), lines))) == [(None, -1, [0, 1])]
+    # A range of three, then 10,000 of one: the first is forgotten, so its middle record
+    # (no headers: placed by its range it would be the task's) is read by its headers.
+    placement.learn(part(1, 0, (0, 2), *((2 * o, 2 * o) for o in range(2, 10_002))))
+    oldest = [record(0, provenance(1, 0)), record(1, None), record(2, provenance(1, 0))]
+    assert placed(list(placement.runs(KEY, oldest))) == [
+        ((QUERY, 1), 0, [0]),
+        (None, -1, [1]),
+        ((QUERY, 1), 0, [2]),
+    ]
+    kept = [record(4, provenance(1, 0))]
+    assert placed(list(placement.runs(KEY, kept))) == [((QUERY, 1), 0, [4])]
