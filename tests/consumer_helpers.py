@@ -16,7 +16,7 @@ from typing import Any, cast
 import psycopg
 from psycopg import sql as pgsql
 
-from bridge.names import OFFSETS_TABLE
+from bridge.names import DEAD_LETTERS_TABLE, OFFSETS_TABLE
 from bridge.settings import BridgeSettings, load_settings
 from consumers.service import ConsumerService
 from tests.harness import Endpoints
@@ -167,6 +167,24 @@ def drained(stack: Endpoints, names: dict[str, str], partitions: int, timeout: f
         return all(stored.get(partition, 0) > offset for partition, offset in last.items())
 
     eventually(applied, timeout)
+
+
+def dead_letters(stack: Endpoints, names: dict[str, str], topic: str | None = None) -> int:
+    """The dead letters committed so far (of `topic`, when given): the table, not the metric,
+    which moves only after the batch's commit, so that a count taken right after `drained` is
+    final. 0 before the consumer under test has made its state tables."""
+    where = pgsql.SQL("") if topic is None else pgsql.SQL(" WHERE topic = %s")
+    with psycopg.connect(stack.dsn, autocommit=True) as conn:
+        try:
+            row = conn.execute(
+                pgsql.SQL("SELECT count(*) FROM {}{}").format(
+                    pgsql.Identifier(names["schema"], DEAD_LETTERS_TABLE), where
+                ),
+                () if topic is None else (topic,),
+            ).fetchone()
+        except (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName):
+            return 0
+    return int(row[0]) if row else 0
 
 
 def sample(service: ConsumerService, name: str, **labels: str) -> float:

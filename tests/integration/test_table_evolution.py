@@ -27,7 +27,16 @@ from pyspark.sql import types as T
 
 from bridge.kafka_admin import create_topic
 from spark_jobs.registry_frames import register
-from tests.consumer_helpers import drained, eventually, produce, running, sample, settings_for, sql
+from tests.consumer_helpers import (
+    dead_letters,
+    drained,
+    eventually,
+    produce,
+    running,
+    sample,
+    settings_for,
+    sql,
+)
 from tests.harness import Endpoints
 from tests.integration.test_consumer_faults import start_consumer
 from tests.integration.test_operator_tools import bridge
@@ -344,7 +353,7 @@ def test_a_change_a_column_cannot_mend_stops_the_records_until_the_table_is_fixe
         reasons = " ".join(service.not_ready())
         for part in names_in_readyz:
             assert part in reasons, reasons
-        assert sample(service, "bridge_consumer_dead_letters_total", topic=names["topic"]) == 0
+        assert dead_letters(stack, names, names["topic"]) == 0
         sql(stack, fix.format(t=table))
         drained(stack, names, PARTITIONS, timeout=90)
         eventually(lambda: not any("does not fit" in r for r in service.not_ready()), timeout=30)
@@ -363,7 +372,7 @@ def test_a_schema_without_the_key_stops_the_records_and_names_the_key(
                             auto_create=True, mode="upsert", key_columns=["id"])  # fmt: skip
     with running(settings) as service:
         eventually(lambda: any("key column(s) id" in r for r in service.not_ready()), timeout=60)
-        assert sample(service, "bridge_consumer_dead_letters_total", topic=names["topic"]) == 0
+        assert dead_letters(stack, names, names["topic"]) == 0
     assert sql(stack, f"SELECT to_regclass('{table}')") == [(None,)]
 
 
@@ -384,7 +393,7 @@ def test_two_members_meeting_the_same_new_schema_at_once_change_the_table_once(
         assert first.applied_total > before[0] and second.applied_total > before[1]
         for member in (first, second):
             assert sample(member, "bridge_consumer_table_schema_mismatch_total") == 0
-            assert sample(member, "bridge_consumer_dead_letters_total", topic=names["topic"]) == 0
+            assert dead_letters(stack, names, names["topic"]) == 0
     assert sql(stack, f"SELECT count(*), count(DISTINCT id), count(region) FROM {table}") == [
         (400, 400, 360)
     ]

@@ -25,6 +25,7 @@ from bridge_shell.spark.producer_job import ProducerJob, Source, run
 from spark_jobs.avro_schema import avro_schema
 from spark_jobs.registry_frames import RegistryUnreachable, SchemaRefused, encode, register
 from tests.consumer_helpers import (
+    dead_letters,
     drained,
     eventually,
     produce,
@@ -158,9 +159,9 @@ def test_every_mapped_type_lands_exactly(
     write_typed(spark, options, tmp_path, rows)
 
     settings = settings_for(stack, names, registry_url=registry_url, value_format=value_format)
-    with running(settings) as service:
+    with running(settings):
         drained(stack, names, PARTITIONS)
-        assert sample(service, "bridge_consumer_dead_letters_total", topic=names["topic"]) == 0
+        assert dead_letters(stack, names, names["topic"]) == 0
 
     landed = sql(stack, f"SELECT * FROM {typed_table} ORDER BY id")
     expected = [_as_stored(row) for row in rows]
@@ -348,7 +349,7 @@ def test_the_registry_killed_and_restarted_under_both_sides_loses_and_doubles_no
         unavailable = "bridge_consumer_schema_registry_unavailable_total"
         eventually(lambda: sample(service, unavailable) >= 2, timeout=60)
         assert any("schema registry unavailable" in r for r in service.not_ready())
-        assert sample(service, "bridge_consumer_dead_letters_total", topic=names["topic"]) == 0
+        assert dead_letters(stack, names, names["topic"]) == 0
         assert sql(stack, f"SELECT count(*) FROM {typed_table}") == [(1,)]
 
         # Nothing more is produced: the reason must clear with the held records alone, on
@@ -357,7 +358,7 @@ def test_the_registry_killed_and_restarted_under_both_sides_loses_and_doubles_no
         registry_process.wait_ready(120)
         drained(stack, names, PARTITIONS, timeout=120)
         eventually(lambda: not any("registry" in r for r in service.not_ready()), timeout=30)
-        assert sample(service, "bridge_consumer_dead_letters_total", topic=names["topic"]) == 0
+        assert dead_letters(stack, names, names["topic"]) == 0
 
     landed = sql(stack, f"SELECT id, count(*) FROM {typed_table} GROUP BY id ORDER BY id")
     assert landed == [(1, 1), (2, 1), (3, 1)]
@@ -495,7 +496,7 @@ def test_a_registry_url_that_is_not_the_api_holds_records_back_and_dead_letters_
         unavailable = "bridge_consumer_schema_registry_unavailable_total"
         eventually(lambda: sample(service, unavailable) >= 2, timeout=60)
         assert any("schema registry unavailable" in r for r in service.not_ready())
-        assert sample(service, "bridge_consumer_dead_letters_total", topic=names["topic"]) == 0
+        assert dead_letters(stack, names, names["topic"]) == 0
     assert sql(stack, f"SELECT count(*) FROM {typed_table}") == [(0,)]
     assert sql(stack, f"SELECT count(*) FROM {names['schema']}.dead_letters") == [(0,)]
 

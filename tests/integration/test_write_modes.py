@@ -20,6 +20,7 @@ from bridge.kafka_admin import create_topic
 from bridge.names import OFFSETS_TABLE
 from consumers.service import ConsumerService
 from tests.consumer_helpers import (
+    dead_letters,
     drained,
     eventually,
     produce,
@@ -70,7 +71,7 @@ def test_each_mode_writes_what_it_promises(
     with running(settings) as service:
         drained(stack, names, 1)
         assert sample(service, SKIPPED, topic=names["topic"]) == skipped
-        assert sample(service, "bridge_consumer_dead_letters_total", topic=names["topic"]) == 0
+        assert dead_letters(stack, names, names["topic"]) == 0
     assert sql(stack, f"SELECT id, note, extra, n FROM {table} ORDER BY id") == rows
 
 
