@@ -336,7 +336,7 @@ class EpochTransaction:
         for them anyway. Without them (a flush that timed out, a record undelivered: the commit
         fails then) the part names none, and readers find the epoch in each record's headers."""
         offsets = None
-        if self._delivered is not None and producer.flush(self._timeout) == 0:
+        if self._delivered is not None and _flushed(producer, self._timeout):
             offsets = self._delivered.ranges(dict(topics))
         part = Part(
             query=self._where.query_id,
@@ -457,7 +457,9 @@ class EpochTransaction:
             f"{self._where} (transactional.id {self._transactional_id}): {what} failed:"
             f" {error.str()} {kind}".rstrip()
             + hints,
-            fatal=error.fatal() or error.code() == KafkaError._FENCED,
+            # A produce after the producer failed fatally (fenced while its task was paused,
+            # found when the part of the manifest follows the records) says only _FATAL.
+            fatal=error.fatal() or error.code() in (KafkaError._FENCED, KafkaError._FATAL),
         )
 
     def _abort(self, producer: Producer, cause: BaseException) -> None:
@@ -521,3 +523,13 @@ class EpochTransaction:
             produce_seconds=produce,
             commit_seconds=commit,
         )
+
+
+def _flushed(producer: Producer, timeout_s: float) -> bool:
+    """Whether every record's delivery report is in. A fenced or failed producer's flush may
+    raise (confluent-kafka's flush then returns NULL without an exception: a SystemError): the
+    part names no offsets, and the produce or commit after it fails the task as it should."""
+    try:
+        return producer.flush(timeout_s) == 0
+    except (KafkaException, SystemError):
+        return False

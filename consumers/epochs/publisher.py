@@ -167,9 +167,20 @@ class EpochPublisher:
             return
         self._next_look = now + _LOOK_EVERY_S
         current: tuple[list[EpochState], float] | None = None
+        idle = self._db.open_connection()
         try:
-            conn = self._db.open_connection() or self._db.connect()
-            current = self._publish_whole(conn, until=now + _PUBLISH_BUDGET_S)
+            try:
+                conn = idle or self._db.connect()
+                current = self._publish_whole(conn, until=now + _PUBLISH_BUDGET_S)
+            except psycopg.OperationalError:
+                if idle is None:
+                    raise
+                # The idle session was ended meanwhile (a restart, a terminated backend, the
+                # loop waiting out a refused batch): not a failure while a new one answers.
+                # A publication is never retried here: its errors are EpochNotPublished.
+                self._db.close()
+                conn = self._db.connect()
+                current = self._publish_whole(conn, until=now + _PUBLISH_BUDGET_S)
         except psycopg.OperationalError as exc:
             self._db.close()
             self._failures.failed(f"database: {exc}")

@@ -153,6 +153,35 @@ def test_two_members_publish_each_epoch_whole_through_a_rebalance(
     assert counts(stack, pipeline) == (epochs * TASKS * per_task,) * 2
 
 
+def test_the_publishers_idle_session_ended_by_the_server_is_not_reported_as_a_failure(
+    stack: Endpoints, names: dict[str, str], pipeline: dict[str, Any]
+) -> None:
+    """A restart or an operator ends every session of the group while nothing flows: the
+    publisher's next look opens a new one, and `/readyz` never says an epoch cannot be
+    published (it did until that session answered again, a second later)."""
+    query = f"q-{uuid.uuid4()}"
+    sink = HandSink(stack, manifest_topic=pipeline["manifest"], query=query)
+    with running(settings(stack, names, pipeline, "whole")) as service:
+        for task in range(TASKS):
+            sink.task(0, task, epoch_records(pipeline, 0, task, 10))
+        sink.commit(0, list(range(TASKS)))
+        eventually(lambda: published(stack.dsn, names["schema"], query) == 1)
+        eventually(lambda: service.ready)
+        sessions = f"{CONSUMER_APPLICATION_PREFIX}{names['group']}"
+        sql(stack, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                   f"WHERE application_name = '{sessions}'")  # fmt: skip
+        reasons: set[str] = set()
+        turned, sampled = service.turns, threading.Event()
+        while service.turns < turned + 200:  # looks every 0.2 s: several after the restart
+            reasons |= {r for r in service.not_ready() if "cannot be published" in r}
+            sampled.wait(0.005)  # sampling what must never show, not waiting for it
+        for task in range(TASKS):
+            sink.task(1, task, epoch_records(pipeline, 1, task, 10))
+        sink.commit(1, list(range(TASKS)))
+        eventually(lambda: published(stack.dsn, names["schema"], query) == 2)
+    assert reasons == set()
+
+
 def test_an_epoch_that_cannot_complete_is_reported_then_settled_by_the_operator(
     stack: Endpoints, names: dict[str, str], pipeline: dict[str, Any]
 ) -> None:
