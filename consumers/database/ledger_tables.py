@@ -92,8 +92,11 @@ def define_tables(metadata: MetaData) -> list[Table]:
         Column(
             "first_staged_at", DateTime(timezone=True), nullable=False, server_default=func.now()
         ),
+        # The lowest offset of the records the row counts (migration 0005; NULL before it).
+        Column("first_offset", BigInteger),
         PrimaryKeyConstraint("group_id", "query", "epoch", "spark_partition", "topic", "partition"),
     )
+    Index("epoch_staged_of_partition", staged.c.group_id, staged.c.topic, staged.c.partition)
     actions = Table(
         EPOCH_ACTIONS_TABLE,
         metadata,

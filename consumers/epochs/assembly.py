@@ -135,6 +135,9 @@ class EpochAssembly:
         # The batches assembled and not yet settled, in order: what they stage holds later
         # epochs back as if it were staged already (it will be, if they commit).
         self._pending: list[PendingEpochs] = []
+        # The partitions each epoch had records in, in the batches assembled here: one staged
+        # holds back, in those partitions, the epochs of any query after it (`_publishing`).
+        self._partitions: dict[EpochKey, set[PartitionKey]] = {}
 
     # -- the lifecycle's calls ----------------------------------------------------------------
 
@@ -227,11 +230,12 @@ class EpochAssembly:
                 continue
             found.setdefault(key, []).extend(self._placement.runs(key, of_key))
         in_hand: dict[EpochKey, Counter[tuple[int, str]]] = {}
-        for (topic, _), of_epochs in found.items():
+        for key, of_epochs in found.items():
             for found_run in of_epochs:
                 if found_run.epoch is not None:
                     counts = in_hand.setdefault(found_run.epoch, Counter())
-                    counts[found_run.spark_partition, topic] += len(found_run.records)
+                    counts[found_run.spark_partition, key[0]] += len(found_run.records)
+                    self._partitions.setdefault(found_run.epoch, set()).add(key)
         if not found:
             return Assembled(records, {}, {})
         self._consult(in_hand, now)
@@ -331,16 +335,26 @@ class EpochAssembly:
         }
 
     def _publishing(self, in_hand: dict[EpochKey, Counter[tuple[int, str]]]) -> set[EpochKey]:
-        """The epochs this batch can publish: whole in hand, and in order within their query."""
+        """The epochs this batch can publish: whole in hand, in order within their query, and
+        in none of the partitions of an epoch staged here (of any query: its records come
+        first there, and the publisher applies them first, `ledger.comes_first`)."""
         publishing: set[EpochKey] = set()
         blocked: set[str] = set()
+        staged_here = self._staged_or_pending()
+        self._partitions = {
+            e: keys for e, keys in self._partitions.items() if e in in_hand or e in staged_here
+        }
+        behind_staged: set[PartitionKey] = set().union(
+            *(keys for e, keys in self._partitions.items() if e in staged_here)
+        )
         for epoch in sorted(in_hand):
             query, number = epoch
-            staged = [n for q, n in self._staged_or_pending() if q == query]
+            staged = [n for q, n in staged_here if q == query]
             if (
                 query in blocked
                 or any(n <= number for n in staged)
                 or not self._whole(epoch, in_hand[epoch])
+                or not self._partitions.get(epoch, set()).isdisjoint(behind_staged)
             ):
                 blocked.add(query)
                 continue
@@ -381,13 +395,27 @@ class EpochAssembly:
                 for epoch, _, _ in of_key[cuts[key] :]
                 if epoch in publishing
             }
-            if not split:
+            # A run published after one staged in its partition would overtake it: staged too.
+            behind: set[EpochKey] = set()
+            for key, of_key in found.items():
+                staged_before = False
+                for run in of_key[: cuts[key]]:
+                    if run.epoch is None:
+                        continue  # a dead letter's: never applied
+                    if run.epoch not in publishing:
+                        staged_before = True
+                    elif staged_before:
+                        behind.add(run.epoch)
+            if not split and not behind:
                 return cuts, publishing
             for query in {q for q, _ in split}:  # and its later epochs, which wait for it
                 first = min(n for q, n in split if q == query)
                 later = {(q, n) for q, n in publishing if q == query and n >= first}
                 publishing -= later
                 may_wait |= later
+            for query in {q for q, _ in behind}:
+                first = min(n for q, n in behind if q == query)
+                publishing -= {(q, n) for q, n in publishing if q == query and n >= first}
 
     def _split(
         self,
@@ -426,6 +454,12 @@ class EpochAssembly:
         pending = PendingEpochs(epochs, frozenset(staged_epochs))
         if pending.publishing or pending.staging:
             self._pending.append(pending)
+        firsts: dict[EpochKey, dict[tuple[str, int], int]] = {}
+        for key, of_key in found.items():
+            for placed in of_key[: cuts[key]]:
+                if placed.epoch in publishing and placed.records:
+                    first = offset_of(placed.records[0])
+                    firsts.setdefault(placed.epoch, {}).setdefault(key, first)
         judged = {}
         for epoch in epochs:
             known = self._known[epoch]
@@ -438,6 +472,7 @@ class EpochAssembly:
                     {t for w in known.written.values() for t in w if self._whole_topic(t)}
                 )),
                 counted=counted,
+                firsts=firsts.get(epoch, {}),
             )  # fmt: skip
         return Assembled(kept, published, staged, epochs, judged, pending)
 

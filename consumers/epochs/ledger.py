@@ -522,11 +522,13 @@ def take(
     group: str,
     key: EpochKey,
     whole_topic: Callable[[str], bool],
+    waits: Callable[[EpochKey, EpochKey, str], None] | None = None,
 ) -> EpochState | None:
     """In the publishing transaction: the epoch's row locked and the epoch judged whole (or
     forced) under the lock, for the caller to write its staged records and settle it
     (`published`). None when another member holds the row (it is publishing it, or an operator
-    is acting on it: it is left alone), or the judge finds it not ready."""
+    is acting on it: it is left alone), or the judge finds it not ready, or another epoch's
+    records come first (`comes_first`; told to `waits`: this epoch, that one, where)."""
     row = conn.execute(
         sql.SQL(
             "SELECT 1 FROM {} WHERE group_id = %s AND query = %s AND epoch = %s "
@@ -542,8 +544,49 @@ def take(
     phase = found.phase(judge(conn, names, group, key, whole_topic))
     if phase not in _READY:
         return None
+    if phase is EpochPhase.WHOLE:  # forced: the operator's order
+        first = comes_first(conn, names, group, key)
+        if first is not None:
+            if waits is not None:
+                waits(key, *first)
+            return None
     move(f"query {key[0]} epoch {key[1]}", phase, EpochEvent.PUBLISHED)
     return found
+
+
+def comes_first(
+    conn: psycopg.Connection[Any], names: LedgerNames, group: str, key: EpochKey
+) -> tuple[EpochKey, str] | None:
+    """Another epoch with records staged before this one's in a Kafka partition they share,
+    and after them in none; and that partition. Publishing `key` first would apply its records
+    ahead of earlier ones, and an earlier record of a key would overwrite a later one, as no
+    batch of the per-partition mode ever does: it waits (epochs of one query are in order
+    already; this is two queries writing to one topic, one after the other). Two epochs whose
+    records come before each other's in different partitions were written at once by two
+    queries, whose order Kafka does not decide: neither waits. Rows staged before migration
+    0005 (no `first_offset`) are in no order."""
+    row = conn.execute(
+        sql.SQL(
+            "WITH firsts AS ("
+            " SELECT query, epoch, topic, partition, min(first_offset) AS first FROM {staged}"
+            " WHERE group_id = %(group)s AND first_offset IS NOT NULL AND (topic, partition) IN"
+            "  (SELECT topic, partition FROM {staged}"
+            "   WHERE group_id = %(group)s AND query = %(query)s AND epoch = %(epoch)s)"
+            " GROUP BY query, epoch, topic, partition"
+            "), mine AS ("
+            " SELECT topic, partition, first FROM firsts"
+            " WHERE query = %(query)s AND epoch = %(epoch)s"
+            ") "
+            "SELECT o.query, o.epoch, min(o.topic || '[' || o.partition || ']') "
+            "FILTER (WHERE o.first < m.first) "
+            "FROM firsts AS o JOIN mine AS m USING (topic, partition) "
+            "WHERE (o.query, o.epoch) <> (%(query)s, %(epoch)s) "
+            "GROUP BY o.query, o.epoch HAVING bool_and(o.first < m.first) "
+            "ORDER BY o.query, o.epoch LIMIT 1"
+        ).format(staged=names.staged),
+        {"group": group, "query": key[0], "epoch": key[1]},
+    ).fetchone()
+    return None if row is None else ((row[0], int(row[1])), str(row[2]))
 
 
 @dataclass(frozen=True)
@@ -553,6 +596,8 @@ class Judged:
     parts: tuple[int, ...]  # every Spark partition of the epoch the batch knew of
     held_back: tuple[str, ...]  # the topics its parts wrote that the group holds back
     counted: dict[int, dict[str, int]]  # the records the batch holds: part: {topic: records}
+    # Where its records begin in each Kafka partition, the batch's (topic, partition): offset.
+    firsts: dict[tuple[str, int], int] = field(default_factory=dict)
 
 
 def publish_in_batch(
@@ -586,6 +631,8 @@ def publish_in_batch(
         "AND NOT EXISTS (SELECT FROM {lacks}) "
         "AND NOT EXISTS (SELECT FROM {staged} WHERE {where} <= {epoch}) "
         "AND NOT EXISTS (SELECT FROM {epochs} WHERE {where} < {epoch} AND outcome IS NULL) "
+        "AND NOT EXISTS (SELECT FROM {staged} AS s JOIN {firsts} USING (topic, partition) "
+        "WHERE s.group_id = {group} AND s.first_offset < b.first) "
         "RETURNING 1) "
         # A failing cast is the one way a plain statement refuses its transaction; its text
         # depends on count(*), so that the planner cannot fold it into a constant and fail early.
@@ -603,8 +650,22 @@ def publish_in_batch(
         lacks=lacks,
         refusal=sql.Literal(
             f"epoch {epoch} of query {query} cannot be published by its batch: the ledger "
-            "holds an earlier epoch open, records of it staged, a part the batch did not "
-            "count, or finds it lacking; settled "
+            "holds an earlier epoch open, records of it staged, records of another epoch "
+            "staged before its own in a partition, a part the batch did not count, or finds "
+            "it lacking; settled "
+        ),
+        group=sql.Literal(group),
+        # Records staged (by any epoch) before the batch's own in one of its partitions would
+        # be applied after them: the batch stages instead, and the publisher keeps the order.
+        firsts=sql.SQL("(VALUES {}) AS b (topic, partition, first)").format(
+            sql.SQL(", ").join(
+                sql.SQL("({}, {}, {})").format(
+                    sql.Literal(topic), sql.Literal(partition), sql.Literal(first)
+                )
+                for (topic, partition), first in sorted(judged.firsts.items())
+            )
+            if judged.firsts
+            else sql.SQL("(NULL::text, NULL::integer, NULL::bigint)")
         ),
     )
     clear = sql.SQL("DELETE FROM {} WHERE {}").format(names.parts, this)

@@ -150,6 +150,7 @@ class EpochPublisher:
         )
         self._incomplete: list[str] = []
         self.published_total = 0
+        self._waiting_for: dict[EpochKey, EpochKey] = {}  # said once: whole, waits for that
 
     def look(self, asking: list[EpochKey] | None = None) -> LedgerLook:
         """Publish what is whole, when a look is due; note what is incomplete for too long;
@@ -198,6 +199,21 @@ class EpochPublisher:
             self._db.close()
             self._failures.failed(f"database: {exc}")
 
+    def _waits(self, key: EpochKey, first: EpochKey, where: str) -> None:
+        """A whole epoch waits for another query's epoch whose records come before its own
+        (`ledger.comes_first`): said once; if that one never completes, its own incomplete
+        notice names it, and the operator settles it (`bridge epochs`)."""
+        if self._waiting_for.get(key) == first:
+            return
+        if len(self._waiting_for) > 1_000:
+            self._waiting_for.clear()
+        self._waiting_for[key] = first
+        log.info(
+            "epoch %s of query %s is whole and waits for epoch %s of query %s, whose records "
+            "come before its own in %s (a table is left as the records one by one would leave "
+            "it)", key[1], key[0], first[1], first[0], where,
+        )  # fmt: skip
+
     def _manifests(self, keys: list[EpochKey]) -> dict[EpochKey, Manifest] | None:
         """The ledger's manifest of each open epoch of `keys` (`ledger.manifests`), for the
         assembly; None when the database cannot say now: the epochs' records are held, then
@@ -242,7 +258,9 @@ class EpochPublisher:
         try:
             with conn.transaction():
                 # Steps 1 and 2: locked, and judged ready under the lock.
-                locked = take(conn, self._ledger, self._group, state.key, self._whole_topic)
+                locked = take(
+                    conn, self._ledger, self._group, state.key, self._whole_topic, self._waits
+                )
                 if locked is None:
                     return False
                 stamps = self._apply_staged(conn, state.key, done)  # step 3

@@ -183,10 +183,16 @@ class EpochStager:
         group = self._group
         epochs: dict[tuple[str, int], list[Run]] = {}
         counts: Counter[tuple[str, int, int, int]] = Counter()
+        firsts: dict[tuple[str, int, int, int], int] = {}  # a run's records are in offset order
         for (query, epoch, part), headers, run in found:
             epochs.setdefault((query, epoch), []).append(Run(run, part, other_headers(headers)))
             for kafka, n in Counter(map(Message.partition, run)).items():
                 counts[query, epoch, part, cast(int, kafka)] += n
+            # Each partition's first offset in the run: later ones overwritten, in C loops.
+            back = run[::-1]
+            starts = zip(map(Message.partition, back), map(Message.offset, back), strict=True)
+            for kafka, first in dict(starts).items():
+                firsts.setdefault((query, epoch, part, cast(int, kafka)), cast(int, first))
         chunks: list[Any] = []  # Chunk tuples: rows of the COPY
         for (query, epoch), of_epoch in epochs.items():
             records = [record for run in of_epoch for record in run.records]
@@ -202,17 +208,22 @@ class EpochStager:
             chunks,
             copy_binary(chunks),
         )
-        values = sql.SQL(", ").join(
-            sql.SQL("({})").format(
-                sql.SQL(", ").join(map(sql.Literal, (group, query, epoch, part, topic, kafka, n)))
-            )
+        rows_of = (
+            (group, query, epoch, part, topic, kafka, n, firsts[query, epoch, part, kafka])
             for (query, epoch, part, kafka), n in sorted(counts.items())
         )
+        values = sql.SQL(", ").join(
+            sql.SQL("({})").format(sql.SQL(", ").join(map(sql.Literal, row))) for row in rows_of
+        )
+        # Staged in offset order, a row's first offset is its first batch's; a row staged
+        # before migration 0005 keeps its NULL (where it begins is not known).
         count = Step(
             sql.SQL(
                 "INSERT INTO {} AS s (group_id, query, epoch, spark_partition, topic, partition, "
-                "records) VALUES {} ON CONFLICT (group_id, query, epoch, spark_partition, topic, "
-                "partition) DO UPDATE SET records = s.records + EXCLUDED.records"
+                "records, first_offset) VALUES {} ON CONFLICT (group_id, query, epoch, "
+                "spark_partition, topic, partition) DO UPDATE SET records = s.records + "
+                "EXCLUDED.records, first_offset = CASE WHEN s.first_offset IS NOT NULL THEN "
+                "least(s.first_offset, EXCLUDED.first_offset) END"
             ).format(self._ledger.staged, values)
         )
         return [copy, count]

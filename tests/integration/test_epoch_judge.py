@@ -14,6 +14,7 @@ import itertools
 import json
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any
 
 import psycopg
@@ -34,6 +35,7 @@ from consumers.epochs.ledger import (
     EpochState,
     IllegalEpochMove,
     Judged,
+    comes_first,
     discard,
     force,
     hold,
@@ -246,13 +248,21 @@ def act(conn: psycopg.Connection[Any], names: LedgerNames, key: EpochKey, action
 
 
 def in_batch(
-    conn: psycopg.Connection[Any], names: LedgerNames, key: EpochKey, judged: Judged
+    conn: psycopg.Connection[Any],
+    names: LedgerNames,
+    key: EpochKey,
+    judged: Judged,
+    *,
+    rollback: bool = False,
 ) -> bool:
-    """The in-batch guard's statements in a transaction of their own: whether they pass."""
+    """The in-batch guard's statements in a transaction of their own: whether they pass;
+    with `rollback`, what they did is rolled back either way."""
     try:
-        with conn.transaction():
+        with conn.transaction() as transaction:
             for statement in publish_in_batch(names, GROUP, key, judged):
                 conn.execute(statement)
+            if rollback:
+                raise psycopg.Rollback(transaction)
     except psycopg.errors.InvalidTextRepresentation as exc:
         assert "cannot be published by its batch" in str(exc)
         return False
@@ -288,6 +298,7 @@ def test_the_guard_passes_a_batch_holding_the_epoch_whole(
         "its records staged",
         "an earlier epoch open",
         "an earlier epoch's records staged",
+        "another query's records staged before its own in a partition",
         "already settled",
     ],
 )
@@ -317,8 +328,46 @@ def test_the_guard_refuses_a_batch_on_each_branch(
         stage(conn, names, MANIFEST, part(1, 0, {TOPIC: 1}))
     elif branch == "an earlier epoch's records staged":
         stage(conn, names, TOPIC, (1, 0, 1))
+    elif branch == "another query's records staged before its own in a partition":
+        staged_rows(conn, names, ("other", 0, TOPIC, 0, 5))
+        judged = replace(judged, firsts={(TOPIC, 0): 6, (TOPIC, 1): 0})
+        assert in_batch(conn, names, key, replace(judged, firsts={(TOPIC, 0): 4}), rollback=True)
     elif branch == "already settled":
         assert in_batch(conn, names, key, judged)
     assert not in_batch(conn, names, key, judged)
     if branch != "already settled":
         assert phase(conn, names, key) is not EpochPhase.PUBLISHED
+
+
+def staged_rows(
+    conn: psycopg.Connection[Any], names: LedgerNames, *rows: tuple[str, int, str, int, int | None]
+) -> None:
+    """Staged counts as (query, epoch, topic, Kafka partition, first offset), a record each."""
+    for query, epoch, topic, partition, first in rows:
+        conn.execute(
+            sql.SQL(
+                "INSERT INTO {} (group_id, query, epoch, spark_partition, topic, partition, "
+                "records, first_offset) VALUES (%s, %s, %s, 0, %s, %s, 1, %s)"
+            ).format(names.staged),
+            (GROUP, query, epoch, topic, partition, first),
+        )
+
+
+def test_an_epoch_waits_only_for_another_querys_records_wholly_before_its_own(
+    ledger: tuple[psycopg.Connection[Any], LedgerNames],
+) -> None:
+    conn, names = ledger
+    staged_rows(
+        conn, names,
+        ("backfill", 0, TOPIC, 0, 10), ("backfill", 0, TOPIC, 1, 10),
+        ("update", 0, TOPIC, 0, 20), ("update", 0, TOPIC, 2, 3),  # partition 2: its own
+        # Written at once: each before the other in one partition.
+        ("left", 0, "x", 0, 5), ("left", 0, "x", 1, 9),
+        ("right", 0, "x", 0, 7), ("right", 0, "x", 1, 2),
+        ("old", 0, "y", 0, None), ("new", 0, "y", 0, 1),  # staged before migration 0005
+    )  # fmt: skip
+    assert comes_first(conn, names, GROUP, ("update", 0)) == (("backfill", 0), "orders[0]")
+    assert comes_first(conn, names, GROUP, ("backfill", 0)) is None
+    assert comes_first(conn, names, GROUP, ("left", 0)) is None
+    assert comes_first(conn, names, GROUP, ("right", 0)) is None
+    assert comes_first(conn, names, GROUP, ("new", 0)) is None

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import uuid
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -180,6 +181,52 @@ def test_the_publishers_idle_session_ended_by_the_server_is_not_reported_as_a_fa
         sink.commit(1, list(range(TASKS)))
         eventually(lambda: published(stack.dsn, names["schema"], query) == 2)
     assert reasons == set()
+
+
+@pytest.mark.parametrize("members", ["one", "all"])
+def test_a_querys_epoch_never_overtakes_an_earlier_querys_records_in_a_partition(
+    stack: Endpoints, names: dict[str, str], pipeline: dict[str, Any], members: str
+) -> None:
+    """A backfill query writes the keys (its epoch record late, as a driver's replay brings
+    it), and a second query then updates every key, its epoch whole at once. Published first,
+    the second's rows would be overwritten by the backfill's earlier ones when it completes:
+    it waits, and the tables end as the records one by one leave them (the second's values).
+    With one member the backfill's records are held, then staged past the hold; with `all`
+    they are staged."""
+    backfill = HandSink(stack, manifest_topic=pipeline["manifest"], query=f"a-{uuid.uuid4()}")
+    update = HandSink(stack, manifest_topic=pipeline["manifest"], query=f"0-{uuid.uuid4()}")
+    keys = 48
+
+    def rows(marker: int) -> list[tuple[str, int, bytes | None, bytes | None]]:
+        return [
+            (pipeline["topics"][i % 2], i % PARTITIONS, str(i).encode(),
+             f'{{"id": {i}, "epoch_no": {marker}}}'.encode())
+            for i in range(keys)
+        ]  # fmt: skip
+
+    routes = [{"topic": t, "table": table, "epochs": "whole", "mode": "upsert",
+               "key_columns": ["id"]}
+              for t, table in zip(pipeline["topics"], pipeline["tables"], strict=True)]  # fmt: skip
+    config = settings_for(stack, names, consumer={
+        "routes": routes, "epochs_topic": pipeline["manifest"], "epochs_members": members,
+        "epochs_hold_ms": 1_000,
+    })  # fmt: skip
+    with running(config), running(config) if members == "all" else nullcontext():
+        backfill.task(0, 0, rows(1))
+        eventually(lambda: staged(stack.dsn, names["schema"], backfill.query, 0) == keys)
+        update.task(0, 0, rows(2))
+        update.commit(0, [0])
+        eventually(lambda: staged(stack.dsn, names["schema"], update.query, 0) == keys)
+        assert published(stack.dsn, names["schema"], update.query) == 0  # it waits
+        assert counts(stack, pipeline) == (0, 0)
+        backfill.commit(0, [0])
+        eventually(lambda: published(stack.dsn, names["schema"], update.query) == 1)
+        assert published(stack.dsn, names["schema"], backfill.query) == 1
+    assert counts(stack, pipeline) == (keys, keys)
+    markers = sql(stack, " UNION ALL ".join(
+        f"SELECT epoch_no, count(*) FROM {t} GROUP BY epoch_no" for t in pipeline["tables"]
+    ))  # fmt: skip
+    assert {int(m) for m, _ in markers} == {2}, markers
 
 
 def test_an_epoch_that_cannot_complete_is_reported_then_settled_by_the_operator(

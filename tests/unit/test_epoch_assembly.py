@@ -117,7 +117,11 @@ def test_an_epoch_whole_in_the_batch_is_published_by_it() -> None:
     log, found = Log(), assembly()
     done = batch(found, whole_epoch(log, 0))
     assert done.epochs == ((QUERY, 0),)
-    assert done.judged == {(QUERY, 0): Judged((0, 1), (TOPIC,), {0: {TOPIC: 3}, 1: {TOPIC: 3}})}
+    assert done.judged == {
+        (QUERY, 0): Judged(
+            (0, 1), (TOPIC,), {0: {TOPIC: 3}, 1: {TOPIC: 3}}, {(TOPIC, 0): 0, (TOPIC, 1): 0}
+        )
+    }
     assert len(done.published[TOPIC]) == 6 and done.staged == {}
     assert offsets(done) == {0: [0, 2, 4], 1: [0, 2, 4]}
     assert found.holding() == 0
@@ -230,6 +234,36 @@ def test_queries_publish_independently(queries: list[str]) -> None:
     whole_b = whole_epoch(log, 0, queries[1])
     done = batch(found, [*whole_b, *open_a])
     assert done.epochs == (("q-b", 0),)
+
+
+def test_an_epoch_behind_another_querys_staged_records_in_its_partition_is_staged_too() -> None:
+    """Query a's open epoch is staged (nothing may be held), and query b's whole epoch follows
+    it in partition 0: published now, b's records would be applied before a's earlier ones."""
+    log, found = Log(), assembly(hold_records=0)
+    open_a = log.task(0, 0, {0: 1}, "q-a")
+    whole_b = whole_epoch(log, 0, "q-b")
+    done = batch(found, [*open_a, *whole_b])
+    assert done.epochs == ()
+    assert len(done.staged[TOPIC]) == 1 + 6 and found.holding() == 0
+
+
+def test_an_epoch_in_the_partitions_of_another_querys_staged_epoch_waits_for_it() -> None:
+    log, clock = Log(), Clock()
+    found = assembly(hold_s=0.5, clock=clock)
+    a_first = batch(found, log.task(0, 0, {0: 1}, "q-a"))  # held, then staged past its time
+    assert a_first.epochs == ()
+    clock.now += 0.5
+    staged = batch(found, [])
+    found.settled(staged.pending, published=True)
+    assert len(staged.staged[TOPIC]) == 1
+    b_behind = batch(found, whole_epoch(log, 0, "q-b"))  # partitions 0 and 1: behind a's
+    assert b_behind.epochs == ()
+    c_apart = log.task(0, 0, {2: 2}, "q-c")  # partition 2 only: nothing staged before it
+    c_done = batch(found, [*c_apart, log.part(0, 0, 2, "q-c"), log.epoch(0, [0], "q-c")])
+    assert c_done.epochs == (("q-c", 0),)
+    found.looked(LedgerLook(published=(("q-a", 0),)))  # a published: b's next epochs go
+    found.drop()
+    assert batch(found, whole_epoch(log, 1, "q-d")).epochs == (("q-d", 1),)
 
 
 def test_parts_committed_before_the_member_joined_are_read_from_the_ledger() -> None:
