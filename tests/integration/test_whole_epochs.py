@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from contextlib import nullcontext
 from pathlib import Path
@@ -173,7 +174,9 @@ def test_the_publishers_idle_session_ended_by_the_server_is_not_reported_as_a_fa
                    f"WHERE application_name = '{sessions}'")  # fmt: skip
         reasons: set[str] = set()
         turned, sampled = service.turns, threading.Event()
+        deadline = time.monotonic() + 60
         while service.turns < turned + 200:  # looks every 0.2 s: several after the restart
+            assert time.monotonic() < deadline, "the member's loop stopped turning"
             reasons |= {r for r in service.not_ready() if "cannot be published" in r}
             sampled.wait(0.005)  # sampling what must never show, not waiting for it
         for task in range(TASKS):

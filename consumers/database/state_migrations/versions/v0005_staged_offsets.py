@@ -3,9 +3,9 @@
 `epoch_staged.first_offset`: the lowest offset of the records each row counts, so that an epoch
 is never published ahead of another epoch's records that come before its own in a partition
 they share (of another query: epochs of one query publish in epoch order already), which
-would let an earlier record of a key overwrite a later one (`consumers.epochs.ledger`,
-`overtaken`). NULL for the rows staged before this version: their order is not known, and
-they hold nothing back.
+would let an earlier record of a key overwrite a later one (`consumers.epochs.ledger`:
+`comes_first`, and the in-batch guard, `publish_in_batch`). NULL for the rows staged before
+this version: their order is not known, and they hold nothing back.
 """
 
 from __future__ import annotations
