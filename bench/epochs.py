@@ -140,7 +140,7 @@ def throughput_run(
     new_table(stack, table, f"{COLUMNS}{', PRIMARY KEY (id)' if mode == 'upsert' else ''}")
     target = caught_up(stack, topic)
     checkpoint(stack.dsn)
-    route = {"epochs": "whole"} if whole else {}
+    route = {"epochs": "whole" if whole else "per-partition"}
     service = Service(stack, topic, table, mode, scratch, route_options=route)
     try:
         held = PARTITIONS + (1 if whole else 0)  # and the manifest's partition
@@ -191,7 +191,7 @@ def group_run(
     target = caught_up(stack, topic)
     checkpoint(stack.dsn)
     group = f"bench-{uuid.uuid4().hex[:8]}"
-    route = {"epochs": "whole"} if whole else {}
+    route = {"epochs": "whole" if whole else "per-partition"}
     meter = stack_meter(stack)
     before = meter.read()
     started = time.perf_counter()

@@ -78,7 +78,7 @@ def run_pipeline(
     table = name.replace("-", "_")
     new_table(stack, table, 'value bigint, "timestamp" timestamptz, '
                             "applied_at timestamptz DEFAULT clock_timestamp()")  # fmt: skip
-    route = {"epochs": "whole"} if whole_epochs else {}
+    route = {"epochs": "whole" if whole_epochs else "per-partition"}
     group = f"bench-{uuid.uuid4().hex[:8]}"
     consumers = [
         Service(stack, name, table, "insert", scratch, batch_max_wait_ms=None,
@@ -90,7 +90,7 @@ def run_pipeline(
         str(Path(sys.executable).with_name("bridge")), "produce", "--source", "rate",
         "--rows-per-second", str(rate), "--trigger", trigger, "--topic", name,
         "--checkpoint", str(checkpoint), "--bootstrap-servers", stack.bootstrap_servers,
-        *(["--epochs", "whole"] if whole_epochs else []),
+        "--epochs", "whole" if whole_epochs else "per-partition",
     ]  # fmt: skip
     log = scratch / f"{name}-producer.log"
     try:

@@ -84,7 +84,8 @@ class Options:
     max_stall_s: float
     results_dir: Path
     keep: bool
-    epochs: str = "per-partition"  # whole: the sink's manifest and the route's whole epochs
+    # The sink's and the route's: "default" names none (whole epochs, as "whole").
+    epochs: str = "default"
 
 
 def parse(
@@ -110,9 +111,10 @@ def parse(
     parser.add_argument("--results-dir", type=Path, default=RESULTS)
     parser.add_argument("--keep", action="store_true", help="keep the work directory and logs")
     parser.add_argument(
-        "--epochs", choices=["per-partition", "whole"], default="per-partition",
-        help="whole: the sink writes the epoch manifest, the route publishes whole epochs, and "
-        "a reader polls the table for part of an epoch all through the run",
+        "--epochs", choices=["default", "per-partition", "whole"], default="default",
+        help="default: neither the sink nor the route names it, and gets whole epochs, as "
+        "whole does; with whole epochs a reader polls the table for part of an epoch all "
+        "through the run",
     )  # fmt: skip
     args = parser.parse_args(argv)
     return Options(
@@ -284,8 +286,19 @@ class Soak(SoakRun):
             "--checkpoint", str(self.work / "checkpoint"),
             "--stack-dir", str(self.work / "no-stack"), "--bootstrap-servers", bootstrap,
             "--transaction-timeout-ms", str(TRANSACTION_TIMEOUT_MS),
+            *sink_epochs(self.options.epochs),
         ]  # fmt: skip
         return Supervised("driver", argv, self.work / "driver.log", pipeline_env())
+
+
+def whole_epochs(epochs: str) -> bool:
+    """Whether a run with the soak's `--epochs` publishes whole epochs (the default does)."""
+    return epochs != "per-partition"
+
+
+def sink_epochs(epochs: str) -> list[str]:
+    """`bridge produce`'s option for the soak's `--epochs`: none for the default."""
+    return [] if epochs == "default" else ["--epochs", epochs]
 
 
 @contextmanager
@@ -333,16 +346,18 @@ def prepare_database(dsn: str) -> None:
 
 
 def consumer_process(
-    work: Path, name: str, bootstrap: str, dsn: str, *, epochs: str = "per-partition"
+    work: Path, name: str, bootstrap: str, dsn: str, *, epochs: str = "default"
 ) -> Supervised:
-    """One consumer instance of the soak's group, as its supervisor runs it."""
+    """One consumer instance of the soak's group, as its supervisor runs it; `epochs`: the
+    route's, or "default" for none named."""
+    named = {} if epochs == "default" else {"epochs": epochs}
     config = work / f"consumer-{name}.yaml"
     config.write_text(yaml.safe_dump({
         "kafka": {"bootstrap_servers": bootstrap, "properties": CONSUMER_KAFKA},
         "postgres": {"dsn": dsn},
         "consumer": {
             "group_id": GROUP, "state_schema": STATE_SCHEMA,
-            "routes": [{"topic": TOPIC, "table": TABLE, "epochs": epochs,
+            "routes": [{"topic": TOPIC, "table": TABLE, **named,
                         "metadata": {"epoch_no": "spark.epoch"}}],
             "db_session_timeout_ms": 10_000, "http_port": 0,
         },
@@ -382,7 +397,7 @@ def account(end: Ending) -> dict[str, Any]:
 
     code = end.driver.stop(timeout=120)
     say(f"producer stopped (exit {code})")
-    if options.epochs == "whole" and epoch_in_flight(end.checkpoint):
+    if whole_epochs(options.epochs) and epoch_in_flight(end.checkpoint):
         # Stopped mid-epoch (the graceful stop's bound passed, or a kill): its tasks may have
         # committed without the driver's epoch record, so whole epochs hold it, by design,
         # until the query runs again and Spark replays it. A user's supervisor restarts the

@@ -65,7 +65,9 @@ from bench.soak import (
     report,
     rows_written,
     say,
+    sink_epochs,
     stop_on_signals,
+    whole_epochs,
 )
 from bench.soak import parse as parse_soak
 from bench.soak_checks import KafkaTimeline, Progress
@@ -372,7 +374,7 @@ class ClusterSoak(SoakRun):
         started = time.monotonic()
         kafka = KafkaTimeline(c.bootstrap, TOPIC, PARTITIONS)
         kafka.start()
-        reader = EpochReader(admin_dsn) if self.options.epochs == "whole" else None
+        reader = EpochReader(admin_dsn) if whole_epochs(self.options.epochs) else None
         faults = self.inject_faults(CATALOGUE, c, heal_everything)
         figures = account(
             Ending(
@@ -404,7 +406,7 @@ class ClusterSoak(SoakRun):
             "--transactional-id-prefix", PREFIX,
             "--stack-dir", str(self.work / "no-stack"), "--bootstrap-servers", bootstrap,
             "--transaction-timeout-ms", str(TRANSACTION_TIMEOUT_MS),
-            *(["--epochs", "whole"] if self.options.epochs == "whole" else []),
+            *sink_epochs(self.options.epochs),
         ]  # fmt: skip
         return Supervised("driver", argv, self.work / "driver.log", pipeline_env())
 

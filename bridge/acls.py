@@ -39,7 +39,7 @@ from confluent_kafka.admin import (
 )
 
 from bridge.kafka_admin import TopicError
-from bridge.names import DEFAULT_MARKER_TOPIC
+from bridge.names import DEFAULT_EPOCHS_TOPIC, DEFAULT_MARKER_TOPIC
 
 Role = Literal["producer", "consumer", "tools"]
 ROLES: Final[tuple[Role, ...]] = ("producer", "consumer", "tools")
@@ -64,11 +64,12 @@ def grants(
     transactional_ids: str = ANY,
     marker_topic: str = DEFAULT_MARKER_TOPIC,
     source_topic: str | None = ANY,
-    epochs_topic: str | None = None,
+    epochs_topic: str | None = DEFAULT_EPOCHS_TOPIC,
 ) -> tuple[Grant, ...]:
     """The rights of `role`. `source_topic` None: the producer reads no Kafka source.
-    `epochs_topic`: the epoch manifest's, when the sink writes one (`epochs=whole`) and the
-    consumer reads it (`epochs: whole`)."""
+    `epochs_topic`: the epoch manifest's, which the sink writes (`epochs=whole`, the default)
+    and the consumer reads (`epochs: whole`, the default); None for a pipeline that sets
+    `per-partition` on both."""
     if role == "producer":
         found = [
             Grant("topic", topic, "write", "produce the records"),

@@ -299,11 +299,12 @@ class RouteSettings(_Section):
     # or text, or framed by the schema registry as values are (value_format).
     key_format: Literal["json", "avro", "json-schema", "protobuf"] = "json"
     fields: FieldSettings = Field(default_factory=FieldSettings)
-    # per-partition: each batch's records are visible once it commits, partition by partition.
-    # whole: a Spark epoch's records (sink option epochs=whole) wait in the state schema and are
-    # published in one transaction once the epoch manifest shows the epoch whole, so that a
-    # reader never sees part of one (docs/architecture.md, "Whole epochs").
-    epochs: Literal["per-partition", "whole"] = "per-partition"
+    # whole (the default): the records of a Spark epoch (those with the sink's provenance
+    # headers) become visible in one transaction once the epoch manifest shows the epoch whole,
+    # so that a reader never sees part of one (docs/architecture.md, "Whole epochs"); records
+    # without them (another producer's) are visible once their batch commits, as with
+    # per-partition, where every batch's records are, partition by partition.
+    epochs: Literal["per-partition", "whole"] = "whole"
 
     @field_validator("table")
     @classmethod
@@ -448,7 +449,10 @@ class ConsumerSettings(_Section):
     # time, elected through PostgreSQL (a lock of its session), which then holds every
     # partition of them and publishes each epoch in the batch that completes it; the others
     # read the group's per-partition routes and stand by. `all`: every member, sharing the
-    # partitions, each epoch staged in the ledger until one member publishes it.
+    # partitions, each epoch staged in the ledger until one member publishes it. With whole
+    # epochs by default only (no route says `epochs: whole`), `one` begins once the group's
+    # ledger knows an epoch: until then the members share every route, as a group whose
+    # producers are not bridge's sink always has (`elects_at_start`).
     epochs_members: Literal["one", "all"] = "one"
 
     @field_validator("state_schema")
@@ -477,8 +481,10 @@ class ConsumerSettings(_Section):
 
     @model_validator(mode="after")
     def _manifest_apart(self) -> ConsumerSettings:
+        """A route naming the manifest is refused; a pattern that matches it never reads it
+        (the group reads the manifest as its own, before any route)."""
         found = self.route_for(self.epochs_topic)
-        if self.whole_epochs and found is not None:
+        if self.whole_epochs and found is not None and found[1].topic == self.epochs_topic:
             raise ValueError(
                 f"routes.{found[0]} reads {self.epochs_topic!r}, the epoch manifest "
                 "(epochs_topic): the manifest is the group's own, never a table's"
@@ -489,6 +495,16 @@ class ConsumerSettings(_Section):
     def whole_epochs(self) -> bool:
         """Whether a route wants whole epochs: the group then reads the epoch manifest."""
         return any(route.epochs == "whole" for route in self.routes)
+
+    @property
+    def elects_at_start(self) -> bool:
+        """Whether a member tries for the whole routes as it starts (`epochs_members: one`):
+        when a route says `epochs: whole`. With whole epochs by default only, a member tries
+        once the group's ledger knows an epoch, which it may never do for a group whose topics
+        no bridge sink writes: such a group keeps sharing its partitions among its members."""
+        return self.epochs_members == "one" and any(
+            route.epochs == "whole" and "epochs" in route.model_fields_set for route in self.routes
+        )
 
     def whole_topic(self, topic: str) -> bool:
         """Whether `topic`'s records wait for their whole epoch."""

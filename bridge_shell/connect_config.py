@@ -188,7 +188,10 @@ def translate(config: Mapping[str, str]) -> Translated:
     if connector not in (CONFLUENT, DEBEZIUM):
         keys.refuse("connector.class", f"{connector}: bridge translates {CONFLUENT} and {DEBEZIUM}")
     debezium = connector == DEBEZIUM
-    route: dict[str, Any] = {}
+    # Connect's topics come from other producers, with no Spark epoch to wait for: per
+    # partition, the group's members share them, as Connect's tasks did (whole epochs, the
+    # default, have one member read a whole route's topics).
+    route: dict[str, Any] = {"epochs": "per-partition"}
 
     mode = keys.get("insert.mode", "insert") or "insert"
     if mode not in ("insert", "upsert", "update"):

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
+import psycopg
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from bridge.settings import BridgeSettings, ConsumerSettings, LibrdkafkaValue
@@ -30,6 +31,7 @@ from consumers.database.offsets import OffsetStore, PartitionKey
 from consumers.database.state import ensure_state_tables, sqlalchemy_engine, state_tables
 from consumers.decoding.registry_schemas import SchemaCache
 from consumers.epochs.assembly import EpochAssembly
+from consumers.epochs.ledger import knows_epochs
 from consumers.epochs.publisher import EpochPublisher
 from consumers.epochs.staging import EpochStager
 from consumers.membership.epoch_owner import EpochOwnerElection
@@ -68,7 +70,7 @@ _LIST_TOPICS_TIMEOUT_S = 10  # the topics patterns match at start-up: a Kafka th
 _FIRST_ELECTION_S = 5.0  # a member's first try for the whole routes, before it subscribes
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Member:
     """What exists once the service is in its group: the client, the batches' owner, the
     leases."""
@@ -78,7 +80,8 @@ class _Member:
     leases: LeaseKeeper
     publisher: EpochPublisher | None  # with routes that want whole epochs
     sizes: TopicSizes | None  # with them too: the whole topics' partition counts
-    # With them and `epochs_members: one`: whether this member reads the whole routes.
+    # With them and `epochs_members: one`: whether this member reads the whole routes. None
+    # until the group's ledger knows an epoch, when no route says `epochs: whole` (`_elect`).
     election: EpochOwnerElection | None
 
 
@@ -212,11 +215,14 @@ class ConsumerService:
             forget=self.metrics.forget,
             dead_letters_ends=applier.dead_letters_ends,
         )
-        election = self._election()
-        self._member = _Member(consumer, batches, leases, publisher, sizes, election)
-        if election is not None:
+        self._member = _Member(consumer, batches, leases, publisher, sizes, None)
+        if self._config.elects_at_start or (
+            self._config.whole_epochs
+            and self._config.epochs_members == "one"
+            and self._ledger_knows_epochs()
+        ):
             self._starting = "trying for the whole routes (epochs_members: one)"
-            election.start(wait_s=_FIRST_ELECTION_S)
+            self._elect(self._member)
         topics = self._subscribe(self._member)
         log.info(
             "consumer started",
@@ -240,13 +246,31 @@ class ConsumerService:
             self.metrics.epochs_owner.set(int(self._reads_whole))
         return topics
 
-    def _election(self) -> EpochOwnerElection | None:
-        if not self._config.whole_epochs or self._config.epochs_members != "one":
-            return None
-        return EpochOwnerElection(
+    def _elect(self, member: _Member) -> None:
+        """Try for the whole routes from now on (`epochs_members: one`): at start when a route
+        says `epochs: whole` or the ledger knows an epoch of the group; else once it does, so
+        that a group whose topics no bridge sink writes keeps sharing them (and opens no
+        session for an election). The next reconcile subscribes as the election says."""
+        election = EpochOwnerElection(
             db=self._session(),  # its own: the lock lives as long as this session
             name=f"bridge-epochs:{self._config.state_schema}:{self._config.group_id}",
         )
+        member.election = election
+        election.start(wait_s=_FIRST_ELECTION_S)
+        if election.holds and self._reads_whole:  # already subscribed to them: no rebalance
+            self.metrics.epochs_owner.set(1)
+
+    def _ledger_knows_epochs(self) -> bool:
+        """At start: whether the group has had an epoch. A database that cannot say now is
+        asked again by the publisher's looks."""
+        conn = self._db.open_connection()
+        if conn is None:
+            return False
+        try:
+            return knows_epochs(conn, self._tables.ledger, self._config.group_id)
+        except psycopg.Error as exc:
+            log.warning("the ledger could not say whether the group has had epochs: %s", exc)
+            return False
 
     def _session(self) -> DatabaseSession:
         return DatabaseSession(
@@ -439,6 +463,13 @@ class ConsumerService:
                 # A publication, or an epoch the ledger no longer holds open, lets later
                 # epochs of its query go in a batch (`consumers.epochs.assembly`).
                 batches.epochs_looked(member.publisher.look(batches.epochs_asking()))
+                if (
+                    member.election is None
+                    and self._config.epochs_members == "one"
+                    and member.publisher.knows_epochs
+                ):
+                    log.info("the group's ledger knows an epoch: trying for the whole routes")
+                    self._elect(member)
 
     def _kafka_error(self, message: Message) -> None:
         error = cast(KafkaError, message.error())  # the caller saw one

@@ -95,11 +95,11 @@ class ValueFormat(StrEnum):
 
 
 class Epochs(StrEnum):
-    """What the sink tells readers about its epochs. `per-partition`: nothing beyond each
-    record's provenance headers; each write task's transaction stands alone. `whole`: each task
-    also writes its part of the epoch manifest in its transaction, and the driver writes the
+    """What the sink tells readers about its epochs. `whole` (the default): each task also
+    writes its part of the epoch manifest in its transaction, and the driver writes the
     epoch's record once every task succeeded (`bridge.epoch_manifest`), so that a consumer can
-    publish the epoch at once."""
+    publish the epoch at once. `per-partition`: nothing beyond each record's provenance
+    headers; each write task's transaction stands alone."""
 
     PER_PARTITION = "per-partition"
     WHOLE = "whole"
@@ -122,7 +122,7 @@ class SinkOptions:
     transaction_timeout_ms: int = DEFAULT_TRANSACTION_TIMEOUT_MS
     marker_topic: str = DEFAULT_MARKER_TOPIC
     progress_path: str | None = None
-    epochs: Epochs = Epochs.PER_PARTITION
+    epochs: Epochs = Epochs.WHOLE
     epochs_topic: str = DEFAULT_EPOCHS_TOPIC
     value_format: ValueFormat = ValueFormat.JSON
     key_format: ValueFormat = ValueFormat.JSON
@@ -182,7 +182,7 @@ class SinkOptions:
         for name, value in (("marker.topic", marker_topic), ("epochs.topic", epochs_topic)):
             if not _LEGAL_NAME.match(value):
                 problems.append((name, f"{value!r} is not a legal topic name"))
-        epochs = _choice(lowered, "epochs", Epochs.PER_PARTITION, problems)
+        epochs = _choice(lowered, "epochs", Epochs.WHOLE, problems)
         if epochs_topic in (marker_topic, lowered.get("topic")):
             problems.append(("epochs.topic", f"{epochs_topic!r} must be a topic of its own"))
 

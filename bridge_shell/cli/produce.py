@@ -69,8 +69,8 @@ def produce(
         str | None,
         typer.Option(
             "--epochs",
-            help="per-partition (the default) or whole: also write the epoch manifest, which "
-            "tells a reader when each epoch is whole (docs/sink.md).",
+            help="whole (the default: also write the epoch manifest, which tells a reader "
+            "when each epoch is whole) or per-partition (docs/sink.md).",
         ),
     ] = None,
     transaction_timeout_ms: Annotated[

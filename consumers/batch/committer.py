@@ -38,7 +38,7 @@ from consumers.database.offsets import Lease, OffsetStore, PartitionKey
 from consumers.decoding.records import Record, RecordStopped, offset_of
 from consumers.epochs.ledger import EpochKey
 from consumers.epochs.staging import EpochStager
-from consumers.tables.applier import Applier, DeadLetterNote, Step, run_steps
+from consumers.tables.applier import Applier, ApplyCounts, DeadLetterNote, Step, run_steps
 from consumers.tables.table_follower import DRIFT
 
 log = logging.getLogger("bridge.consumer")
@@ -288,8 +288,17 @@ class Committer:
                     assert self._stager is not None  # noqa: S101 - it staged them
                     done = self._stager.apply(conn, topic, records)
                     staged_counts[topic] = done.staged
-                    applied[topic] = (0, len(done.dead_letters), 0)
                     dead_letters += done.dead_letters
+                    counts = ApplyCounts()
+                    if done.bare:  # of no epoch: to the table, as the planner planned them
+                        target = batch.planned.targets[topic]
+                        counts = self._applier.apply(conn, target, done.bare, staged)
+                        dead_letters += counts.dead_letters
+                    applied[topic] = (
+                        counts.applied + counts.deleted,
+                        counts.dead + len(done.dead_letters),
+                        counts.skipped,
+                    )
                     continue
                 target = batch.planned.targets[topic]
                 counts = self._applier.apply(conn, target, records, staged)

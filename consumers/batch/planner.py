@@ -13,7 +13,9 @@ For the records of one poll, by topic:
 
 The records of a topic whose route wants whole epochs, and those of the epoch manifest, skip
 steps 1 to 3: they are staged in the ledger (`consumers.epochs.staging`), and planned as
-rows when their epoch is published (`plan(..., publishing=True)`).
+rows when their epoch is published (`plan(..., publishing=True)`). Those of the epochs the
+batch publishes itself (`consumers.epochs.assembly`), and those without the sink's
+provenance, are planned as any topic's.
 
 The three errors are infrastructure faults, never a record's: nothing is written or
 dead-lettered, and the records are fetched again after a wait. The planner keeps the routed
@@ -131,7 +133,9 @@ class Planner:
         if stager is not None and not publishing:
             staging = {t: of_topics.pop(t) for t in list(of_topics) if stager.stages(t)}
         published: dict[str, list[Record]] = {}
-        if assembled is not None and assembled.epochs:
+        if assembled is not None:
+            # Of a whole topic, the records of the epochs the batch publishes and those of no
+            # epoch (without the sink's provenance) go to their tables now; the rest is staged.
             for topic in staging:
                 if topic in assembled.published:
                     published[topic] = of_topics[topic] = assembled.published[topic]

@@ -25,7 +25,10 @@ manifest with it. For each batch, `assemble`:
    when the ledger disagrees: its judge (`epoch_lacks`), with the batch's records counted, finds
    the epoch lacking, or an earlier epoch is open, records were staged by another member, or it
    knows a part this member never saw. A refused batch is written again statement by statement,
-   staging everything, exactly as without this module;
+   staging everything, exactly as without this module. Records without the sink's
+   provenance (another producer's, on the same route) are of no epoch: they go to their table
+   in this batch, as in the per-partition mode, unless a record before them in their
+   partition is held back (step 4), when they wait with it;
 4. **holds back**, per partition, the records from the first one of an epoch that may yet
    complete here: its topics all held in full, waiting less than `hold_s`, while the held
    records number at most `hold_records`. Their offsets do not advance, so a crash loses
@@ -74,7 +77,9 @@ class Assembled:
     """What one batch commits, and how."""
 
     records: dict[PartitionKey, list[Record]]  # every record the batch advances over
-    published: dict[str, list[Record]]  # whole topics' records of the epochs it publishes
+    # Whole topics' records it writes to their tables: those of the epochs it publishes, and
+    # those without the sink's provenance, in their partitions' order.
+    published: dict[str, list[Record]]
     staged: dict[str, list[Record]]  # whole topics' records it stages
     epochs: tuple[EpochKey, ...] = ()  # the epochs it publishes, in order
     # What each published epoch was judged whole with, for the ledger's check.
@@ -392,7 +397,7 @@ class EpochAssembly:
             split = {
                 epoch
                 for key, of_key in found.items()
-                for epoch, _, _ in of_key[cuts[key] :]
+                for epoch, _, _, _ in of_key[cuts[key] :]
                 if epoch in publishing
             }
             # A run published after one staged in its partition would overtake it: staged too.
@@ -433,8 +438,8 @@ class EpochAssembly:
         for key, of_key in found.items():
             cut = cuts[key]
             topic = key[0]
-            for epoch, _, run in of_key[:cut]:
-                if epoch in publishing:
+            for epoch, _, run, bare in of_key[:cut]:
+                if bare or epoch in publishing:
                     published.setdefault(topic, []).extend(run)
                 else:
                     staged.setdefault(topic, []).extend(run)

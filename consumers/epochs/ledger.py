@@ -286,6 +286,16 @@ def _counted_json(counted: Counted | None) -> str | None:
     return json.dumps({str(part): dict(topics) for part, topics in counted.items()})
 
 
+def knows_epochs(conn: psycopg.Connection[Any], names: LedgerNames, group: str) -> bool:
+    """Whether the ledger holds an epoch of `group`, open or settled: a part of it was read, or
+    records of it staged (rows stay after publication)."""
+    found = conn.execute(
+        sql.SQL("SELECT EXISTS (SELECT FROM {} WHERE group_id = %s)").format(names.epochs),
+        (group,),
+    ).fetchone()
+    return found is not None and bool(found[0])
+
+
 def open_epochs(conn: psycopg.Connection[Any], names: LedgerNames, group: str) -> list[EpochState]:
     """Every epoch of `group` not settled, or holding staged records, in (query, epoch) order."""
     states: dict[EpochKey, EpochState] = {}

@@ -36,12 +36,15 @@ _AFTER_ANY: Final = 1 << 63  # more than any offset
 
 
 class Placed(NamedTuple):
-    """Consecutive records of one write task in a partition: their epoch (None without the
-    sink's provenance) and Spark partition."""
+    """Consecutive records of one write task in a partition: their epoch and Spark partition.
+    Without an epoch: records without the sink's provenance (`bare`: another producer's, of no
+    epoch, written to their table as in the per-partition mode), or with a broken one (to be
+    dead-lettered, naming why)."""
 
     epoch: EpochKey | None
     spark_partition: int
     records: list[Record]
+    bare: bool = False
 
 
 class _Span(NamedTuple):
@@ -103,14 +106,16 @@ class Placement:
             i = end
 
 
-def _provenance(record: Record) -> Provenance | str:
+def _provenance(record: Record) -> Provenance | str | None:
     return provenance_of(cast(Headers, record.headers() or []))
 
 
 def _by_headers(records: Sequence[Record]) -> Iterator[Placed]:
     for headers, run in runs(records):
         origin = provenance_of(headers)
-        if isinstance(origin, str):
+        if origin is None:
+            yield Placed(None, -1, run, bare=True)  # another producer's
+        elif isinstance(origin, str):
             yield Placed(None, -1, run)  # a dead letter, staged
         else:
             yield Placed((origin.query, origin.epoch), origin.spark_partition, run)

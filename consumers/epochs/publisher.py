@@ -55,6 +55,7 @@ from consumers.epochs.ledger import (
     Manifest,
     age_s,
     database_now,
+    knows_epochs,
     manifests,
     open_epochs,
     publishable,
@@ -151,6 +152,9 @@ class EpochPublisher:
         self._incomplete: list[str] = []
         self.published_total = 0
         self._waiting_for: dict[EpochKey, EpochKey] = {}  # said once: whole, waits for that
+        # The ledger holds an epoch of the group: asked at each look until it does, never
+        # after (epochs' rows stay). A group with whole epochs by default elects then.
+        self.knows_epochs = False
 
     def look(self, asking: list[EpochKey] | None = None) -> LedgerLook:
         """Publish what is whole, when a look is due; note what is incomplete for too long;
@@ -172,7 +176,7 @@ class EpochPublisher:
         try:
             try:
                 conn = idle or self._db.connect()
-                current = self._publish_whole(conn, until=now + _PUBLISH_BUDGET_S)
+                current = self._read_and_publish(conn, until=now + _PUBLISH_BUDGET_S)
             except psycopg.OperationalError:
                 if idle is None:
                     raise
@@ -181,7 +185,7 @@ class EpochPublisher:
                 # A publication is never retried here: its errors are EpochNotPublished.
                 self._db.close()
                 conn = self._db.connect()
-                current = self._publish_whole(conn, until=now + _PUBLISH_BUDGET_S)
+                current = self._read_and_publish(conn, until=now + _PUBLISH_BUDGET_S)
         except psycopg.OperationalError as exc:
             self._db.close()
             self._failures.failed(f"database: {exc}")
@@ -213,6 +217,17 @@ class EpochPublisher:
             "come before its own in %s (a table is left as the records one by one would leave "
             "it)", key[1], key[0], first[1], first[0], where,
         )  # fmt: skip
+
+    def _read_and_publish(
+        self, conn: psycopg.Connection[Any], *, until: float
+    ) -> tuple[list[EpochState], float] | None:
+        current = self._publish_whole(conn, until=until)
+        if not self.knows_epochs:
+            # None: it published until its budget ran out.
+            self.knows_epochs = (
+                current is None or bool(current[0]) or knows_epochs(conn, self._ledger, self._group)
+            )
+        return current
 
     def _manifests(self, keys: list[EpochKey]) -> dict[EpochKey, Manifest] | None:
         """The ledger's manifest of each open epoch of `keys` (`ledger.manifests`), for the

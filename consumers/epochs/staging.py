@@ -8,15 +8,19 @@ they commit with their offsets exactly as rows do:
   (`consumers.epochs.chunks`): the records as Kafka gave them, and, when the planner
   could plan them for their table now (`EpochPlanner`), the statements that write them, which
   the publication runs. They are counted per (query, epoch, Spark partition, topic, Kafka
-  partition). Their epoch comes from the sink's provenance headers; a record without them
-  cannot belong to an epoch, so it is a dead letter naming why (it would otherwise wait for a
-  manifest that can never name it). A record that cannot be a row leaves its chunk without a
-  plan: it is found, and dead-lettered, when its epoch is published, and never holds it back;
+  partition). Their epoch comes from the sink's provenance headers. A record with none of
+  them (another producer's) is of no epoch: it is never staged, and goes to its table in the
+  batch that reads it, as in the per-partition mode (`consumers.epochs.assembly`; `apply`
+  hands it back). One with some of them only, or with values out of range, claims an epoch it
+  does not name: it is a dead letter naming why (it would otherwise wait for a manifest that
+  can never name it). A record that cannot be a row leaves its chunk without a plan: it is
+  found, and dead-lettered, when its epoch is published, and never holds it back;
 - the **manifest topic**'s records (`bridge.epoch_manifest`) become the ledger's rows: a part,
   or the epoch's record. A record that is not one is a dead letter, its error naming the field.
 
 A batch whose records all fit goes as statements (`plan`), in the one message of the pipelined
-path; one that holds a dead letter goes statement by statement (`apply`).
+path; one that holds a dead letter, or a record of no epoch, goes statement by statement
+(`apply`).
 """
 
 from __future__ import annotations
@@ -65,17 +69,21 @@ class Provenance(NamedTuple):
     spark_partition: int
 
 
-def provenance_of(headers: Headers) -> Provenance | str:
-    """The Spark query, epoch and partition in a record's headers, or why they are not there."""
+def provenance_of(headers: Headers) -> Provenance | str | None:
+    """The Spark query, epoch and partition in a record's headers; None when it carries none of
+    them (a record of another producer, which its route applies as the per-partition mode does);
+    or why they do not name an epoch (some of them only, or values out of range)."""
     found: dict[str, bytes | None] = {}
     for name, value in headers:
         if name in PROVENANCE_HEADERS:
             found.setdefault(name, value)
+    if not found:
+        return None
     if len(found) < 3:
         absent = sorted(set(PROVENANCE_HEADERS) - set(found))
         return (
-            f"no {', '.join(absent)} header: the route publishes whole epochs, and only records "
-            "of bridge's sink carry the epoch they belong to"
+            f"no {', '.join(absent)} header beside the sink's other provenance headers: the "
+            "route publishes whole epochs, and the record claims an epoch it does not name"
         )
     try:
         query = (found[PROVENANCE_QUERY] or b"").decode()
@@ -107,6 +115,8 @@ class Staged:
 
     staged: int = 0
     dead_letters: list[DeadLetterNote] = field(default_factory=list)
+    # Records without the sink's provenance: not of an epoch, written as any batch's are.
+    bare: list[Record] = field(default_factory=list)
 
 
 class EpochStager:
@@ -140,13 +150,14 @@ class EpochStager:
             except ManifestError:
                 return None
         found = [(provenance_of(headers), headers, run) for headers, run in runs(records)]
-        if any(isinstance(origin, str) for origin, _, _ in found):
-            return None
+        if not all(isinstance(origin, Provenance) for origin, _, _ in found):
+            return None  # a record of no epoch: `apply` tells which
         return self._staging_steps(topic, found, plan_epoch)  # type: ignore[arg-type]
 
     def apply(self, conn: psycopg.Connection[Any], topic: str, records: Sequence[Record]) -> Staged:
-        """Stage `records` in the caller's transaction; a record that cannot be staged is
-        dead-lettered with why."""
+        """Stage `records` in the caller's transaction; a record that claims an epoch it does
+        not name is dead-lettered with why, and one without the sink's provenance is left to
+        the caller (`Staged.bare`), to be written to its table as any batch's is."""
         done = Staged()
 
         def dead(record: Record, error: str) -> None:
@@ -162,7 +173,9 @@ class EpochStager:
         kept: list[tuple[Provenance, Headers, list[Record]]] = []
         for headers, run in runs(records):
             origin = provenance_of(headers)
-            if isinstance(origin, str):
+            if origin is None:
+                done.bare += run
+            elif isinstance(origin, str):
                 for record in run:
                     dead(record, origin)
             else:

@@ -23,10 +23,14 @@ import yaml
 
 from bridge.kafka_admin import create_topic
 from bridge.names import CONSUMER_APPLICATION_PREFIX
+from consumers.database.offsets.store import application_name
+from consumers.service import ConsumerService
 from tests.consumer_helpers import (
+    dead_letters,
     eventually,
     http_get,
     plain_config,
+    produce,
     running,
     sample,
     settings_for,
@@ -230,6 +234,59 @@ def test_a_querys_epoch_never_overtakes_an_earlier_querys_records_in_a_partition
         f"SELECT epoch_no, count(*) FROM {t} GROUP BY epoch_no" for t in pipeline["tables"]
     ))  # fmt: skip
     assert {int(m) for m, _ in markers} == {2}, markers
+
+
+def test_by_default_a_group_shares_another_producers_records_until_its_first_epoch(
+    stack: Endpoints, names: dict[str, str], pipeline: dict[str, Any]
+) -> None:
+    """Routes that do not say `epochs` (whole by default), two members: records without the
+    sink's provenance go to their tables as their batches commit, the partitions spread over
+    both members, no election held and no dead letter; from the sink's first epoch, one member
+    is elected to read the whole routes, every epoch is published whole, and other records
+    still land."""
+    query = f"q-{uuid.uuid4()}"
+    sink = HandSink(stack, manifest_topic=pipeline["manifest"], query=query)
+    routes = [{"topic": t, "table": table}
+              for t, table in zip(pipeline["topics"], pipeline["tables"], strict=True)]  # fmt: skip
+    config = settings_for(
+        stack, names, consumer={"routes": routes, "epochs_topic": pipeline["manifest"]}
+    )
+    per_task, epochs, others = 30, 4, 200
+    reader = Reader(stack.dsn, pipeline["tables"], dict.fromkeys(range(epochs), TASKS * per_task))
+
+    def another_producers(first: int) -> None:
+        for topic in pipeline["topics"]:
+            produce(stack, topic, [(f"k{i}", {"id": first + i, "epoch_no": -1})
+                                   for i in range(others)])  # fmt: skip
+
+    def holding(members: tuple[ConsumerService, ...]) -> list[int]:
+        """How many partitions of the routes' topics each member holds."""
+        return sorted(
+            sum(name.rsplit("[", 1)[0] in pipeline["topics"] for name in m.context()["partitions"])
+            for m in members
+        )
+
+    with running(config) as first, running(config) as second, reading(reader):
+        members = (first, second)
+        another_producers(10_000_000)
+        eventually(lambda: counts(stack, pipeline) == (2 * others,) * 2)
+        # Shared, as a sticky assignor spreads 9 partitions (the manifest's too) over two.
+        eventually(lambda: holding(members) in ([3, 5], [4, 4]))
+        assert _elections(stack, names) == 0
+        for epoch in range(epochs):
+            for task in range(TASKS):
+                sink.task(epoch, task, epoch_records(pipeline, epoch, task, per_task))
+            sink.commit(epoch, list(range(TASKS)))
+        eventually(lambda: published(stack.dsn, names["schema"], query) == epochs, timeout=90)
+        eventually(lambda: _elections(stack, names) == 1)
+        # The elected member holds both topics and the manifest; the other stands by.
+        eventually(lambda: holding(members) == [0, 2 * PARTITIONS])
+        another_producers(20_000_000)
+        total = epochs * TASKS * per_task + 4 * others
+        eventually(lambda: counts(stack, pipeline) == (total, total))
+    assert reader.partial == [], f"part of an epoch seen: {reader.partial[:5]}"
+    assert reader.polls > 50
+    assert dead_letters(stack, names) == 0
 
 
 def test_an_epoch_that_cannot_complete_is_reported_then_settled_by_the_operator(
@@ -535,6 +592,14 @@ def _owners(stack: Endpoints, names: dict[str, str], topics: list[str]) -> int:
         return 0
     rows = sql(stack, f"SELECT count(DISTINCT owner) FROM {names['schema']}.offsets "
                f"WHERE group_id = '{names['group']}' AND topic = ANY(ARRAY{topics})")  # fmt: skip
+    return int(rows[0][0])
+
+
+def _elections(stack: Endpoints, names: dict[str, str]) -> int:
+    """How many of the group's sessions hold an advisory lock: the elected reader's."""
+    rows = sql(stack, "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid) "
+               f"WHERE l.locktype = 'advisory' AND l.granted "
+               f"AND a.application_name = '{application_name(names['group'])}'")  # fmt: skip
     return int(rows[0][0])
 
 

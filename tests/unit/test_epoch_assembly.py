@@ -194,11 +194,24 @@ def test_more_records_than_the_bound_are_staged_not_held() -> None:
     assert found.holding() == 0 and len(done.staged[TOPIC]) == 3
 
 
-def test_a_record_without_provenance_is_staged_for_the_dead_letters() -> None:
+def test_a_record_without_provenance_goes_to_its_table_now_and_a_broken_one_is_staged() -> None:
     found = assembly()
-    stray = Message(TOPIC, 0, 100, None, b"{}", [], None, (1, 0))
-    done = batch(found, [stray])
-    assert done.staged[TOPIC] == [stray] and done.epochs == ()
+    other = Message(TOPIC, 0, 100, None, b"{}", [("trace", b"x")], None, (1, 0))
+    broken = Message(TOPIC, 1, 100, None, b"{}", [(PROVENANCE_QUERY, b"q")], None, (1, 0))
+    done = batch(found, [other, broken])
+    assert done.published[TOPIC] == [other] and done.epochs == ()  # another producer's
+    assert done.staged[TOPIC] == [broken]  # claims an epoch it does not name: a dead letter
+    assert found.holding() == 0
+
+
+def test_a_record_without_provenance_waits_behind_a_held_one_of_its_partition_only() -> None:
+    log, found = Log(), assembly()
+    held = log.task(0, 0, {0: 1})  # its epoch's manifest has not come: held
+    after = Message(TOPIC, 0, 50, None, b"{}", None, None, (1, 0))
+    beside = Message(TOPIC, 1, 50, None, b"{}", None, None, (1, 0))
+    done = batch(found, [*held, after, beside])
+    assert done.published[TOPIC] == [beside] and found.holding() == 2
+    assert (TOPIC, 0) not in done.records
 
 
 def test_held_records_are_dropped_when_their_partition_is_fetched_again() -> None:

@@ -56,7 +56,7 @@ def test_records_inside_a_parts_ranges_are_its_tasks_with_only_the_ends_headers_
 
 def test_records_outside_every_range_are_placed_by_their_headers() -> None:
     # A part of an older sink (no offsets) between two that name theirs, and a record of
-    # another producer: by headers, it is a dead letter's run.
+    # another producer: by headers, of no epoch.
     records = [
         *(record(o, provenance(1, 0)) for o in (0, 1)),
         record(2, provenance(1, 1)),
@@ -72,6 +72,7 @@ def test_records_outside_every_range_are_placed_by_their_headers() -> None:
         (None, -1, [3]),
         ((QUERY, 1), 2, [4]),
     ]
+    assert [r.bare for r in placement.runs(KEY, records)] == [False, False, True, False]
 
 
 def test_ranges_that_do_not_speak_of_these_records_are_forgotten_and_headers_read() -> None:

@@ -52,6 +52,7 @@ def test_patterns_apart_and_names_apart_are_taken() -> None:
         "audit",
         r"^(a\+b)$",
         "^(a.c)$",
+        "bridge-epochs",  # the epoch manifest: whole epochs are the routes' default
     ]
     index, route = consumer.route_for("pay-42")
     assert (index, route.topic, route.table, route.topic_pattern) == (
