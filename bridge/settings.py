@@ -482,9 +482,9 @@ class ConsumerSettings(_Section):
     @model_validator(mode="after")
     def _manifest_apart(self) -> ConsumerSettings:
         """A route naming the manifest is refused; a pattern that matches it never reads it
-        (the group reads the manifest as its own, before any route)."""
+        (`route_for`: the group reads the manifest as its own)."""
         found = self.route_for(self.epochs_topic)
-        if self.whole_epochs and found is not None and found[1].topic == self.epochs_topic:
+        if self.whole_epochs and found is not None:
             raise ValueError(
                 f"routes.{found[0]} reads {self.epochs_topic!r}, the epoch manifest "
                 "(epochs_topic): the manifest is the group's own, never a table's"
@@ -512,10 +512,13 @@ class ConsumerSettings(_Section):
         return found is not None and found[1].epochs == "whole"
 
     def route_for(self, topic: str) -> tuple[int, RouteSettings] | None:
-        """The route that reads `topic` (at most one: `_routes_apart`), as it applies to it."""
+        """The route that reads `topic` (at most one: `_routes_apart`), as it applies to it.
+        A pattern never reads the epoch manifest when the group reads it as its own."""
         for index, route in enumerate(self.routes):
             if route.topic == topic or (
-                route.topic_pattern is not None and matches(route.topic_pattern, topic)
+                route.topic_pattern is not None
+                and matches(route.topic_pattern, topic)
+                and not (topic == self.epochs_topic and self.whole_epochs)
             ):
                 return index, route.for_topic(topic)
         return None

@@ -172,7 +172,7 @@ class ConsumerMetrics:
         self.epochs_owner = Gauge(
             METRIC_EPOCHS_OWNER,
             "1 when this member reads the group's whole routes (epochs_members: one), 0 when it "
-            "stands by for them.",
+            "stands by for them or the group has had no epoch yet (all members read them).",
             registry=self.registry,
         )
         Gauge(METRIC_INFO, "The consumer group.", list(labels), registry=self.registry).labels(

@@ -323,3 +323,25 @@ def test_a_bad_schema_registry_setting_is_refused_naming_it(
     with pytest.raises(ConfigError) as refused:
         load_settings(schema_registry=registry)
     assert path in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("route_epochs", "members", "whole", "elects"),
+    [
+        (None, "one", True, False),  # the default: whole, elected at the first epoch
+        ("whole", "one", True, True),  # said: elected from the start
+        ("whole", "all", True, False),  # every member reads them: no election
+        ("per-partition", "one", False, False),  # the way back: no manifest, no election
+    ],
+)
+def test_routes_are_whole_by_default_and_elect_at_start_only_when_they_say_so(
+    tmp_path: Path, route_epochs: str | None, members: str, whole: bool, elects: bool
+) -> None:
+    said = "" if route_epochs is None else f"\n      epochs: {route_epochs}"
+    path = write(tmp_path, GOOD.replace('mode: "insert"', f'mode: "insert"{said}')
+                 + f"  epochs_members: {members}\n")  # fmt: skip
+    consumer = load_settings(path).require_consumer()
+    assert consumer.whole_topic("orders") is whole
+    assert consumer.whole_topic("customers")  # names nothing: whole
+    assert consumer.elects_at_start is elects
+    assert ("bridge-epochs" in consumer.subscription()) is True

@@ -62,6 +62,18 @@ def test_patterns_apart_and_names_apart_are_taken() -> None:
     assert consumer.route_for("xorders-1") is None  # a pattern matches whole names
 
 
+def test_a_pattern_that_matches_the_epoch_manifest_never_routes_it() -> None:
+    """Whole epochs by default: the group reads the manifest as its own, never as a table's."""
+    whole = _settings({"topic_pattern": "bridge-.*", "table": "public.${topic}"})
+    assert whole.require_consumer().route_for("bridge-epochs") is None
+    assert whole.require_consumer().route_for("bridge-orders") is not None
+    apart = _settings(
+        {"topic_pattern": "bridge-.*", "table": "public.${topic}", "epochs": "per-partition"}
+    )
+    index, route = apart.require_consumer().route_for("bridge-epochs") or (None, None)
+    assert index == 0 and route is not None and route.table == "public.bridge_epochs"
+
+
 @pytest.mark.parametrize(
     ("route", "message"),
     [
