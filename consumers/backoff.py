@@ -30,6 +30,10 @@ class HoldBackoff:
     consequence: str  # says in the log what waits: "the batch waits for its schemas"
     wait: wait_base = _GROWING
     recovered: str | None = None  # logged when it clears after a failure: "... again"
+    level: int = logging.ERROR  # of each failure's log line
+    # `/readyz` says it once it has held this long: a hold that is part of the normal flow
+    # (records waiting for an epoch's publication) is a reason only when it lasts.
+    reason_after_s: float = 0.0
     current: str | None = None  # why it holds now; None while it does not
     retry_at: float = 0.0  # monotonic: no batch before this
     # Where the records it holds start, per (topic, partition); empty when it holds no record
@@ -51,7 +55,8 @@ class HoldBackoff:
         self._attempt.attempt_number += 1
         delay = self.wait(self._attempt)
         self.retry_at = now + delay
-        log.error("%s (%s); %s; retrying in %.1fs", self.what, why, self.consequence, delay)
+        log.log(self.level, "%s (%s); %s; retrying in %.1fs", self.what, why, self.consequence,
+                delay)  # fmt: skip
 
     def cleared(self) -> None:
         if self.current is not None and self.recovered is not None:
@@ -59,6 +64,11 @@ class HoldBackoff:
         self.current, self.retry_at, self.at = None, 0.0, {}
 
     def reasons(self) -> list[str]:
-        if self.current is None:
+        held_s = time.monotonic() - self._since
+        if self.current is None or held_s < self.reason_after_s:
             return []
-        return [f"{self.what} for {time.monotonic() - self._since:.0f}s ({self.current})"]
+        return [f"{self.what} for {held_s:.0f}s ({self.current})"]
+
+    def wake(self) -> None:
+        """What it waits for may be over: the next try is now."""
+        self.retry_at = 0.0

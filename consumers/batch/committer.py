@@ -110,11 +110,27 @@ class CommitResult:
     # Epochs the batch published itself (consumers.epochs.assembly): only when it went as
     # one message; written statement by statement, a batch stages their records instead.
     published: tuple[EpochKey, ...] = ()
+    # Partitions whose records of no epoch (another producer's) came after records staged of
+    # an epoch: committed up to them (or declined), they wait for its publication from there.
+    behind: dict[PartitionKey, int] = field(default_factory=dict)
 
     @property
     def whole(self) -> bool:
         """Every partition of the batch committed."""
-        return not self.refused and not self.unknown and not self.declined and not self.stopped
+        return (
+            not self.refused
+            and not self.unknown
+            and not self.declined
+            and not self.stopped
+            and not self.behind
+        )
+
+
+class _BehindStaged(BridgeError):
+    def __init__(self, at: dict[PartitionKey, int]) -> None:
+        self.at = at
+        where = ", ".join(f"{t}[{p}]@{o}" for (t, p), o in sorted(at.items()))
+        super().__init__(f"{where}: records of no epoch after records of an epoch staged")
 
 
 class _LeaseRefused(BridgeError):
@@ -211,6 +227,7 @@ class Committer:
         refused: list[PartitionKey] = []
         stopped: RecordStopped | None = None
         declined: list[PartitionKey] = []  # the stopped partition, when nothing is before it
+        behind: dict[PartitionKey, int] = {}
         while batch.records:
             started = time.perf_counter()
             applied: dict[str, tuple[int, int, int]] = {}
@@ -228,6 +245,12 @@ class Committer:
                 batch = batch.before(key, exc.offset)
                 declined += [] if key in batch.records else [key]
                 continue
+            except _BehindStaged as exc:  # rolled back: written again up to those records
+                for key, offset in exc.at.items():
+                    behind[key] = offset
+                    batch = batch.before(key, offset)
+                    declined += [] if key in batch.records else [key]
+                continue
             except psycopg.Error as exc:
                 drift = _drift(batch, exc)
                 refusal = refusal_of(exc) or drift
@@ -239,6 +262,7 @@ class Committer:
                         refusal=refusal,
                         stopped=stopped,
                         drifted=drift is not None,
+                        behind=behind,
                     )
                 if not is_lost(exc):
                     raise
@@ -253,6 +277,7 @@ class Committer:
                     lost=str(exc),
                     declined=declined,
                     stopped=stopped,
+                    behind=behind,
                 )
             return CommitResult(
                 batch=batch,
@@ -264,8 +289,11 @@ class Committer:
                 refused=refused,
                 declined=declined,
                 stopped=stopped,
+                behind=behind,
             )
-        return CommitResult(batch=batch, refused=refused, declined=declined, stopped=stopped)
+        return CommitResult(
+            batch=batch, refused=refused, declined=declined, stopped=stopped, behind=behind
+        )
 
     def _write_once(
         self,
@@ -291,6 +319,9 @@ class Committer:
                     dead_letters += done.dead_letters
                     counts = ApplyCounts()
                     if done.bare:  # of no epoch: to the table, as the planner planned them
+                        behind = self._stager.behind_staged(conn, done.bare)
+                        if behind:
+                            raise _BehindStaged(behind)  # rolls the transaction back
                         target = batch.planned.targets[topic]
                         counts = self._applier.apply(conn, target, done.bare, staged)
                         dead_letters += counts.dead_letters

@@ -39,6 +39,7 @@ from itertools import chain, groupby
 from typing import cast
 
 from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
+from tenacity import wait_exponential
 
 from bridge.errors import BridgeError
 from consumers.backoff import HoldBackoff
@@ -169,7 +170,12 @@ class BatchLifecycle:
         """Before each poll: a rewind before it is where the poll fetches from; held partitions
         whose wait is over resume from their stored offsets."""
         self._move(StageEvent.POLLING)
-        self._resume(self.partition_holds.due())
+        due = self.partition_holds.due()
+        if due and self.stage is Stage.IN_FLIGHT:
+            # A partition held behind a staged epoch when its batch was assembled: that batch
+            # settles first, so that it resumes from where the batch left its lease.
+            self.settle()
+        self._resume(due)
 
     def submit(self, records: list[Record]) -> None:
         """Steps 1 to 3 for the records one poll returned."""
@@ -180,6 +186,8 @@ class BatchLifecycle:
             assembled = self._assembly.assemble(ours, stored=self._stored)
             self._metrics.epoch_records_held.set(self._assembly.holding())
             ours = assembled.records
+            if assembled.behind:  # paused now: no later record of them comes meanwhile
+                self._behind(assembled.behind)
             if not ours and self.stage is Stage.IN_FLIGHT:
                 # All held back for their epochs: nothing to send, so the batch in flight is
                 # not waited for, and PostgreSQL writes it while the next poll is read.
@@ -276,6 +284,8 @@ class BatchLifecycle:
         later ones of its query go in a batch, and so does one the ledger no longer holds."""
         if self._assembly is not None:
             self._assembly.looked(look)
+        if look.published:  # records of no epoch behind them may go now (else: their wait)
+            self.partition_holds.wake(_BEHIND)
 
     def _plan(self, ours: dict[PartitionKey, list[Record]], assembled: Assembled | None) -> Planned:
         in_flight = self._in_flight
@@ -333,6 +343,9 @@ class BatchLifecycle:
             self._seek_to_leases()
         if result.stopped is not None:
             self._stopped(result.stopped)
+        if result.behind:
+            self._behind(result.behind)
+            self._seek_to_leases()
         if (result.refused or result.unknown) and self._resolve(result):
             self._count(result, list(result.batch.records.values()))  # its reply was lost
 
@@ -355,6 +368,13 @@ class BatchLifecycle:
             {(stop.topic, stop.partition): stop.offset},
         )  # fmt: skip
         self._seek_to_leases()
+
+    def _behind(self, at: dict[PartitionKey, int]) -> None:
+        """Records of no epoch wait, in their partitions, for the epochs staged before them."""
+        where = ", ".join(f"{t}[{p}]@{o}" for (t, p), o in sorted(at.items()))
+        self.partition_holds.hold(
+            _BEHIND, behind_backoff, f"behind records of an epoch staged before them: {where}", at
+        )
 
     def _hold_topic(
         self,
@@ -498,6 +518,20 @@ class BatchLifecycle:
             )
         except KafkaException as exc:
             log.warning("mirroring offsets to the Kafka group failed: %s", exc)
+
+
+_BEHIND = "records of no epoch"
+
+
+def behind_backoff() -> HoldBackoff:
+    return HoldBackoff(
+        what="records of no epoch wait for an epoch staged before them in their partition",
+        consequence="their partition holds at them until the epoch is published (or "
+        "discarded), and goes on then; the member's other partitions go on",
+        wait=wait_exponential(multiplier=0.25, max=5),
+        level=logging.INFO,
+        reason_after_s=60.0,
+    )
 
 
 def unrouted_backoff() -> HoldBackoff:

@@ -4,7 +4,10 @@ Three faults hold partitions, not the member: a writer schema the route's follow
 take (TableMismatch), a topic a pattern matched whose table cannot take its records yet
 (RouteUnresolved), and a record of an `on_record_error: stop` route that cannot be written
 (RecordStopped). Each is about one table or one record, so the member's other topics, and the
-partitions whose records fit, have no reason to wait. The held partitions are paused in the
+partitions whose records fit, have no reason to wait. So does one wait of the normal flow:
+records of no epoch (another producer's) on a whole route, behind records of an epoch staged
+and not yet published, which would overwrite them at its publication (woken by it).
+The held partitions are paused in the
 Kafka client at their records, their offsets not advanced (nothing is lost or dead-lettered),
 and resumed from their stored offsets when their wait is over, so that their records come and
 are tried again. A hold ends for a partition when a batch commits past its record, when an
@@ -61,6 +64,12 @@ class PartitionHolds:
             held.paused = True
             held.backoff.failed(f"{why}; held: {_where(held.at)}", held.at)
         self._pause(list(at))
+
+    def wake(self, kind: str) -> None:
+        """What the holds of `kind` wait for may be over: their partitions resume now."""
+        for (of_kind, _), held in self._holds.items():
+            if of_kind == kind:
+                held.backoff.wake()
 
     def held(self, key: PartitionKey) -> bool:
         """Whether `key` waits, paused: records of it that a poll still brings are dropped (and

@@ -197,13 +197,19 @@ class Planner:
             epochs=epochs,
             published_rows=rows,
             published_records=[r for of_topic in published.values() for r in of_topic],
-            guards=self._guards(assembled) if epochs else [],
+            guards=self._guards(assembled, epochs),
             pending=assembled.pending if assembled is not None else None,
         )
 
-    def _guards(self, assembled: Assembled | None) -> list[Step]:
-        assert self.stager is not None and assembled is not None  # noqa: S101 - with epochs
-        return self.stager.publish_steps(assembled.epochs, assembled.judged)
+    def _guards(self, assembled: Assembled | None, epochs: tuple[EpochKey, ...]) -> list[Step]:
+        """The ledger's checks of what the batch writes of whole topics: the epochs it
+        publishes, and its records of no epoch, which no staged record may come before."""
+        if assembled is None or self.stager is None:
+            return []
+        return [
+            *(self.stager.publish_steps(epochs, assembled.judged) if epochs else []),
+            *self.stager.bare_steps(assembled.bare_firsts),
+        ]
 
     @property
     def follows(self) -> bool:

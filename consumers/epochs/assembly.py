@@ -85,6 +85,11 @@ class Assembled:
     # What each published epoch was judged whole with, for the ledger's check.
     judged: dict[EpochKey, Judged] = field(default_factory=dict)
     pending: PendingEpochs = PendingEpochs()  # settled or dropped with the batch
+    # Where the records of no epoch it writes begin, per partition, for the ledger's check.
+    bare_firsts: dict[PartitionKey, int] = field(default_factory=dict)
+    # Partitions it cuts at records of no epoch behind records staged: the member holds them
+    # there until the epoch is published (`BatchLifecycle`), and fetches them again then.
+    behind: dict[PartitionKey, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -244,7 +249,8 @@ class EpochAssembly:
         if not found:
             return Assembled(records, {}, {})
         self._consult(in_hand, now)
-        publishing = self._publishing(in_hand)
+        behind_staged = self._behind_staged(in_hand)
+        publishing = self._publishing(in_hand, behind_staged)
         for epoch in in_hand:
             self._waiting.setdefault(epoch, now)
         staged_here = self._staged_or_pending()
@@ -257,10 +263,11 @@ class EpochAssembly:
             and all(self._held_in_full(topic) for _, topic in in_hand[epoch])
             and all(self._held_in_full(t) for t in self._topics(epoch))
         }
-        cuts, kept = self._cuts(found, publishing, may_wait)  # step 4
-        if sum(_after(found[key], cut) for key, cut in cuts.items()) > self._hold_records:
-            cuts, kept = self._cuts(found, publishing, set())  # too many: none held
-        return self._split(records, found, cuts, kept, in_hand)
+        cuts, kept, stops = self._cuts(found, publishing, may_wait, behind_staged)  # step 4
+        held = sum(_after(found[key], cut) for key, cut in cuts.items() if key not in stops)
+        if held > self._hold_records:  # too many: none held
+            cuts, kept, stops = self._cuts(found, publishing, set(), behind_staged)
+        return self._split(records, found, cuts, kept, in_hand, stops)
 
     # -- steps --------------------------------------------------------------------------------
 
@@ -339,19 +346,25 @@ class EpochAssembly:
             t for w in known.written.values() for t, n in w.items() if n and self._whole_topic(t)
         }
 
-    def _publishing(self, in_hand: dict[EpochKey, Counter[tuple[int, str]]]) -> set[EpochKey]:
-        """The epochs this batch can publish: whole in hand, in order within their query, and
-        in none of the partitions of an epoch staged here (of any query: its records come
-        first there, and the publisher applies them first, `ledger.comes_first`)."""
-        publishing: set[EpochKey] = set()
-        blocked: set[str] = set()
+    def _behind_staged(
+        self, in_hand: dict[EpochKey, Counter[tuple[int, str]]]
+    ) -> set[PartitionKey]:
+        """The partitions in which an epoch staged here has records: theirs come first there,
+        and the publisher applies them first (`ledger.comes_first`)."""
         staged_here = self._staged_or_pending()
         self._partitions = {
             e: keys for e, keys in self._partitions.items() if e in in_hand or e in staged_here
         }
-        behind_staged: set[PartitionKey] = set().union(
-            *(keys for e, keys in self._partitions.items() if e in staged_here)
-        )
+        return set().union(*(keys for e, keys in self._partitions.items() if e in staged_here))
+
+    def _publishing(
+        self, in_hand: dict[EpochKey, Counter[tuple[int, str]]], behind_staged: set[PartitionKey]
+    ) -> set[EpochKey]:
+        """The epochs this batch can publish: whole in hand, in order within their query, and
+        in none of the partitions of an epoch staged here (of any query)."""
+        publishing: set[EpochKey] = set()
+        blocked: set[str] = set()
+        staged_here = self._staged_or_pending()
         for epoch in sorted(in_hand):
             query, number = epoch
             staged = [n for q, n in staged_here if q == query]
@@ -381,19 +394,29 @@ class EpochAssembly:
         found: dict[PartitionKey, list[_Run]],
         publishing: set[EpochKey],
         may_wait: set[EpochKey],
-    ) -> tuple[dict[PartitionKey, int], set[EpochKey]]:
-        """Per partition, the index of its first run held back (all after it are too), and the
-        epochs still published: one with a run held back is not (nor are its query's later
-        ones), and the cuts are found again."""
+        behind_staged: set[PartitionKey],
+    ) -> tuple[dict[PartitionKey, int], set[EpochKey], set[PartitionKey]]:
+        """Per partition, the index of its first run held back (all after it are too), the
+        epochs still published (one with a run held back is not, nor are its query's later
+        ones, and the cuts are found again), and the partitions cut at records of no epoch
+        behind records staged (`stops`): written now, they would be overwritten by the earlier
+        ones at the epoch's publication, so they wait for it, from their partition's hold."""
         publishing, may_wait = set(publishing), set(may_wait)
         while True:
-            cuts = {
-                key: next(
-                    (i for i, run in enumerate(of_key) if run.epoch in may_wait),
-                    len(of_key),
-                )
-                for key, of_key in found.items()
-            }
+            cuts: dict[PartitionKey, int] = {}
+            stops: set[PartitionKey] = set()
+            for key, of_key in found.items():
+                waits = (i for i, run in enumerate(of_key) if run.epoch in may_wait)
+                cut = next(waits, len(of_key))
+                staged_before = key in behind_staged
+                for i, run in enumerate(of_key[:cut]):
+                    if run.bare and staged_before:
+                        cut = i
+                        stops.add(key)
+                        break
+                    if run.epoch is not None and run.epoch not in publishing:
+                        staged_before = True
+                cuts[key] = cut
             split = {
                 epoch
                 for key, of_key in found.items()
@@ -412,7 +435,7 @@ class EpochAssembly:
                     elif staged_before:
                         behind.add(run.epoch)
             if not split and not behind:
-                return cuts, publishing
+                return cuts, publishing, stops
             for query in {q for q, _ in split}:  # and its later epochs, which wait for it
                 first = min(n for q, n in split if q == query)
                 later = {(q, n) for q, n in publishing if q == query and n >= first}
@@ -429,22 +452,35 @@ class EpochAssembly:
         cuts: dict[PartitionKey, int],
         publishing: set[EpochKey],
         in_hand: dict[EpochKey, Counter[tuple[int, str]]],
+        stops: set[PartitionKey],
     ) -> Assembled:
         kept = dict(records)
         published: dict[str, list[Record]] = {}
         staged: dict[str, list[Record]] = {}
         staged_epochs: set[EpochKey] = set()
         waiting: set[EpochKey] = set()
+        bare_firsts: dict[PartitionKey, int] = {}
+        behind: dict[PartitionKey, int] = {}
         for key, of_key in found.items():
             cut = cuts[key]
             topic = key[0]
             for epoch, _, run, bare in of_key[:cut]:
                 if bare or epoch in publishing:
                     published.setdefault(topic, []).extend(run)
+                    if bare and run:
+                        bare_firsts.setdefault(key, offset_of(run[0]))
                 else:
                     staged.setdefault(topic, []).extend(run)
                     if epoch is not None:
                         staged_epochs.add(epoch)
+            if key in stops:  # fetched again once the partition's hold is over
+                behind[key] = offset_of(of_key[cut].records[0])
+                before = len(records[key]) - _after(of_key, cut)
+                if before:
+                    kept[key] = records[key][:before]
+                else:
+                    del kept[key]
+                continue
             held = of_key[cut:]
             waiting |= {run.epoch for run in held if run.epoch is not None}
             if held:
@@ -479,7 +515,7 @@ class EpochAssembly:
                 counted=counted,
                 firsts=firsts.get(epoch, {}),
             )  # fmt: skip
-        return Assembled(kept, published, staged, epochs, judged, pending)
+        return Assembled(kept, published, staged, epochs, judged, pending, bare_firsts, behind)
 
 
 def _after(of_key: list[_Run], cut: int) -> int:

@@ -599,6 +599,61 @@ def comes_first(
     return None if row is None else ((row[0], int(row[1])), str(row[2]))
 
 
+Firsts = dict[tuple[str, int], int]  # (topic, partition): where records begin there
+
+
+def staged_before(
+    conn: psycopg.Connection[Any], names: LedgerNames, group: str, firsts: Firsts
+) -> Firsts:
+    """Of `firsts`, where records of no epoch (another producer's) begin in their Kafka
+    partitions, those after records staged of an epoch not yet published: written now, they
+    would be overwritten by those earlier ones at the epoch's publication. They wait for it."""
+    if not firsts:
+        return {}
+    rows = conn.execute(
+        sql.SQL(
+            "SELECT DISTINCT b.topic, b.partition FROM {staged} AS s JOIN {firsts} "
+            "USING (topic, partition) WHERE s.group_id = %s AND s.first_offset < b.first"
+        ).format(staged=names.staged, firsts=_firsts(firsts)),
+        (group,),
+    ).fetchall()
+    return {(str(topic), int(partition)): firsts[topic, partition] for topic, partition in rows}
+
+
+def bare_in_batch(names: LedgerNames, group: str, firsts: Firsts) -> sql.Composed:
+    """For a batch that writes records of no epoch to their tables (`firsts`: where they begin
+    in their partitions): a statement that fails the batch's transaction when records of an
+    epoch are staged before them (`staged_before`); the batch is then written statement by
+    statement, and those partitions wait."""
+    return sql.SQL(
+        "SELECT CASE WHEN count(*) = 0 THEN 1 ELSE ({refusal} || count(*))::integer END "
+        "FROM {staged} AS s JOIN {firsts} USING (topic, partition) "
+        "WHERE s.group_id = {group} AND s.first_offset < b.first"
+    ).format(
+        refusal=sql.Literal(
+            "records of no epoch cannot be written by their batch: records of an epoch are "
+            "staged before them in their partition; staged rows "
+        ),
+        staged=names.staged,
+        firsts=_firsts(firsts),
+        group=sql.Literal(group),
+    )
+
+
+def _firsts(firsts: Firsts) -> sql.Composed:
+    """`firsts` as a table `b (topic, partition, first)`."""
+    return sql.SQL("(VALUES {}) AS b (topic, partition, first)").format(
+        sql.SQL(", ").join(
+            sql.SQL("({}, {}::integer, {}::bigint)").format(
+                sql.Literal(topic), sql.Literal(partition), sql.Literal(first)
+            )
+            for (topic, partition), first in sorted(firsts.items())
+        )
+        if firsts
+        else sql.SQL("(NULL::text, NULL::integer, NULL::bigint)")
+    )
+
+
 @dataclass(frozen=True)
 class Judged:
     """What a batch judged an epoch whole with, for the ledger's check in its transaction."""
@@ -667,16 +722,7 @@ def publish_in_batch(
         group=sql.Literal(group),
         # Records staged (by any epoch) before the batch's own in one of its partitions would
         # be applied after them: the batch stages instead, and the publisher keeps the order.
-        firsts=sql.SQL("(VALUES {}) AS b (topic, partition, first)").format(
-            sql.SQL(", ").join(
-                sql.SQL("({}, {}, {})").format(
-                    sql.Literal(topic), sql.Literal(partition), sql.Literal(first)
-                )
-                for (topic, partition), first in sorted(judged.firsts.items())
-            )
-            if judged.firsts
-            else sql.SQL("(NULL::text, NULL::integer, NULL::bigint)")
-        ),
+        firsts=_firsts(judged.firsts),
     )
     clear = sql.SQL("DELETE FROM {} WHERE {}").format(names.parts, this)
     return [settle, clear]

@@ -39,7 +39,8 @@ from psycopg import sql
 from bridge.epoch_manifest import Epoch, ManifestError, Part, parse
 from bridge.names import PROVENANCE_EPOCH, PROVENANCE_PARTITION, PROVENANCE_QUERY
 from consumers.database.ledger_tables import LedgerNames
-from consumers.decoding.records import Record
+from consumers.database.offsets import PartitionKey
+from consumers.decoding.records import Record, offset_of
 from consumers.epochs.chunks import (
     CHUNK_COLUMNS,
     Chunk,
@@ -48,7 +49,13 @@ from consumers.epochs.chunks import (
     pack_records,
     sample_stamps,
 )
-from consumers.epochs.ledger import EpochKey, Judged, publish_in_batch
+from consumers.epochs.ledger import (
+    EpochKey,
+    Judged,
+    bare_in_batch,
+    publish_in_batch,
+    staged_before,
+)
 from consumers.tables.applier import Applier, DeadLetterNote, Step, run_steps
 
 _MAX_QUERY_ID = 200  # as the manifest bounds it
@@ -251,6 +258,23 @@ class EpochStager:
             for epoch in epochs
             for statement in publish_in_batch(self._ledger, self._group, epoch, judged[epoch])
         ]
+
+    def bare_steps(self, firsts: dict[PartitionKey, int]) -> list[Step]:
+        """The statement that refuses a batch writing records of no epoch after records staged
+        in their partitions (`consumers.epochs.ledger.bare_in_batch`); none without such
+        records."""
+        return [Step(bare_in_batch(self._ledger, self._group, firsts))] if firsts else []
+
+    def behind_staged(
+        self, conn: psycopg.Connection[Any], bare: Sequence[Record]
+    ) -> dict[PartitionKey, int]:
+        """Where `bare` (records of no epoch, `Staged.bare`) begin in the partitions in which
+        records of an epoch are staged before them: those wait for its publication."""
+        firsts: dict[PartitionKey, int] = {}
+        for record in bare:
+            key = cast(PartitionKey, (record.topic(), record.partition()))
+            firsts.setdefault(key, offset_of(record))
+        return staged_before(conn, self._ledger, self._group, firsts)
 
     def _manifest_steps(self, documents: list[Part | Epoch]) -> list[Step]:
         """The ledger's rows of the manifest's records. Other queries, and other groups', share

@@ -40,6 +40,7 @@ from tests.epoch_helpers import HandSink, Reader, polling, published, reading, s
 from tests.harness import Endpoints
 from tests.integration.test_operator_tools import bridge
 from tests.integration.test_status import status
+from tests.kafka_helpers import transactional_producer
 
 PARTITIONS = 4
 TASKS = 3
@@ -286,6 +287,60 @@ def test_by_default_a_group_shares_another_producers_records_until_its_first_epo
         eventually(lambda: counts(stack, pipeline) == (total, total))
     assert reader.partial == [], f"part of an epoch seen: {reader.partial[:5]}"
     assert reader.polls > 50
+    assert dead_letters(stack, names) == 0
+
+
+@pytest.mark.parametrize("member", ["same", "restarted"])
+def test_another_producers_record_never_overtakes_an_epochs_earlier_record_in_its_partition(
+    stack: Endpoints, names: dict[str, str], pipeline: dict[str, Any], member: str
+) -> None:
+    """An epoch whose record has not come is staged (held 100 ms at most), then another
+    producer writes the same key after it in its partition. Applied first, the other producer's
+    row would be overwritten by the epoch's earlier one at its publication: it waits for the
+    publication, and the table ends as the partition's order says. `same`: the member that
+    staged the epoch sees it (its assembly cuts the partition); `restarted`: a new member that
+    never saw it stage (the ledger's check in the batch refuses it, and the batch written
+    statement by statement holds the partition)."""
+    topic, table = pipeline["topics"][0], f"public.{names['table']}"
+    with psycopg.connect(stack.dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE {table} (id bigint PRIMARY KEY, epoch_no int)")
+        conn.execute(f"GRANT ALL ON {table} TO PUBLIC")
+    query = f"q-{uuid.uuid4()}"
+    sink = HandSink(stack, manifest_topic=pipeline["manifest"], query=query)
+    route = {"topic": topic, "table": table, "epochs": "whole", "mode": "upsert",
+             "key_columns": ["id"]}  # fmt: skip
+    config = settings_for(stack, names, consumer={
+        "routes": [route], "epochs_topic": pipeline["manifest"], "epochs_hold_ms": 100,
+    })  # fmt: skip
+
+    def row(record_id: int, epoch_no: int) -> bytes:
+        return json.dumps({"id": record_id, "epoch_no": epoch_no}).encode()
+
+    def rows() -> dict[int, int]:
+        return dict(sql(stack, f"SELECT id, epoch_no FROM {table}"))
+
+    def another_producer_then_the_epochs_record() -> None:
+        producer = transactional_producer(stack.bootstrap_servers, config=stack.properties())
+        try:
+            producer.begin_transaction()
+            producer.produce(topic, row(7, -1), b"7", 0)  # after the epoch's id 7
+            producer.produce(topic, row(8, -1), b"8", 2)  # in a partition it has no record
+            producer.commit_transaction(30)
+        finally:
+            producer.close()
+        eventually(lambda: rows() == {8: -1})  # 7 waits for the epoch before it
+        assert rows() == {8: -1}
+        sink.commit(1, [0])
+        eventually(lambda: rows() == {7: -1, 8: -1, 9: 1})
+
+    with running(config):
+        sink.task(1, 0, [(topic, 0, b"7", row(7, 1)), (topic, 1, b"9", row(9, 1))])
+        eventually(lambda: staged(stack.dsn, names["schema"], query, 1) == 2)
+        if member == "same":
+            another_producer_then_the_epochs_record()
+    if member == "restarted":
+        with running(config):
+            another_producer_then_the_epochs_record()
     assert dead_letters(stack, names) == 0
 
 

@@ -214,6 +214,32 @@ def test_a_record_without_provenance_waits_behind_a_held_one_of_its_partition_on
     assert (TOPIC, 0) not in done.records
 
 
+def test_a_record_without_provenance_behind_records_staged_in_its_batch_waits_for_them() -> None:
+    """Nothing may be held, so the open epoch is staged; another producer's record after it in
+    partition 0 would be overwritten by it at its publication: the partition is cut there and
+    held (`behind`), not kept in memory; partition 1's goes now, and the guard names both."""
+    log, found = Log(), assembly(hold_records=0)
+    staged = log.task(0, 0, {0: 1})
+    after = Message(TOPIC, 0, 50, None, b"{}", None, None, (1, 0))
+    later = log.task(1, 0, {0: 1})
+    beside = Message(TOPIC, 1, 50, None, b"{}", None, None, (1, 0))
+    done = batch(found, [*staged, after, *later, beside])
+    assert done.staged[TOPIC] == staged and done.published[TOPIC] == [beside]
+    assert done.behind == {(TOPIC, 0): 50} and done.bare_firsts == {(TOPIC, 1): 50}
+    assert offsets(done) == {0: [0], 1: [50]} and found.holding() == 0
+
+
+def test_a_record_without_provenance_in_the_partition_of_an_epoch_staged_before_waits() -> None:
+    log, found = Log(), assembly(hold_records=0)
+    first = batch(found, log.task(0, 0, {0: 1}))
+    found.settled(first.pending, published=True)  # committed: the epoch is staged
+    after = Message(TOPIC, 0, 50, None, b"{}", None, None, (1, 0))
+    assert batch(found, [after]).behind == {(TOPIC, 0): 50}
+    found.looked(LedgerLook(published=((QUERY, 0),)))
+    again = batch(found, [after])
+    assert again.behind == {} and again.published[TOPIC] == [after]
+
+
 def test_held_records_are_dropped_when_their_partition_is_fetched_again() -> None:
     log, found = Log(), assembly()
     records = whole_epoch(log, 0)
