@@ -284,6 +284,7 @@ class Service:
         route_options: dict[str, Any] | None = None,  # more of the route: epochs, metadata
     ) -> None:
         self.stack, self.group = stack, group or f"bench-{uuid.uuid4().hex[:8]}"
+        self.topic = topic  # its positions: a group of whole routes has the manifest's beside
         self._watcher: psycopg.Connection[Any] | None = None
         route: dict[str, Any] = {"topic": topic, "table": f"public.{table}", "mode": mode}
         if mode == "upsert":
@@ -329,7 +330,7 @@ class Service:
         return self._watcher
 
     def position(self) -> int:
-        return applied_position(self.watcher(), self.group, self.state_schema)
+        return applied_position(self.watcher(), self.group, self.state_schema, self.topic)
 
     def held_partitions(self) -> int:
         """Partitions whose row in the offsets table names an owner: the claim the service
@@ -339,9 +340,10 @@ class Service:
                 self.watcher()
                 .execute(
                     sql_ident.SQL(
-                        "SELECT count(*) FROM {} WHERE group_id = %s AND owner IS NOT NULL"
+                        "SELECT count(*) FROM {} WHERE group_id = %s AND topic = %s "
+                        "AND owner IS NOT NULL"
                     ).format(sql_ident.Identifier(self.state_schema, OFFSETS_TABLE)),
-                    (self.group,),
+                    (self.group, self.topic),
                 )
                 .fetchone()
             )

@@ -143,8 +143,7 @@ def throughput_run(
     route = {"epochs": "whole" if whole else "per-partition"}
     service = Service(stack, topic, table, mode, scratch, route_options=route)
     try:
-        held = PARTITIONS + (1 if whole else 0)  # and the manifest's partition
-        service.wait_until(lambda: service.held_partitions() >= held)
+        service.wait_until(lambda: service.held_partitions() >= PARTITIONS)
         meter = stack_meter(stack)
         before = meter.read(service=service.process.pid)
         joined = time.perf_counter()

@@ -245,7 +245,7 @@ def _pipeline(
             )  # fmt: skip
         kafka_admin = KafkaAdmin(kafka)
         target = caught_up_position(kafka_admin, topic, PARTITIONS)
-        _wait_for_consumer(console, consumer, dsn, group, target, work / "consumer.log")
+        _wait_for_consumer(console, consumer, dsn, group, topic, target, work / "consumer.log")
         consumer.send_signal(signal.SIGTERM)
         consumer.wait(60)
         consumer = None
@@ -270,6 +270,7 @@ def _wait_for_consumer(
     consumer: subprocess.Popen[bytes],
     dsn: str,
     group: str,
+    topic: str,
     target: int,
     log: Path,
 ) -> None:
@@ -278,7 +279,7 @@ def _wait_for_consumer(
         console.status("consumer: Kafka -> PostgreSQL ...", spinner="dots") as status,
         psycopg.connect(dsn, autocommit=True) as watcher,
     ):
-        while (position := applied_position(watcher, group, DEFAULT_STATE_SCHEMA)) < target:
+        while (position := applied_position(watcher, group, DEFAULT_STATE_SCHEMA, topic)) < target:
             if consumer.poll() is not None:
                 raise DemoFailed(
                     f"the consumer exited ({consumer.returncode}); log {log}:\n{_tail(log)}"

@@ -167,7 +167,11 @@ def _plan(index: int, route: RouteSettings, topic: str, target: Target, follower
     bad = "stops its partition until it fits" if stops else "a dead letter, with where and why"
     lines.append(f"  a bad record: {bad}")
     if route.epochs == "whole":
-        lines.append("  visible by whole Spark epochs (epochs: whole)")
+        named = "" if "epochs" in route.model_fields_set else ", the default"
+        lines.append(
+            "  visible by whole Spark epochs of bridge's sink, other producers' records as their "
+            f"batches commit (epochs: whole{named})"
+        )
     return "\n".join(lines)
 
 

@@ -492,8 +492,13 @@ class BatchLifecycle:
         self.applied_total += applied
         staging = result.batch.planned.staging  # visible only once their epoch is published
         visible = [of_key for of_key in records if of_key and of_key[0].topic() not in staging]
-        if result.published:
+        if result.published:  # its epochs' records, and those of no epoch
             visible.append(result.batch.planned.published_records)
+        else:  # those of no epoch it committed (a batch written again may end before some)
+            visible.append([
+                r for r in result.batch.planned.bare_records
+                if offset_of(r) < result.committed.get((r.topic(), r.partition()), -1)  # type: ignore[arg-type]
+            ])  # fmt: skip
         self._metrics.committed(list(chain.from_iterable(visible)), result.seconds)
         self._work_log.committed(
             applied,

@@ -70,6 +70,7 @@ class Planned:
     epochs: tuple[EpochKey, ...] = ()
     published_rows: dict[str, int] = field(default_factory=dict)
     published_records: list[Record] = field(default_factory=list)
+    bare_records: list[Record] = field(default_factory=list)  # of no epoch, in their tables
     guards: list[Step] = field(default_factory=list)
     # What the batch holds pending of whole epochs, settled or dropped with its outcome.
     pending: PendingEpochs | None = None
@@ -197,6 +198,7 @@ class Planner:
             epochs=epochs,
             published_rows=rows,
             published_records=[r for of_topic in published.values() for r in of_topic],
+            bare_records=assembled.bare_records if assembled is not None else [],
             guards=self._guards(assembled, epochs),
             pending=assembled.pending if assembled is not None else None,
         )

@@ -90,6 +90,7 @@ class Assembled:
     # Partitions it cuts at records of no epoch behind records staged: the member holds them
     # there until the epoch is published (`BatchLifecycle`), and fetches them again then.
     behind: dict[PartitionKey, int] = field(default_factory=dict)
+    bare_records: list[Record] = field(default_factory=list)  # of no epoch, for the latency
 
 
 @dataclass
@@ -460,6 +461,7 @@ class EpochAssembly:
         staged_epochs: set[EpochKey] = set()
         waiting: set[EpochKey] = set()
         bare_firsts: dict[PartitionKey, int] = {}
+        bare_records: list[Record] = []
         behind: dict[PartitionKey, int] = {}
         for key, of_key in found.items():
             cut = cuts[key]
@@ -469,6 +471,7 @@ class EpochAssembly:
                     published.setdefault(topic, []).extend(run)
                     if bare and run:
                         bare_firsts.setdefault(key, offset_of(run[0]))
+                        bare_records += run
                 else:
                     staged.setdefault(topic, []).extend(run)
                     if epoch is not None:
@@ -515,7 +518,9 @@ class EpochAssembly:
                 counted=counted,
                 firsts=firsts.get(epoch, {}),
             )  # fmt: skip
-        return Assembled(kept, published, staged, epochs, judged, pending, bare_firsts, behind)
+        return Assembled(
+            kept, published, staged, epochs, judged, pending, bare_firsts, behind, bare_records
+        )
 
 
 def _after(of_key: list[_Run], cut: int) -> int:

@@ -33,7 +33,7 @@ def test_committed_records_land_once_and_aborted_never(
     offsets = sql(
         stack,
         f"SELECT partition, next_offset, owner_epoch FROM {names['schema']}.offsets "
-        f"WHERE group_id = '{names['group']}' ORDER BY partition",
+        f"WHERE group_id = '{names['group']}' AND topic = '{names['topic']}' ORDER BY partition",
     )
     assert [row[0] for row in offsets] == [0, 1, 2]
     # next_offset is last offset + 1: past the data and the transaction markers, never a count.

@@ -215,8 +215,11 @@ def test_offsets_are_mirrored_to_the_kafka_group_only_when_asked(
                                            key=lambda tp: tp.partition)]  # fmt: skip
 
     def database_offsets(group: str) -> list[int]:
-        rows = sql(stack, f"SELECT next_offset FROM {names['schema']}.offsets "
-                          f"WHERE group_id = '{group}' ORDER BY partition")  # fmt: skip
+        rows = sql(
+            stack,
+            f"SELECT next_offset FROM {names['schema']}.offsets WHERE group_id = '{group}' "
+            f"AND topic = '{names['topic']}' ORDER BY partition",
+        )
         return [row[0] for row in rows]
 
     with running(settings_for(stack, names)):

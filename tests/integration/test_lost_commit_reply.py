@@ -70,14 +70,16 @@ def test_a_lost_commit_reply_is_read_back_from_the_offsets_table(
     settings = settings_for(through_proxy, names, consumer={"batch_max_records": 250}, **route)
     with running(settings) as service:
         proxy.lose_commit_replies(every=3)
-        eventually(lambda: applied_position(stack.dsn, group, schema) >= caught_up, timeout=180)
+        eventually(
+            lambda: applied_position(stack.dsn, group, schema, topic) >= caught_up, timeout=180
+        )
         proxy.heal()
         # Drained to the end of the log above: no late duplicate can land after it.
         eventually(lambda: service.ready, timeout=30)
     print(f"{proxy.dropped} COMMIT replies lost; caught up in {time.monotonic() - started:.1f}s")
 
     assert proxy.dropped >= 3
-    assert applied_position(stack.dsn, group, schema) == caught_up
+    assert applied_position(stack.dsn, group, schema, topic) == caught_up
     if mode == "insert":
         assert sql(stack, f"SELECT count(*), count(DISTINCT id) FROM public.{table}") == [
             (rows, rows)

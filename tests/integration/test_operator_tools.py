@@ -47,14 +47,16 @@ def show(stack: Endpoints, names: dict[str, str]) -> list[dict[str, Any]]:
                     "--schema", names["schema"], "--format", "json")  # fmt: skip
     assert result.returncode == 0, result.stderr
     positions: list[dict[str, Any]] = json.loads(result.stdout)
-    return positions
+    return [p for p in positions if p["topic"] == names["topic"]]  # the manifest's are beside
 
 
 def stored(stack: Endpoints, names: dict[str, str]) -> list[tuple[Any, ...]]:
+    """The group's positions in the test's topic (the epoch manifest's are beside them: its
+    routes publish whole epochs by default)."""
     return sql(
         stack,
         f"SELECT partition, next_offset FROM {names['schema']}.offsets "
-        f"WHERE group_id = '{names['group']}' ORDER BY partition",
+        f"WHERE group_id = '{names['group']}' AND topic = '{names['topic']}' ORDER BY partition",
     )
 
 

@@ -18,6 +18,12 @@ from tests.integration.test_operator_tools import bridge
 pytestmark = pytest.mark.quick
 
 
+WHOLE_BY_DEFAULT = (
+    "  visible by whole Spark epochs of bridge's sink, other producers' records as their "
+    "batches commit (epochs: whole, the default)"
+)
+
+
 def _config(
     tmp_path: Path,
     names: dict[str, str],
@@ -56,6 +62,7 @@ def test_check_prints_each_routes_plan_and_consumes_nothing(
         "  key: id, from the value's fields",
         "  a tombstone: deletes the row of its record key (json)",
         "  a bad record: a dead letter, with where and why",
+        WHOLE_BY_DEFAULT,
         "no problems: the consumer can run as configured",
     ]
     assert sql(stack, f"SELECT to_regnamespace('{names['schema']}')") == [(None,)]
@@ -113,5 +120,6 @@ def test_check_shows_a_protobuf_route_like_the_others(
         "  key: id, from the record key (protobuf)",
         "  a tombstone: deletes the row of its record key (protobuf)",
         "  a bad record: a dead letter, with where and why",
+        WHOLE_BY_DEFAULT,
         "no problems: the consumer can run as configured",
     ]

@@ -17,7 +17,12 @@ import yaml
 
 from bridge.errors import ConfigError
 from bridge.kafka_admin import create_topic
-from bridge.names import PROVENANCE_EPOCH, PROVENANCE_PARTITION, PROVENANCE_QUERY
+from bridge.names import (
+    DEFAULT_EPOCHS_TOPIC,
+    PROVENANCE_EPOCH,
+    PROVENANCE_PARTITION,
+    PROVENANCE_QUERY,
+)
 from bridge.settings import load_settings
 from bridge_shell.spark.producer_job import ProducerJob, Source, run
 from consumers.service import ConsumerService
@@ -265,9 +270,10 @@ def test_a_pattern_route_reads_topics_created_mid_run_into_their_own_tables(
         assert sample(service, IGNORED, topic=later) == 1
     assert sql(stack, f"SELECT count(*), count(DISTINCT id) FROM {table}") == [(20, 20)]
     assert sql(stack, f"SELECT count(*) FROM public.{first.replace('-', '_')}") == [(15,)]
-    # The topic the pattern does not match whole was never read.
+    # The topic the pattern does not match whole was never read. (The epoch manifest is, once
+    # some test's sink made it: the routes publish whole epochs by default.)
     read = sql(stack, f"SELECT DISTINCT topic FROM {names['schema']}.offsets ORDER BY 1")
-    assert read == [(first,), (later,)]
+    assert [topic for (topic,) in read if topic != DEFAULT_EPOCHS_TOPIC] == [first, later]
 
 
 def test_librdkafka_takes_the_subscription_of_every_pattern_a_route_may_have(

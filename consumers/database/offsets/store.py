@@ -346,21 +346,24 @@ def stored_positions(
     ]
 
 
-def applied_position(source: str | psycopg.Connection[Any], group: str, schema: str) -> int:
-    """The sum of a group's stored next offsets (0 before its consumer created the tables).
+def applied_position(
+    source: str | psycopg.Connection[Any], group: str, schema: str, topic: str
+) -> int:
+    """The sum of a group's stored next offsets in `topic` (0 before its consumer created the
+    tables). One topic's: a group of whole routes also stores its place in the epoch manifest.
 
     `source`: a DSN, for one question; or an open autocommit connection, for a poller that asks
     many times: a connection per question costs PostgreSQL a new backend process each time,
     which, every 50 ms beside a busy consumer, took CPU from the database being measured."""
     if isinstance(source, str):
         with psycopg.connect(source, autocommit=True) as conn:
-            return applied_position(conn, group, schema)
+            return applied_position(conn, group, schema, topic)
     try:
         row = source.execute(
-            sql.SQL("SELECT coalesce(sum(next_offset), 0) FROM {} WHERE group_id = %s").format(
-                sql.Identifier(schema, OFFSETS_TABLE)
-            ),
-            (group,),
+            sql.SQL(
+                "SELECT coalesce(sum(next_offset), 0) FROM {} WHERE group_id = %s AND topic = %s"
+            ).format(sql.Identifier(schema, OFFSETS_TABLE)),
+            (group, topic),
         ).fetchone()
     except psycopg.errors.UndefinedTable:
         return 0
