@@ -107,6 +107,7 @@ class ConsumerService:
         self._behind = False  # the last poll filled a batch: more records are waiting
         self._reads_whole = True  # subscribed to the whole routes' topics (`_subscribe`)
         self._manifest_absent_noted = False  # said once: the manifest topic is not made yet
+        self._ended_with: dict[str, Any] | None = None  # `context()` when an error ended the loop
         self._http: HealthServer | None = None
         self._last_turn = time.monotonic()
         self._turns = 0
@@ -400,6 +401,8 @@ class ConsumerService:
         try:
             self._loop()
         except BaseException:
+            # What the member held when the error came: closing releases its partitions.
+            self._ended_with = self.context()
             try:
                 self.close()
             except Exception:  # the batch in flight was cut short by the error itself
@@ -408,7 +411,10 @@ class ConsumerService:
         self.close()
 
     def context(self) -> dict[str, Any]:
-        """What an error report says about this member: its group, owner and partitions."""
+        """What an error report says about this member: its group, owner and partitions (as
+        they were when an error ended its loop, if one did)."""
+        if self._ended_with is not None:
+            return self._ended_with
         member = self._member
         return {
             "group": self._config.group_id,
