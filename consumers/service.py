@@ -108,6 +108,7 @@ class ConsumerService:
         self._reads_whole = True  # subscribed to the whole routes' topics (`_subscribe`)
         self._manifest_absent_noted = False  # said once: the manifest topic is not made yet
         self._ended_with: dict[str, Any] | None = None  # `context()` when an error ended the loop
+        self._looks = True  # the publisher looks at the ledger (`start`: from the first epoch)
         self._http: HealthServer | None = None
         self._last_turn = time.monotonic()
         self._turns = 0
@@ -217,11 +218,14 @@ class ConsumerService:
             dead_letters_ends=applier.dead_letters_ends,
         )
         self._member = _Member(consumer, batches, leases, publisher, sizes, None)
-        if self._config.elects_at_start or (
-            self._config.whole_epochs
-            and self._config.epochs_members == "one"
-            and self._ledger_knows_epochs()
-        ):
+        named = any(
+            r.epochs == "whole" and "epochs" in r.model_fields_set for r in self._config.routes
+        )
+        # The publisher looks at the ledger from the group's first epoch on: a group whose
+        # topics no bridge sink writes (whole epochs by default only) never pays its looks, nor
+        # waits for them on its loop while the database is out of reach.
+        self._looks = named or (self._config.whole_epochs and self._ledger_knows_epochs())
+        if self._config.elects_at_start or (self._looks and self._config.epochs_members == "one"):
             self._starting = "trying for the whole routes (epochs_members: one)"
             self._elect(self._member)
         topics = self._subscribe(self._member)
@@ -465,7 +469,10 @@ class ConsumerService:
                 batches.submit(messages)
             else:
                 batches.settle()
-            if member.publisher is not None:
+            if member.publisher is not None and not self._looks and batches.epochs_seen():
+                log.info("the group's first epoch: its publisher looks at the ledger from now on")
+                self._looks = True
+            if member.publisher is not None and self._looks:
                 # A publication, or an epoch the ledger no longer holds open, lets later
                 # epochs of its query go in a batch (`consumers.epochs.assembly`).
                 batches.epochs_looked(member.publisher.look(batches.epochs_asking()))

@@ -275,6 +275,10 @@ class BatchLifecycle:
         """What holds the member (each partition's holds are `partition_holds`)."""
         return (self.refusals, self.registry)
 
+    def epochs_seen(self) -> bool:
+        """Whether a batch brought records of an epoch or a part naming a whole topic."""
+        return self._assembly is not None and self._assembly.saw_epochs
+
     def epochs_asking(self) -> list[EpochKey]:
         """The epochs whose manifest the assembly asks the ledger about, between batches."""
         return self._assembly.asking() if self._assembly is not None else []

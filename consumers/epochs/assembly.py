@@ -149,6 +149,9 @@ class EpochAssembly:
         # The partitions each epoch had records in, in the batches assembled here: one staged
         # holds back, in those partitions, the epochs of any query after it (`_publishing`).
         self._partitions: dict[EpochKey, set[PartitionKey]] = {}
+        # A batch brought records of an epoch, or a part naming a whole topic: the group has
+        # epochs (until then its publisher need not look at the ledger).
+        self.saw_epochs = False
 
     # -- the lifecycle's calls ----------------------------------------------------------------
 
@@ -244,6 +247,7 @@ class EpochAssembly:
         for key, of_epochs in found.items():
             for found_run in of_epochs:
                 if found_run.epoch is not None:
+                    self.saw_epochs = True
                     counts = in_hand.setdefault(found_run.epoch, Counter())
                     counts[found_run.spark_partition, key[0]] += len(found_run.records)
                     self._partitions.setdefault(found_run.epoch, set()).add(key)
@@ -298,6 +302,8 @@ class EpochAssembly:
                 continue  # the stager dead-letters it, naming why
             key = (document.query, document.epoch)
             if isinstance(document, Part):
+                if any(n and self._whole_topic(t) for t, n in document.records.items()):
+                    self.saw_epochs = True
                 known = self._known.get(key) or self._remember(key)
                 known.written.setdefault(document.partition, dict(document.records))
                 self._placement.learn(document)
