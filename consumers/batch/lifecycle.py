@@ -500,7 +500,7 @@ class BatchLifecycle:
             visible.append(result.batch.planned.published_records)
         else:  # those of no epoch it committed (a batch written again may end before some)
             visible.append([
-                r for r in result.batch.planned.bare_records
+                r for r in self._metrics.sample(result.batch.planned.bare_records)
                 if offset_of(r) < result.committed.get((r.topic(), r.partition()), -1)  # type: ignore[arg-type]
             ])  # fmt: skip
         self._metrics.committed(list(chain.from_iterable(visible)), result.seconds)
