@@ -23,10 +23,10 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 
 from bridge.settings import BridgeSettings, ConsumerSettings, LibrdkafkaValue
 from consumers.batch.committer import Committer
-from consumers.batch.lifecycle import BatchLifecycle
+from consumers.batch.lifecycle import BatchLifecycle, Stage
 from consumers.batch.planner import Planner
 from consumers.batch.work_log import WorkLog
-from consumers.database.db_session import DatabaseSession, at_start
+from consumers.database.db_session import DatabaseSession, at_start, is_lost
 from consumers.database.offsets import OffsetStore, PartitionKey
 from consumers.database.state import ensure_state_tables, sqlalchemy_engine, state_tables
 from consumers.decoding.registry_schemas import SchemaCache
@@ -109,6 +109,8 @@ class ConsumerService:
         self._manifest_absent_noted = False  # said once: the manifest topic is not made yet
         self._ended_with: dict[str, Any] | None = None  # `context()` when an error ended the loop
         self._looks = True  # the publisher looks at the ledger (`start`: from the first epoch)
+        self._claims_asked: frozenset[PartitionKey] = frozenset()  # see `_claims_meet_epochs`
+        self._claims_ask_at = 0.0  # monotonic: when the database could not say, asked again
         self._http: HealthServer | None = None
         self._last_turn = time.monotonic()
         self._turns = 0
@@ -224,7 +226,7 @@ class ConsumerService:
         # The publisher looks at the ledger from the group's first epoch on: a group whose
         # topics no bridge sink writes (whole epochs by default only) never pays its looks, nor
         # waits for them on its loop while the database is out of reach.
-        self._looks = named or (self._config.whole_epochs and self._ledger_knows_epochs())
+        self._looks = named or bool(self._config.whole_epochs and self._ledger_knows_epochs())
         if self._config.elects_at_start or (self._looks and self._config.epochs_members == "one"):
             self._starting = "trying for the whole routes (epochs_members: one)"
             self._elect(self._member)
@@ -265,17 +267,38 @@ class ConsumerService:
         if election.holds and self._reads_whole:  # already subscribed to them: no rebalance
             self.metrics.epochs_owner.set(1)
 
-    def _ledger_knows_epochs(self) -> bool:
-        """At start: whether the group has had an epoch. A database that cannot say now is
-        asked again by the publisher's looks."""
+    def _claims_meet_epochs(self, batches: BatchLifecycle) -> bool:
+        """Whether partitions were claimed since the last ask and the group has had epochs: a
+        member that dies leaves its staged epochs to the one taking its partitions, which may
+        never see an epoch's record itself (its query stopped), yet publishes them. Asked on the
+        batches' connection, which the claim has just used, while no batch is in flight on it."""
+        claimed = frozenset(self._partitions.keys())
+        if claimed <= self._claims_asked:
+            self._claims_asked = claimed  # a partition revoked and claimed again is new again
+            return False
+        if batches.stage is not Stage.IDLE or self._last_turn < self._claims_ask_at:
+            return False  # asked at a turn with no batch in flight on the connection
+        knows = self._ledger_knows_epochs()
+        if knows is None:  # asked again a reconcile later
+            self._claims_ask_at = self._last_turn + _RECONCILE_INTERVAL_S
+        else:
+            self._claims_asked = claimed
+        return bool(knows)
+
+    def _ledger_knows_epochs(self) -> bool | None:
+        """Whether the group has had an epoch; None when the database cannot say now (asked
+        again after a claim, `_claims_meet_epochs`). Never reconnects: the loop's own
+        reconnection reports an unreachable database."""
         conn = self._db.open_connection()
         if conn is None:
-            return False
+            return None
         try:
             return knows_epochs(conn, self._tables.ledger, self._config.group_id)
         except psycopg.Error as exc:
+            if is_lost(exc):  # the loop's next batch reconnects, and says so meanwhile
+                self._db.close()
             log.warning("the ledger could not say whether the group has had epochs: %s", exc)
-            return False
+            return None
 
     def _session(self) -> DatabaseSession:
         return DatabaseSession(
@@ -469,9 +492,10 @@ class ConsumerService:
                 batches.submit(messages)
             else:
                 batches.settle()
-            if member.publisher is not None and not self._looks and batches.epochs_seen():
-                log.info("the group's first epoch: its publisher looks at the ledger from now on")
-                self._looks = True
+            if member.publisher is not None and not self._looks:
+                self._looks = batches.epochs_seen() or self._claims_meet_epochs(batches)
+                if self._looks:
+                    log.info("the group has epochs: its publisher looks at the ledger from now on")
             if member.publisher is not None and self._looks:
                 # A publication, or an epoch the ledger no longer holds open, lets later
                 # epochs of its query go in a batch (`consumers.epochs.assembly`).

@@ -135,6 +135,10 @@ class BatchLifecycle:
         self.applied_total = 0
         # The batch settled last, kept until the next one is on the wire (see `settle`).
         self._settled: CommitResult | None = None
+        # The ledger holds records of an epoch staged before records of this member's: the
+        # group has epochs, though no batch of this member brought one (another member staged
+        # them before the partition came here).
+        self._staged_seen = False
 
     @property
     def stage(self) -> Stage:
@@ -276,8 +280,9 @@ class BatchLifecycle:
         return (self.refusals, self.registry)
 
     def epochs_seen(self) -> bool:
-        """Whether a batch brought records of an epoch or a part naming a whole topic."""
-        return self._assembly is not None and self._assembly.saw_epochs
+        """Whether a batch brought records of an epoch or a part naming a whole topic, or found
+        records of an epoch staged before its own."""
+        return self._assembly is not None and (self._assembly.saw_epochs or self._staged_seen)
 
     def epochs_asking(self) -> list[EpochKey]:
         """The epochs whose manifest the assembly asks the ledger about, between batches."""
@@ -375,6 +380,7 @@ class BatchLifecycle:
 
     def _behind(self, at: dict[PartitionKey, int]) -> None:
         """Records of no epoch wait, in their partitions, for the epochs staged before them."""
+        self._staged_seen = True  # someone must publish them: this member's looks too
         where = ", ".join(f"{t}[{p}]@{o}" for (t, p), o in sorted(at.items()))
         self.partition_holds.hold(
             _BEHIND, behind_backoff, f"behind records of an epoch staged before them: {where}", at

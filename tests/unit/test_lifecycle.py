@@ -111,6 +111,10 @@ class _Committer:
         return self._answer(in_flight.batch)
 
     def _answer(self, batch: Batch) -> CommitResult:
+        if self.answer == "behind":  # the ledger: records of an epoch staged before these
+            key = min(batch.records)
+            first = cast(int, batch.records[key][0].offset())
+            return CommitResult(batch=batch, behind={key: first})
         if self.answer == "refused":
             refusal = Refusal("53300", "too many clients already")
             return CommitResult(batch=batch, declined=list(batch.records), refusal=refusal)
@@ -133,9 +137,13 @@ class _Database:
 class _Kafka:
     def __init__(self) -> None:
         self.sought: list[tuple[str, int, int]] = []
+        self.paused: list[PartitionKey] = []
 
     def seek(self, partition: TopicPartition) -> None:
         self.sought.append((partition.topic, partition.partition, partition.offset))
+
+    def pause(self, partitions: list[TopicPartition]) -> None:
+        self.paused += [(partition.topic, partition.partition) for partition in partitions]
 
 
 class Pipeline:
@@ -328,3 +336,22 @@ def test_records_held_past_their_time_are_due_for_a_batch_without_new_records() 
     assert _held_metric(pipeline) == 3 and not pipeline.batches.holding_due()
     clock.now += 2
     assert pipeline.batches.holding_due()
+
+
+def test_records_behind_an_epoch_another_member_staged_show_the_group_has_epochs() -> None:
+    """A member that never read a record of an epoch learns from the ledger that records of an
+    epoch are staged before its own in a partition (another member staged them before the
+    partition came here): its partition holds there, and the group has epochs, so that this
+    member's publisher looks at the ledger (`epochs_seen`) and publishes them if no one else
+    does."""
+    pipeline = Pipeline(assembly=assembly())
+    pipeline.planner.mode = "written"
+    pipeline.batches.submit(pipeline.records())
+    assert not pipeline.batches.epochs_seen()  # records of no epoch, applied
+
+    pipeline.committer.answer = "behind"
+    pipeline.batches.submit(pipeline.records())
+    assert pipeline.batches.epochs_seen()
+    holds = pipeline.batches.partition_holds
+    assert holds.held(("orders", 0)) and not holds.held(("orders", 1))
+    assert pipeline.kafka.paused == [("orders", 0)]
