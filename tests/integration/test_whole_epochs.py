@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from bridge.kafka_admin import create_topic
-from bridge.names import CONSUMER_APPLICATION_PREFIX
+from bridge.names import CONSUMER_APPLICATION_PREFIX, EPOCHS_TABLE, METRIC_EPOCHS_OWNER
 from consumers.database.offsets.store import application_name
 from consumers.service import ConsumerService
 from tests.consumer_helpers import (
@@ -288,6 +288,32 @@ def test_by_default_a_group_shares_another_producers_records_until_its_first_epo
     assert reader.partial == [], f"part of an epoch seen: {reader.partial[:5]}"
     assert reader.polls > 50
     assert dead_letters(stack, names) == 0
+
+
+def test_a_member_started_before_the_groups_first_epoch_looks_once_it_takes_partitions_over(
+    stack: Endpoints, names: dict[str, str], pipeline: dict[str, Any]
+) -> None:
+    """Routes whole by default: a member started while its group had no epoch neither looks
+    at the ledger nor tries for the whole routes. Another member then brings the group its
+    epochs (a row in the ledger, as one that staged an epoch and died leaves it) and leaves:
+    the first member, claiming its partitions, asks the ledger, looks at it from then on (it
+    publishes what the other left staged) and tries for the whole routes."""
+    routes = [{"topic": t, "table": table}
+              for t, table in zip(pipeline["topics"], pipeline["tables"], strict=True)]  # fmt: skip
+    config = settings_for(
+        stack, names, consumer={"routes": routes, "epochs_topic": pipeline["manifest"]}
+    )
+    with running(config) as first:
+        eventually(lambda: len(first.context()["partitions"]) == 2 * PARTITIONS + 1)
+        assert _elections(stack, names) == 0
+        sql(stack, f"INSERT INTO {names['schema']}.{EPOCHS_TABLE} (group_id, query, epoch, "
+                   f"outcome, settled_at) VALUES ('{names['group']}', 'q-{uuid.uuid4()}', 0, "
+                   "'discarded', now())")  # fmt: skip
+        with running(config):  # it tries for the whole routes at its start: the ledger knows
+            eventually(lambda: len(first.context()["partitions"]) < 2 * PARTITIONS + 1)
+        assert first.metrics.registry.get_sample_value(METRIC_EPOCHS_OWNER) == 0
+        eventually(lambda: first.metrics.registry.get_sample_value(METRIC_EPOCHS_OWNER) == 1)
+        eventually(lambda: _elections(stack, names) == 1)
 
 
 @pytest.mark.parametrize("member", ["same", "restarted"])
