@@ -271,7 +271,10 @@ class ConsumerService:
         """Whether partitions were claimed since the last ask and the group has had epochs: a
         member that dies leaves its staged epochs to the one taking its partitions, which may
         never see an epoch's record itself (its query stopped), yet publishes them. Asked on the
-        batches' connection, which the claim has just used, while no batch is in flight on it."""
+        batches' connection, which the claim has just used, while no batch is in flight on it
+        (a claim settles the batch in flight first)."""
+        if self._member is None or self._member.publisher is None:
+            return False  # no whole routes: nothing to publish
         claimed = frozenset(self._partitions.keys())
         if claimed <= self._claims_asked:
             self._claims_asked = claimed  # a partition revoked and claimed again is new again
@@ -488,12 +491,14 @@ class ConsumerService:
                         self._kafka_error(message)
                 messages = [m for m in messages if m.error() is None]
             self._kafka.check()
+            # Before the batch goes: a claim in this poll settled the one in flight first.
+            new_claims_meet_epochs = not self._looks and self._claims_meet_epochs(batches)
             if messages or batches.holding_due():
                 batches.submit(messages)
             else:
                 batches.settle()
             if member.publisher is not None and not self._looks:
-                self._looks = batches.epochs_seen() or self._claims_meet_epochs(batches)
+                self._looks = new_claims_meet_epochs or batches.epochs_seen()
                 if self._looks:
                     log.info("the group has epochs: its publisher looks at the ledger from now on")
             if member.publisher is not None and self._looks:
