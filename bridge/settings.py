@@ -22,6 +22,7 @@ from pydantic import (
     Field,
     SecretStr,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -42,6 +43,7 @@ from bridge.names import (
     ENV_PREFIX,
     STACK_ENV_FILE,
 )
+from bridge.registry_properties import client_properties
 from bridge.secrets import masked, resolve_file_reference
 from bridge.topic_patterns import (
     TOPIC_PLACEHOLDER,
@@ -147,6 +149,10 @@ class PostgresSettings(_Section):
         return SecretStr(raw)
 
 
+# The formats of a record's value or key that the schema registry has no part in.
+UNREGISTERED_FORMATS: Final = ("json", "string")
+
+
 class SchemaRegistrySettings(_Section):
     """A registry with the Confluent-compatible API (Confluent Schema Registry, Apicurio's
     `/apis/ccompat/v7`, Karapace): its base URL, and any setting of confluent-kafka's registry
@@ -154,7 +160,8 @@ class SchemaRegistrySettings(_Section):
     it (`${file:/run/secrets/registry}`)."""
 
     url: str
-    properties: dict[str, str] = Field(default_factory=dict)
+    # Text, or a number for the client's numeric settings (`timeout`, `max.retries`, ...).
+    properties: dict[str, str | int | float] = Field(default_factory=dict)
 
     @field_validator("url")
     @classmethod
@@ -165,23 +172,29 @@ class SchemaRegistrySettings(_Section):
 
     @field_validator("properties")
     @classmethod
-    def _check_properties(cls, value: dict[str, str]) -> dict[str, str]:
+    def _check_properties(
+        cls, value: dict[str, str | int | float], info: ValidationInfo
+    ) -> dict[str, str | int | float]:
         if "url" in value:
             raise ValueError("set schema_registry.url instead of url")
-        resolved = {}
+        resolved: dict[str, Any] = {}
         for key, setting in value.items():
             try:
-                resolved[key] = resolve_file_reference(setting)
+                resolved[key] = (
+                    resolve_file_reference(setting) if isinstance(setting, str) else setting
+                )
             except OSError as exc:
                 raise ValueError(f"{key}: cannot read {exc.filename}: {exc.strerror}") from None
-        return resolved
+        url = info.data.get("url")
+        # Kafka Connect's spellings become the client's, and the client itself checks the rest.
+        return client_properties(url, resolved) if url is not None else resolved
 
     def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
         # A URL may carry credentials, and so may the client settings: neither shows.
         for name, value in super().__repr_args__():
             yield name, masked(value) if name == "properties" else value
 
-    def client_config(self) -> dict[str, str]:
+    def client_config(self) -> dict[str, Any]:
         """confluent-kafka's `SchemaRegistryClient` configuration."""
         return {"url": self.url, **self.properties}
 
@@ -296,8 +309,9 @@ class RouteSettings(_Section):
     # coordinates, key_columns then naming the topic, partition and offset columns in order.
     key_source: Literal["value", "record_key", "kafka"] = "value"
     # How record keys are written, where they are read (record_key, a tombstone's delete): JSON
-    # or text, or framed by the schema registry as values are (value_format).
-    key_format: Literal["json", "avro", "json-schema", "protobuf"] = "json"
+    # or text; `string`, UTF-8 text as it is, for one key column of type text (Kafka Connect's
+    # StringConverter); or framed by the schema registry as values are (value_format).
+    key_format: Literal["json", "string", "avro", "json-schema", "protobuf"] = "json"
     fields: FieldSettings = Field(default_factory=FieldSettings)
     # whole (the default): the records of a Spark epoch (those with the sink's provenance
     # headers) become visible in one transaction once the epoch manifest shows the epoch whole,
@@ -305,6 +319,11 @@ class RouteSettings(_Section):
     # without them (another producer's) are visible once their batch commits, as with
     # per-partition, where every batch's records are, partition by partition.
     epochs: Literal["per-partition", "whole"] = "whole"
+
+    @property
+    def needs_registry(self) -> bool:
+        """Whether its values or its keys are read by writer schemas from the registry."""
+        return not {self.value_format, self.key_format} <= set(UNREGISTERED_FORMATS)
 
     @field_validator("table")
     @classmethod
@@ -396,10 +415,12 @@ class RouteSettings(_Section):
             )
         if self.auto_create and self.key_source == "record_key" and self.key_format == "json":
             raise ValueError(
-                "key_source 'record_key' with auto_create needs key_format avro, json-schema or "
-                "protobuf: the key columns' types come from the keys' writer schemas (a JSON "
-                "key has none)"
+                "key_source 'record_key' with auto_create needs key_format string, avro, "
+                "json-schema or protobuf: the key columns' types come from the keys' writer "
+                "schemas, or are text for a string key (a JSON key has none)"
             )
+        if self.key_format == "string" and len(self.key_columns) > 1:
+            raise ValueError("key_format 'string' fills one key column: name one in key_columns")
         if self.auto_create and self.metadata:
             raise ValueError(
                 "metadata columns need a table that has them: create it by hand, not with "
@@ -660,7 +681,7 @@ class BridgeSettings(BaseSettings):
             )
             for i, route in enumerate(consumer.routes)
             for key in ("value_format", "key_format")
-            if getattr(route, key) != "json"
+            if getattr(route, key) not in UNREGISTERED_FORMATS
         ]
         if typed and self.schema_registry is None:
             raise ConfigError(typed)

@@ -28,6 +28,7 @@ from urllib.parse import parse_qs, urlsplit
 import yaml
 
 from bridge.errors import ConfigError
+from bridge.settings import UNREGISTERED_FORMATS
 
 CONFLUENT = "io.confluent.connect.jdbc.JdbcSinkConnector"
 DEBEZIUM = "io.debezium.connector.jdbc.JdbcSinkConnector"
@@ -37,7 +38,7 @@ _CONVERTERS = {
     "io.confluent.connect.json.JsonSchemaConverter": "json-schema",
     "io.confluent.connect.protobuf.ProtobufConverter": "protobuf",
     "org.apache.kafka.connect.json.JsonConverter": "json",
-    "org.apache.kafka.connect.storage.StringConverter": "json",
+    "org.apache.kafka.connect.storage.StringConverter": "string",
 }
 _KAFKA_PK_DEFAULTS = ("__connect_topic", "__connect_partition", "__connect_offset")
 _INSERT_FIELDS = {
@@ -47,8 +48,11 @@ _INSERT_FIELDS = {
     "timestamp.field": "timestamp",
 }
 _LOWER_IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_$]*$")
-DSN_FILE = "/run/secrets/postgres-dsn"
-REGISTRY_USER_INFO_FILE = "/run/secrets/registry-user-info"
+# Where the secrets the output names by `${file:...}` are kept: Kubernetes' and Docker's place,
+# unless `bridge routes from-connect --secrets-dir` names another.
+SECRETS_DIR = Path("/run/secrets")
+DSN_FILE = "postgres-dsn"
+REGISTRY_USER_INFO_FILE = "registry-user-info"
 
 # Why a key has no bridge setting and is left out, by the keys it covers.
 _RETRIES = (
@@ -139,8 +143,9 @@ class _PlainDumper(yaml.SafeDumper):
 class _Keys:
     """The input's keys, each given its fate once."""
 
-    def __init__(self, config: Mapping[str, str]) -> None:
+    def __init__(self, config: Mapping[str, str], secrets_dir: Path) -> None:
         self.config = config
+        self.secrets_dir = secrets_dir
         self.fates: dict[str, str] = {}
         self.problems: list[tuple[str, str]] = []
 
@@ -154,6 +159,10 @@ class _Keys:
         """`key` has no bridge setting, for `why`; a refusal stands."""
         if key in self.config and not self.fates.get(key, "").startswith("refused"):
             self.fates[key] = f"left out: {why}"
+
+    def secret(self, name: str) -> str:
+        """Where the output says the secret `name` is kept."""
+        return str(self.secrets_dir / name)
 
     def refuse(self, key: str, why: str) -> None:
         self.problems.append((key, why))
@@ -180,9 +189,10 @@ def read_connect_config(path: Path) -> dict[str, str]:
     return found
 
 
-def translate(config: Mapping[str, str]) -> Translated:
-    """`config` as bridge's consumer configuration, or ConfigError with every problem."""
-    keys = _Keys(config)
+def translate(config: Mapping[str, str], *, secrets_dir: Path = SECRETS_DIR) -> Translated:
+    """`config` as bridge's consumer configuration, or ConfigError with every problem; the
+    secrets it names are files of `secrets_dir`."""
+    keys = _Keys(config, secrets_dir)
     notes: list[str] = []
     connector = keys.get("connector.class", CONFLUENT) or CONFLUENT
     if connector not in (CONFLUENT, DEBEZIUM):
@@ -201,6 +211,12 @@ def translate(config: Mapping[str, str]) -> Translated:
 
     formats, registry = _formats(keys, notes)
     route.update(formats)
+    if formats.get("key_format") == "string" and len(route.get("key_columns", ())) > 1:
+        why = (
+            "a StringConverter key is one text column: name one key field, or write the key "
+            "as a record (AvroConverter, JsonSchemaConverter)"
+        )
+        keys.refuse("key.converter", why)
     follows = _evolution(keys, debezium, formats)
     route.update(follows)
 
@@ -298,6 +314,8 @@ def _formats(keys: _Keys, notes: list[str]) -> tuple[dict[str, str], dict[str, A
         if chosen is None:
             keys.refuse(prefix, f"{converter} has no bridge format")
             continue
+        if chosen == "string" and side == "value":
+            chosen = "json"  # a value is read as a JSON object (or is a dead letter)
         if converter.endswith("JsonConverter"):
             enabled = (keys.get(f"{prefix}.schemas.enable", "true") or "true").lower()
             if enabled == "true":
@@ -307,6 +325,7 @@ def _formats(keys: _Keys, notes: list[str]) -> tuple[dict[str, str], dict[str, A
                             "(JsonSchemaConverter)")  # fmt: skip
         if chosen != "json":
             formats[f"{side}_format"] = chosen
+        if chosen not in UNREGISTERED_FORMATS:
             registry = _registry(keys, prefix, registry, notes)
         for key in [k for k in keys.config if k.startswith(f"{prefix}.") and k not in keys.fates]:
             if key.startswith(f"{prefix}.schema.registry.ssl."):
@@ -338,12 +357,13 @@ def _registry(
         keys.refuse(f"{prefix}.basic.auth.credentials.source",
                     f"{source}: bridge's registry client takes USER_INFO")  # fmt: skip
     elif info is not None or source == "USER_INFO":
+        # The registry's client takes user:password as basic.auth.user.info alone.
         properties = found.setdefault("properties", {})
-        properties["basic.auth.credentials.source"] = "USER_INFO"
-        properties["basic.auth.user.info"] = f"${{file:{REGISTRY_USER_INFO_FILE}}}"
-        if not any(REGISTRY_USER_INFO_FILE in note for note in notes):
+        where = keys.secret(REGISTRY_USER_INFO_FILE)
+        properties["basic.auth.user.info"] = f"${{file:{where}}}"
+        if not any(where in note for note in notes):
             notes.append(f"{prefix}.basic.auth.user.info: not copied; write the registry's "
-                         f"user:password into {REGISTRY_USER_INFO_FILE}")  # fmt: skip
+                         f"user:password into {where}")  # fmt: skip
     return found
 
 
@@ -554,9 +574,9 @@ def _database(keys: _Keys, notes: list[str]) -> dict[str, Any] | None:
     key = "connection.password" if "connection.password" in keys.config else "connection.url"
     notes.append(
         f"{key}: the password is not copied; write postgresql://{user}:<password>@{where} into "
-        f"{DSN_FILE} (postgres.dsn names that file)"
+        f"{keys.secret(DSN_FILE)} (postgres.dsn names that file)"
     )
-    return {"dsn": f"${{file:{DSN_FILE}}}"}
+    return {"dsn": f"${{file:{keys.secret(DSN_FILE)}}}"}
 
 
 def _transforms(keys: _Keys) -> tuple[dict[str, Any], dict[str, str]]:

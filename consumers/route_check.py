@@ -51,7 +51,7 @@ def check(settings: BridgeSettings) -> Checked:
         done.problems.append(("consumer.routes", "no routes: the consumer would read nothing"))
         return done
     topics = _kafka_topics(settings, done)
-    typed = any(r.value_format != "json" or r.key_format != "json" for r in consumer.routes)
+    typed = any(r.needs_registry for r in consumer.routes)
     schemas = None
     if typed and settings.schema_registry is not None:
         schemas = SchemaCache(settings.schema_registry)

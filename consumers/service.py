@@ -138,9 +138,7 @@ class ConsumerService:
 
     def _start(self) -> None:
         registry = self._settings.schema_registry
-        if registry is not None and any(
-            r.value_format != "json" or r.key_format != "json" for r in self._config.routes
-        ):
+        if registry is not None and any(r.needs_registry for r in self._config.routes):
             self._schemas = SchemaCache(
                 registry, max_decoded_bytes=self._config.max_decoded_record_bytes
             )

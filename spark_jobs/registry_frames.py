@@ -34,6 +34,7 @@ from pyspark.errors import AnalysisException
 from pyspark.sql import types as T
 
 from bridge.errors import BridgeError, ConfigError
+from bridge.registry_properties import client_properties
 from spark_jobs.avro_schema import avro_schema
 from spark_jobs.json_schema import TO_JSON_OPTIONS, json_schema
 from spark_jobs.proto_encoder import ProtoEncoder
@@ -66,7 +67,9 @@ def encode(df: Any, options: Mapping[str, str]) -> Any:
     parsed = SinkOptions.parse(options)
     fields = {f.name.lower(): f for f in df.schema.fields}
     encoded = df
-    with SchemaRegistryClient({**_CLIENT_DEFAULTS, **parsed.registry}) as client:
+    url, settings = parsed.registry["url"], {**_CLIENT_DEFAULTS, **parsed.registry}
+    del settings["url"]
+    with SchemaRegistryClient({"url": url, **client_properties(url, settings)}) as client:
         for column, wanted in (("value", parsed.value_format), ("key", parsed.key_format)):
             if not wanted.registered:
                 continue

@@ -218,6 +218,15 @@ class SinkOptions:
         typed = any(f.registered for f in formats.values())
         if typed and not registry.get("url", "").strip():
             problems.append(("schema.registry.url", "required with avro, json-schema or protobuf"))
+        elif typed:
+            # Here, not at the top: the executors parse the options too, and never need it.
+            from bridge.registry_properties import client_properties
+
+            try:
+                settings = {k: v for k, v in registry.items() if k != "url"}
+                client_properties(registry["url"], settings)
+            except ValueError as exc:
+                problems.append((REGISTRY_PREFIX.rstrip("."), str(exc)))
         strategy = _choice(lowered, "subject.name.strategy", SubjectStrategy.TOPIC, problems)
         for name in ("value.record.name", "key.record.name"):
             if name in lowered and not _AVRO_NAME.match(lowered[name]):

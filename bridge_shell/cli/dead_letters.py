@@ -206,7 +206,7 @@ def _replay(
     consumer = settings.consumer
     assert consumer is not None  # noqa: S101 - checked by the caller
     config = consumer.model_copy(update={"group_id": group, "state_schema": schema})
-    typed = any(r.value_format != "json" or r.key_format != "json" for r in config.routes)
+    typed = any(r.needs_registry for r in config.routes)
     registry = settings.schema_registry
     schemas = SchemaCache(registry) if typed and registry is not None else None
     dsn = settings.postgres.dsn.get_secret_value()

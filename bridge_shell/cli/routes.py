@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from bridge_shell.connect_config import read_connect_config, translate
+from bridge_shell.connect_config import SECRETS_DIR, read_connect_config, translate
 
 app = typer.Typer(help="Consumer routes.")
 
@@ -21,11 +21,19 @@ def from_connect(
             exists=True, dir_okay=False, help="A .properties file, or the JSON of Connect's API."
         ),
     ],
+    secrets_dir: Annotated[
+        Path,
+        typer.Option(
+            "--secrets-dir",
+            help="Where the output's `${file:...}` secrets are kept (the database's DSN, the "
+            "registry's user:password).",
+        ),
+    ] = SECRETS_DIR,
 ) -> None:
     """Print the consumer configuration a Kafka Connect JDBC sink configuration translates to
     (YAML, for bridge's configuration file); what cannot be translated is refused, every key
     at once; notes go to stderr."""
-    translated = translate(read_connect_config(file))
+    translated = translate(read_connect_config(file), secrets_dir=secrets_dir)
     for note in translated.notes:
         print(f"note: {note}", file=sys.stderr)
     print(translated.yaml(), end="")

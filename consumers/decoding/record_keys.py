@@ -34,13 +34,13 @@ class KeyReader:
     def __init__(self, route: RouteSettings, *, schemas: SchemaCache | None) -> None:
         self._columns = route.key_columns
         self._format = route.key_format
-        if self._format != "json" and schemas is None:
+        if self.framed and schemas is None:
             raise ValueError(f"a {self._format} key needs the schema registry")
         self._schemas = schemas
 
     @property
     def framed(self) -> bool:
-        return self._format != "json"
+        return self._format not in ("json", "string")
 
     def prepare(self, keys: Iterable[bytes]) -> None:
         """Fetch the writer schemas framed keys name (RegistryUnavailable when the registry
@@ -50,6 +50,14 @@ class KeyReader:
 
     def read(self, raw: bytes | None) -> tuple[Any, ...]:
         """The key columns of `raw`, or a RecordError naming why it has none."""
+        if self._format == "string":  # Kafka Connect's StringConverter: the text as it is
+            if raw is None:
+                raise RecordError("the record has no key")
+            try:
+                return (raw.decode("utf-8"),)
+            except UnicodeDecodeError as exc:
+                where = f"{exc.reason} at byte {exc.start}"
+                raise RecordError(f"key is not UTF-8 text: {where}") from None
         if not self.framed:
             return decode_key(raw, self._columns)
         assert self._schemas is not None  # noqa: S101 - checked in the constructor

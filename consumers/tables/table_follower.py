@@ -343,6 +343,10 @@ class TableFollower:
         or for one key column any Avro type), for a table still to be created."""
         if self._columns is not None or len(self._key_fields) == len(self.route.key_columns):
             return
+        if self.route.key_format == "string":  # one key column, of the key's text
+            (column,) = self.route.key_columns
+            self._key_fields[column] = FieldColumn(column, "text", "S", False, False)
+            return
         for writer in sorted({i for i in map(schema_id, set(map(_head, keys))) if i is not None}):
             schema = self._schemas.schemas.get(writer)
             fields = self._fields_of(writer, self.route.key_format, keys)

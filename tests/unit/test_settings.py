@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import certifi
 import pytest
 
 from bridge.errors import ConfigError
@@ -296,9 +297,10 @@ def test_the_schema_registry_takes_a_url_and_its_clients_settings_with_secrets_m
     settings = load_settings(
         schema_registry={
             "url": "https://registry.example:8081/apis/ccompat/v7/",
-            "properties": {"basic.auth.user.info": "bridge:s3cret", "ssl.ca.location": "/ca.pem"},
+            "properties": {"basic.auth.user.info": "bridge:s3cret",
+                           "ssl.ca.location": certifi.where()},
         }
-    )
+    )  # fmt: skip
     assert settings.schema_registry is not None
     config = settings.schema_registry.client_config()
     assert config["url"] == "https://registry.example:8081/apis/ccompat/v7"
@@ -315,14 +317,42 @@ def test_the_schema_registry_takes_a_url_and_its_clients_settings_with_secrets_m
             "schema_registry.properties",
         ),
         ({"url": "http://r:1", "extra": 1}, "schema_registry.extra"),
+        # What the registry's client would refuse when first built, refused at start instead.
+        ({"url": "http://r:1", "properties": {"basic.auth.credentials.source": "SASL_INHERIT",
+                                              "basic.auth.user.info": "u:p"}},
+         "schema_registry.properties"),
+        ({"url": "http://r:1", "properties": {"basic.auth.credentials.source": "USER_INFO"}},
+         "schema_registry.properties"),
+        ({"url": "http://r:1", "properties": {"max.retries": "three"}},
+         "schema_registry.properties"),
+        ({"url": "http://r:1", "properties": {"no.such.setting": "1"}},
+         "schema_registry.properties"),
+        ({"url": "https://r:1", "properties": {"ssl.ca.location": "/no/such/ca.pem"}},
+         "schema_registry.properties"),
     ],
-)
+)  # fmt: skip
 def test_a_bad_schema_registry_setting_is_refused_naming_it(
     registry: dict[str, object], path: str
 ) -> None:
     with pytest.raises(ConfigError) as refused:
         load_settings(schema_registry=registry)
     assert path in str(refused.value)
+
+
+def test_a_kafka_connect_converters_registry_settings_are_taken_as_the_client_takes_them() -> None:
+    """Connect's `basic.auth.credentials.source: USER_INFO` is what `basic.auth.user.info`
+    means to confluent-kafka's client, which refuses the key itself; its numbers come as text."""
+    settings = load_settings(
+        schema_registry={
+            "url": "http://r:1",
+            "properties": {"basic.auth.credentials.source": "USER_INFO",
+                           "basic.auth.user.info": "reader:pw", "max.retries": "2"},
+        }
+    )  # fmt: skip
+    assert settings.schema_registry is not None
+    assert settings.schema_registry.client_config() == {
+        "url": "http://r:1", "basic.auth.user.info": "reader:pw", "max.retries": 2,
+    }  # fmt: skip
 
 
 @pytest.mark.parametrize(
