@@ -149,6 +149,8 @@ class PostgresSettings(_Section):
         return SecretStr(raw)
 
 
+# What a route does with a record's fields that its table has no column for.
+UnknownFields = Literal["refuse", "ignore"]
 # The formats of a record's value or key that the schema registry has no part in.
 UNREGISTERED_FORMATS: Final = ("json", "string")
 
@@ -304,6 +306,11 @@ class RouteSettings(_Section):
     # to the dead-letter table, its offset passed; or `stop` its partition there, unwritten,
     # until the table or the route is fixed or the offset reset past it (docs/routes.md).
     on_record_error: Literal["dead_letter", "stop"] = "dead_letter"
+    # A record's fields that its table has no column for: `refuse` makes the record a record
+    # error (on_record_error says what then), as Kafka Connect's JDBC sink refuses them unless
+    # it may evolve the table; `ignore` leaves them out, each such record counted and logged.
+    # A record that fills none of the table's columns beyond its key is refused either way.
+    unknown_fields: UnknownFields = "refuse"
     # Where the key columns come from: the value's fields; the record's key (a JSON object of
     # the key columns, or for one key column its text or JSON scalar); or the record's Kafka
     # coordinates, key_columns then naming the topic, partition and offset columns in order.

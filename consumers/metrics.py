@@ -125,8 +125,8 @@ class ConsumerMetrics:
         )
         self.ignored_fields = Counter(
             METRIC_IGNORED_FIELDS,
-            "Fields the records of a topic carry that are not columns of its table, and so are "
-            "left out: counted once each, when first seen (the log names them).",
+            "Fields left out of a topic's records because its table has no column for them "
+            "(unknown_fields: ignore): each field of each record (the log names them).",
             ["topic"],
             registry=self.registry,
         ).labels

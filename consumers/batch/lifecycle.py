@@ -516,12 +516,14 @@ class BatchLifecycle:
             lag=self._metrics.total_lag(),
             partitions=len(self._table.keys()),
         )
+        self._planner.report_left_out()
 
     def report(self) -> None:
         """What is due now that no batch brought: holds whose records were moved past, the
         log's progress and dead letters' count."""
         self._release_moved_past()
         self._work_log.tick(lag=self._metrics.total_lag(), partitions=len(self._table.keys()))
+        self._planner.report_left_out()  # what waited for its line
 
     def _mirror(self, advanced: dict[PartitionKey, int]) -> None:
         if not self._mirror_offsets:

@@ -26,7 +26,8 @@ targets and the followers; what a batch needs of them is handed to the committer
 from __future__ import annotations
 
 import logging
-from collections import defaultdict
+import time
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,6 +48,18 @@ from consumers.tables.table_follower import TableFollower, TableMismatch
 from consumers.tables.targets import Target
 
 log = logging.getLogger("bridge.consumer")
+
+# At most one line a topic this often about the fields left out of its records.
+LEFT_OUT_LOG_S = 60.0
+
+
+@dataclass
+class _LeftOutSince:
+    """What was left out of a topic's records since its last line, and when that was."""
+
+    records: int = 0
+    fields: Counter[str] = field(default_factory=Counter)
+    logged: float = float("-inf")
 
 
 @dataclass(frozen=True)
@@ -97,6 +110,7 @@ class Planner:
         self.stager = stager
         self._router = router
         self._metrics = metrics
+        self._left_out: dict[str, _LeftOutSince] = {}
         self._targets: dict[str, Target] = {}
         self._followers: dict[str, TableFollower] = {}
         self.add(routed)
@@ -174,9 +188,8 @@ class Planner:
         planned_whole = {t: self._targets[t] for t in whole if t not in self._followers}
         for topic, target in {**planned_whole, **targets}.items():  # step 3
             for of_topic in (of_topics.get(topic, []), staging.get(topic, [])):
-                ignored = target.prepare(of_topic) if of_topic else []
-                if ignored:
-                    self._ignored(target, topic, ignored)
+                if of_topic:
+                    target.prepare(of_topic)
         followers = [f for topic, f in self._followers.items() if topic in of_topics]
         changes = [step for f in followers for step in f.pending_after(in_flight)]
         plans = self._statements(targets, of_topics, conn, set() if staged is None else staged)
@@ -314,13 +327,28 @@ class Planner:
             for s in plan
         ]
 
-    def _ignored(self, target: Target, topic: str, fields: list[str]) -> None:
-        """A producer's new fields are no longer dropped in silence: once each, a line and the
-        count, so that someone adds the column (or decides not to)."""
-        self._metrics.ignored_fields(topic).inc(len(fields))
-        table = target.route.table
-        log.warning(
-            "topic %s: field(s) %s are not columns of %s and are left out",
-            topic, ", ".join(fields), table,
-            extra={"topic": topic, "fields": fields, "table": table},
-        )  # fmt: skip
+    def report_left_out(self) -> None:
+        """The fields `unknown_fields: ignore` left out of the records written since the last
+        report: each one counted, and a line naming them per topic, the first at once and then
+        at most one a `LEFT_OUT_LOG_S` (with what it left out since the one before), so that
+        someone adds the columns, or decides not to, without a line per batch."""
+        now = time.monotonic()
+        for topic, target in self._targets.items():
+            records, fields = target.left_out.take()
+            if records:
+                self._metrics.ignored_fields(topic).inc(fields.total())
+                noted = self._left_out.setdefault(topic, _LeftOutSince())
+                noted.records += records
+                noted.fields.update(fields)
+            since = self._left_out.get(topic)
+            if since is None or not since.records or now < since.logged + LEFT_OUT_LOG_S:
+                continue
+            names = sorted(since.fields)
+            log.warning(
+                "topic %s: %d record(s) carried field(s) %s that are not columns of %s; left "
+                "out (unknown_fields: ignore)",
+                topic, since.records, ", ".join(names[:20]), target.route.table,
+                extra={"topic": topic, "fields": names[:20], "records": since.records,
+                       "table": target.route.table},
+            )  # fmt: skip
+            since.records, since.fields, since.logged = 0, Counter(), now

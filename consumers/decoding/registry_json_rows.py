@@ -30,8 +30,9 @@ class RegistryJsonRowDecoder:
         schemas: SchemaCache,
         tracked: Collection[str] = (),
         filled: Collection[str] = (),
+        others: Collection[str] | None = None,
     ) -> None:
-        self._json = RowDecoder(columns, tracked=tracked, filled=filled)
+        self._json = RowDecoder(columns, tracked=tracked, filled=filled, others=others)
         self._schemas = schemas
         self.carried = self._json.carried
 

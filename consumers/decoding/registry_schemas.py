@@ -118,22 +118,30 @@ class SchemaCache:
         values = raws if isinstance(raws, list) else list(raws)
         # A batch's values share a few headers: one C pass takes them apart, not a step each.
         headers: set[bytes] = set(map(_head, values))
-        ids = {i for i in map(schema_id, headers) if i is not None}
-        self.fetch(ids)
-        fields: set[str] = set()
-        for writer in ids:
+        self.fetch(i for i in map(schema_id, headers) if i is not None)
+        return set().union(*self.shapes(values, headers))
+
+    def shapes(self, values: list[bytes], headers: set[bytes] | None = None) -> set[frozenset[str]]:
+        """The top-level fields of each kind of value among `values` (their schemas fetched):
+        an Avro record's fields, a JSON Schema's properties, a Protobuf message's fields (a
+        value's indexes name its message). A value of no known schema has none here: its
+        decoding says what is wrong with it."""
+        found: set[frozenset[str]] = set()
+        for writer in {
+            i for i in map(schema_id, headers or set(map(_head, values))) if i is not None
+        }:
             schema = self.schemas.get(writer)
             if isinstance(schema, ProtoSchema):
                 for message in _messages(schema, writer, values):
-                    fields.update(f.name for f in message.fields)
+                    found.add(frozenset(f.name for f in message.fields))
                 continue
             if not isinstance(schema, dict):
                 continue
             if self.types[writer] == AVRO and schema.get("type") == "record":
-                fields.update(str(f["name"]) for f in schema["fields"])
+                found.add(frozenset(str(f["name"]) for f in schema["fields"]))
             elif self.types[writer] == JSON:
-                fields.update(str(name) for name in schema.get("properties", {}))
-        return fields
+                found.add(frozenset(str(name) for name in schema.get("properties", {})))
+        return found
 
     def _fetch(self, wanted: int) -> None:
         try:

@@ -40,7 +40,11 @@ class RowDecoder:
     is absent, None where any other column is absent or null.
 
     `filled`: the columns the table fills (a default, an identity, a generated column), which
-    producers seldom send; the others are the `carried` columns, for `decode_carried`."""
+    producers seldom send; the others are the `carried` columns, for `decode_carried`.
+
+    `others`: the other keys a value may hold, which land in no column; `decode_all` and
+    `decode_carried` decline a batch with any key beyond those (for `decode`, one value at a
+    time, which reads any). None: any key."""
 
     def __init__(
         self,
@@ -48,10 +52,18 @@ class RowDecoder:
         *,
         tracked: Collection[str] = (),
         filled: Collection[str] = (),
+        others: Collection[str] | None = None,
     ) -> None:
-        self._decode = _struct_decoder(
-            [(c, UNSET if c in tracked else None) for c in columns], forbid_unknown=False
+        defaults = [(c, UNSET if c in tracked else None) for c in columns]
+        self._decode = _struct_decoder(defaults, forbid_unknown=False)
+        # Known keys that land nowhere are read as raw bytes (not decoded) and cut off the row.
+        skipped = sorted(set(others or ()) - set(columns))
+        self._decode_batch = (
+            self._decode
+            if others is None
+            else _struct_decoder(defaults, forbid_unknown=True, skipped=skipped)
         )
+        self._cut = itemgetter(slice(0, len(columns))) if skipped else None
         self.carried = tuple(i for i, c in enumerate(columns) if c not in filled)
         # With nothing tracked, `decode_all` gives what `decode_carried` would, as cheaply. A
         # tracked column is required among the carried ones: absent is not null there.
@@ -77,9 +89,10 @@ class RowDecoder:
         """Every value as a row, in C loops; None when any value is not one, for the caller to
         decode them one by one and tell which and why."""
         try:
-            return list(map(_astuple, map(self._decode, raws)))
+            rows = list(map(_astuple, map(self._decode_batch, raws)))
         except msgspec.DecodeError:  # ValidationError included
             return None
+        return rows if self._cut is None else list(map(self._cut, rows))
 
     def decode_carried(self, raws: Iterable[bytes]) -> list[Row] | None:
         """Every value as a row of the `carried` columns only, in C loops, when each holds
@@ -105,19 +118,22 @@ _REQUIRED = msgspec.NODEFAULT  # a field without a default: a value without it i
 
 
 def _struct_decoder(
-    fields: Sequence[tuple[str, Any]], *, forbid_unknown: bool
+    fields: Sequence[tuple[str, Any]], *, forbid_unknown: bool, skipped: Sequence[str] = ()
 ) -> Callable[[bytes], Any]:
     """A decoder of JSON objects into a Struct of the given (column, default) fields; with
-    `forbid_unknown`, an object with a key that is not one of them is refused."""
+    `forbid_unknown`, an object with a key that is not one of them (or of `skipped`, read
+    after them as raw bytes) is refused."""
     # Struct fields must be identifiers and column names need not be: the fields are
     # positional names renamed to the columns, which are the JSON keys.
+    names = [name for name, _ in fields] + list(skipped)
     struct = msgspec.defstruct(
         "Row",
         [
             (f"c{i}", Any) if default is _REQUIRED else (f"c{i}", Any, default)
             for i, (_, default) in enumerate(fields)
-        ],
-        rename={f"c{i}": name for i, (name, _) in enumerate(fields)},
+        ]
+        + [(f"c{len(fields) + i}", msgspec.Raw, UNSET) for i in range(len(skipped))],
+        rename={f"c{i}": name for i, name in enumerate(names)},
         forbid_unknown_fields=forbid_unknown,
         kw_only=True,  # required and defaulted fields in any order, kept in the given one
     )

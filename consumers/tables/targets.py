@@ -25,7 +25,7 @@ from consumers.decoding.proto_rows import ProtobufRowDecoder
 from consumers.decoding.record_keys import KeyReader
 from consumers.decoding.records import Record, RecordError
 from consumers.decoding.registry_json_rows import RegistryJsonRowDecoder
-from consumers.decoding.registry_schemas import SchemaCache
+from consumers.decoding.registry_schemas import HEADER, SchemaCache, schema_id
 from consumers.decoding.rows import (
     UNSET,
     ArrayValue,
@@ -34,8 +34,8 @@ from consumers.decoding.rows import (
     as_cell,
     count_of,
     decode_key,
-    json_keys,
 )
+from consumers.tables.record_fields import FieldRules, LeftOut, Verdict, object_keys
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -61,9 +61,17 @@ class Target:
     # For JSON values: what turns a decoded row's lists into arrays and epoch milliseconds into
     # timestamps, where the table has such columns; None when nothing needs turning.
     _fix: Callable[[Row], Row] | None = field(init=False, repr=False, compare=False)
-    # Fields of the records that are not columns, already reported (see `prepare`).
-    _seen_fields: set[str] = field(init=False, repr=False, compare=False, default_factory=set)
-    _known_fields: frozenset[str] = field(init=False, repr=False, compare=False)
+    # Whether a record's fields make a row (consumers.tables.record_fields), and the fields
+    # `unknown_fields: ignore` left out of records, until the member reports them.
+    fields_rules: FieldRules = field(init=False, repr=False, compare=False)
+    left_out: LeftOut = field(init=False, repr=False, compare=False, default_factory=LeftOut)
+    # Where the columns beyond the key that a record fills from its value are, in a row and in
+    # a carried row (None: the carried rows cannot tell, and are not used).
+    # Each with whether the column is tracked (an absent field is UNSET there, not None).
+    _beyond_key: tuple[tuple[int, bool], ...] = field(init=False, repr=False, compare=False)
+    _beyond_key_of_carried: tuple[tuple[int, bool], ...] | None = field(
+        init=False, repr=False, compare=False
+    )
     # The metadata columns' values of a record (route.metadata); None without any.
     _meta: Callable[[Record], Row] | None = field(init=False, repr=False, compare=False)
     # Where absent must stay apart from null: a column with a default takes it when absent; in
@@ -119,6 +127,21 @@ class Target:
         named = [field_of[c] for c in values]
         tracked_fields = [field_of[c] for c in tracked]
         filled_fields = [field_of[c] for c in values if c in fills]
+        # The fields that are not unknown: those that land, those a column of the record's
+        # takes the name of, and those the route leaves out on purpose (all but `include`'s).
+        known = None
+        if self.route.fields.include is None:
+            known = set(named) | set(sources) | set(self.route.fields.exclude)
+        beyond = [c for c in values if c not in self.route.key_columns and c not in self.generated]
+        rules = FieldRules(
+            table=self.route.table,
+            landing=named,
+            beyond_key=[field_of[c] for c in beyond],
+            known=known,
+            unknown_fields=self.route.unknown_fields,
+        )
+        object.__setattr__(self, "fields_rules", rules)
+        others = None if known is None else known - set(named)
         decoder: RowDecoder | AvroRowDecoder | RegistryJsonRowDecoder | ProtobufRowDecoder
         if self.route.value_format != "json" and self.schemas is None:
             raise ValueError(f"a {self.route.value_format} route needs the schema registry")
@@ -137,19 +160,19 @@ class Target:
         elif self.route.value_format == "json-schema":
             assert self.schemas is not None  # noqa: S101 - checked above
             decoder = RegistryJsonRowDecoder(
-                named, schemas=self.schemas, tracked=tracked_fields, filled=filled_fields
+                named,
+                schemas=self.schemas,
+                tracked=tracked_fields,
+                filled=filled_fields,
+                others=others,
             )
             # JSON has no bytes: JSON Schema's (and Spark's to_json) are base64 text.
             fix = _json_fix(values, self.arrays, frozenset(), base64=self.binaries)
         else:
-            decoder = RowDecoder(named, tracked=tracked_fields, filled=filled_fields)
+            decoder = RowDecoder(named, tracked=tracked_fields, filled=filled_fields, others=others)
             fix = _json_fix(values, self.arrays, self._epoch_columns())
         object.__setattr__(self, "decoder", decoder)
         object.__setattr__(self, "_fix", fix)
-        # The fields that are not reported as left out: those that land, those a column of the
-        # record's takes the name of, and those the route leaves out on purpose.
-        meant = set(named) | set(sources) | set(self.route.fields.exclude)
-        object.__setattr__(self, "_known_fields", frozenset(meant))
         # In upsert and update modes the metadata columns are written like any other: tracked.
         tracked = [*tracked, *meta] if merges else tracked
         object.__setattr__(self, "tracked", tuple(position[c] for c in tracked))
@@ -159,6 +182,16 @@ class Target:
         # Where the key and the columns a row must hold are among the carried columns. A key
         # the table fills (an identity) is not: a record that carries it is not decoded that way.
         carried = decoder.carried
+        object.__setattr__(self, "_beyond_key", tuple((position[c], c in tracked) for c in beyond))
+        # In a carried row a tracked column is always carried (its field is required there).
+        beyond_carried = tuple(
+            (carried.index(i), known) for i, known in self._beyond_key if i in carried
+        )
+        # Carried rows hold no column the table fills: with only such columns beyond the key,
+        # none of them fills any, and they are not used.
+        object.__setattr__(
+            self, "_beyond_key_of_carried", beyond_carried if beyond_carried or not beyond else None
+        )
         in_carried = [carried.index(i) if i in carried else None for i in self._must_carry]
         if None in in_carried or fix is not None or meta:
             object.__setattr__(self, "_must_carry_of_carried", None)
@@ -171,29 +204,14 @@ class Target:
     def _epoch_columns(self) -> frozenset[str]:
         return self.timestamps if self.route.epoch_millis_timestamps else frozenset()
 
-    def prepare(self, records: Sequence[Record]) -> list[str]:
+    def prepare(self, records: Sequence[Record]) -> None:
         """Fetch what decoding the records' values needs from elsewhere (the writer schemas of
-        registry-framed values): raises RegistryUnavailable when it cannot be had now. Returns
-        the fields the records carry that are not columns and were not seen before: they are
-        left out, and the caller says so once each.
-
-        For JSON values the first and the last record of the batch are looked at (a field a
-        producer adds shows in every record after it), a C decoding of two values a batch; for
-        registry-framed values, the fields of each writer schema."""
+        registry-framed values): raises RegistryUnavailable when it cannot be had now."""
         if isinstance(self.decoder, AvroRowDecoder | RegistryJsonRowDecoder | ProtobufRowDecoder):
             # Tombstones (None) have no schema; filtered in C, not a step per record.
-            fields = self.decoder.prepare(filter(None, map(Message.value, records)))
-        else:
-            fields = set()
-            for record in {id(r): r for r in (records[0], records[-1])}.values() if records else ():
-                fields.update(json_keys(record.value()))
+            self.decoder.prepare(filter(None, map(Message.value, records)))
         if self.keys.framed:  # a framed key's schema, fetched before the batch is written
             self.keys.prepare(filter(None, map(Message.key, records)))
-        if self.route.fields.include is not None:
-            return []  # every field not included is left out on purpose
-        new = sorted(fields - self._seen_fields - self._known_fields)
-        self._seen_fields.update(new)
-        return new
 
     @property
     def identifier(self) -> sql.Identifier:
@@ -207,6 +225,13 @@ class Target:
     def row(self, raw: bytes, record: Record | None = None) -> Row:
         """A record value as a row of this table, or a RecordError naming what is wrong.
         `record` fills the metadata columns, if the route has any."""
+        fields = self._fields_of(raw) if self.fields_rules.checks else None
+        if fields is not None:
+            verdict = self.fields_rules.judge(fields)
+            if verdict.problem is not None:
+                raise RecordError(verdict.problem)
+            if verdict.ignored:
+                self.left_out.note(verdict.ignored)
         row = self.decoder.decode(raw)
         if self._fix is not None:
             row = self._fix(row)
@@ -226,9 +251,12 @@ class Target:
     def rows(self, raws: list[bytes], records: Sequence[Record] = ()) -> list[Row] | None:
         """The rows of a batch of values, with no Python step per record (but the metadata
         columns', where the route has any, from `records`), or None when any of them is not a
-        row of this table: `row` then tells, record by record, which and why."""
+        row of this table, or has fields left out: `row` then tells, record by record, which
+        and why."""
+        if not self._shapes_fit(raws):
+            return None
         rows = self.decoder.decode_all(raws)
-        if rows is None:
+        if rows is None or _some_fill_none(rows, self._beyond_key):
             return None
         try:
             if self._fix is not None:
@@ -252,15 +280,43 @@ class Target:
         generated column) and no key that is not a column, and in upsert and update modes
         every other column: those columns and the rows of just them, with no Python step per
         record. None otherwise, or when a required column or the key is null, for `rows`."""
-        if self._must_carry_of_carried is None:
+        beyond_key = self._beyond_key_of_carried
+        if self._must_carry_of_carried is None or beyond_key is None:
+            return None
+        if not self._shapes_fit(raws):
             return None
         rows = self.decoder.decode_carried(raws)
-        if rows is None:
+        if rows is None or _some_fill_none(rows, beyond_key):
             return None
         for i in self._must_carry_of_carried:
             if count_of(rows, i, None):
                 return None
         return self.names(self.decoder.carried), rows
+
+    def _fields_of(self, raw: bytes) -> frozenset[str] | None:
+        """A value's top-level fields: a JSON object's keys, or those of the writer schema or
+        message it names; None when it is none of these (its decoding says why)."""
+        if isinstance(self.decoder, AvroRowDecoder | ProtobufRowDecoder):
+            assert self.schemas is not None  # noqa: S101 - such a decoder has them
+            shapes = self.schemas.shapes([raw])
+            return next(iter(shapes)) if len(shapes) == 1 else None
+        if isinstance(self.decoder, RegistryJsonRowDecoder):
+            if schema_id(raw) is None:
+                return None
+            raw = raw[HEADER:]
+        keys = object_keys(raw)
+        return None if keys is None else frozenset(keys)
+
+    def _shapes_fit(self, raws: list[bytes]) -> bool:
+        """For values read by writer schemas (Avro, Protobuf): whether every schema's fields
+        make rows with nothing left out, so that the batch is read in C with no check per
+        record. JSON's keys are checked as they are decoded (`RowDecoder`'s `others`)."""
+        if not isinstance(self.decoder, AvroRowDecoder | ProtobufRowDecoder):
+            return True
+        if not self.fields_rules.checks:
+            return True
+        assert self.schemas is not None  # noqa: S101 - such a decoder has them
+        return all(self.fields_rules.judge(s) == _FITS for s in self.schemas.shapes(raws))
 
     def _missing(self, row: Row) -> str:
         def lacking(names: Iterable[str]) -> list[str]:
@@ -300,6 +356,26 @@ _PROVENANCE = {"spark.query": PROVENANCE_QUERY, "spark.partition": PROVENANCE_PA
 
 # The source of a key column that key_source record_key fills from the record's key.
 KEY_FIELD = "record_key"
+
+
+_FITS = Verdict(None)
+
+
+def _some_fill_none(rows: list[Row], beyond_key: tuple[tuple[int, bool], ...]) -> bool:
+    """Whether some row may be of a record that fills none of the columns beyond the key, at
+    the positions `beyond_key` (each with whether absent is UNSET there, null then being
+    carried; elsewhere absent and null are both None): in C loops, column by column, until a
+    column every row carries (as almost every batch's first); else row by row. A row with
+    only nulls there may be of a record that carries those fields as null: `row` tells."""
+    if not beyond_key:
+        return False
+    for i, tracked in beyond_key:
+        if not count_of(rows, i, UNSET) and (tracked or not count_of(rows, i, None)):
+            return False
+    return any(
+        all(row[i] is UNSET or (row[i] is None and not tracked) for i, tracked in beyond_key)
+        for row in rows
+    )
 
 
 def record_sources(route: RouteSettings) -> dict[str, str]:

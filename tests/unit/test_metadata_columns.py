@@ -50,18 +50,18 @@ def test_metadata_columns_follow_the_values_and_hold_the_records_coordinates() -
         "written_at": datetime(2025, 11, 25, 13, 26, 8, 123000, tzinfo=UTC), "k": "k-1",
         "raw_key": b"k-1", "trace": "b", "query": "q-1", "spark_partition": "2", "epoch": "17",
     }  # fmt: skip
-    assert target.rows([b'{"id": 1}'], [record]) == [(*row[:1], None, *row[2:])]
-    assert target.carried_rows([b'{"id": 1}']) is None  # metadata rows need their records
+    assert target.rows([b'{"id": 1, "note": "m"}'], [record]) == [(1, "m", *row[2:])]
+    assert target.carried_rows([b'{"id": 1, "note": "m"}']) is None  # metadata rows need records
 
 
 def test_missing_metadata_is_null_and_a_key_that_is_not_text_is_the_records_fault() -> None:
     target = _target()
     bare = _record(key=None, headers=None, timestamp=(TIMESTAMP_NOT_AVAILABLE, 0))
-    row = dict(zip(target.columns, target.row(b'{"id": 2}', bare), strict=True))
+    row = dict(zip(target.columns, target.row(b'{"id": 2, "note": null}', bare), strict=True))
     assert [row[c] for c in ("k", "raw_key", "written_at", "trace", "epoch")] == [None] * 5
     with pytest.raises(RecordError, match="column k: not UTF-8 text"):
-        target.row(b'{"id": 3}', _record(key=b"\xff"))
-    assert target.rows([b'{"id": 3}'], [_record(key=b"\xff")]) is None
+        target.row(b'{"id": 3, "note": "n"}', _record(key=b"\xff"))
+    assert target.rows([b'{"id": 3, "note": "n"}'], [_record(key=b"\xff")]) is None
 
 
 def test_upsert_writes_the_metadata_columns_too() -> None:

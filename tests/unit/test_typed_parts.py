@@ -13,7 +13,6 @@ from typing import Any
 
 import fastavro
 import pytest
-from confluent_kafka import Message
 from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
 
 from bridge.errors import ConfigError
@@ -290,23 +289,6 @@ def test_an_avro_route_without_a_registry_is_refused_at_start() -> None:
     assert without.require_consumer().routes[0].value_format == "avro"
     settings = load_settings(**base, schema_registry={"url": "http://r:8080/apis/ccompat/v7"})
     assert settings.consumer_to_run().routes[0].value_format == "avro"
-
-
-def test_fields_that_are_not_columns_are_reported_once_each() -> None:
-    target = Target(
-        route=RouteSettings(topic="t", table="t"), schema="public", name="t",
-        columns=("id", "name"), required=frozenset(),
-    )  # fmt: skip
-
-    def batch(*values: bytes) -> list[Message]:
-        return [Message(topic="t", partition=0, offset=i, value=v) for i, v in enumerate(values)]
-
-    assert target.prepare(batch(b'{"id": 1}', b'{"id": 2, "name": "x"}')) == []
-    # The last record shows what a producer added; a value that is not an object shows nothing.
-    assert target.prepare(batch(b'{"id": 3}', b"[1]", b'{"id": 4, "b": 1, "a": 2}')) == ["a", "b"]
-    assert target.prepare(batch(b'{"id": 5, "a": 1, "c": 2}')) == ["c"]  # once each
-    assert target.prepare(batch(b"not json")) == []
-    assert target.prepare([]) == []
 
 
 def test_an_avro_routes_ignored_fields_come_from_each_new_writer_schema(
