@@ -66,6 +66,8 @@ from bridge.names import (
     PROVENANCE_EPOCH,
     PROVENANCE_PARTITION,
     PROVENANCE_QUERY,
+    PROVENANCE_WHOLE,
+    WHOLE_EPOCHS,
 )
 
 
@@ -90,6 +92,7 @@ def fill_epochs(
                 (PROVENANCE_QUERY, query.encode()),
                 (PROVENANCE_PARTITION, str(task).encode()),
                 (PROVENANCE_EPOCH, str(epoch).encode()),
+                (PROVENANCE_WHOLE, WHOLE_EPOCHS),
             ]
             producer.begin_transaction()
             for _ in range(rows_per_task):

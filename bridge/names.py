@@ -55,6 +55,11 @@ MARKER_GROUP_INFIX: Final = ".marker.p"
 PROVENANCE_QUERY: Final = "bridge.query"
 PROVENANCE_PARTITION: Final = "bridge.partition"
 PROVENANCE_EPOCH: Final = "bridge.epoch"
+# Beside the provenance, on a record of a sink that writes the epoch manifest (`epochs=whole`):
+# its epoch is published whole. A record with provenance and without it (a sink with
+# `epochs=per-partition`, or of a release before whole epochs) is applied per partition.
+PROVENANCE_WHOLE: Final = "bridge.epochs"
+WHOLE_EPOCHS: Final = b"whole"
 
 # Prometheus metrics of the consumer (counters gain `_total` when exported).
 METRIC_RECORDS_APPLIED: Final = "bridge_consumer_records_applied"

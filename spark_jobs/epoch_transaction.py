@@ -44,7 +44,13 @@ from bridge.delivered_offsets import DeliveredOffsets
 from bridge.epoch_manifest import Part, key_of
 from bridge.errors import BridgeError
 from bridge.kafka_refusal import RefusalWatch
-from bridge.names import PROVENANCE_EPOCH, PROVENANCE_PARTITION, PROVENANCE_QUERY
+from bridge.names import (
+    PROVENANCE_EPOCH,
+    PROVENANCE_PARTITION,
+    PROVENANCE_QUERY,
+    PROVENANCE_WHOLE,
+    WHOLE_EPOCHS,
+)
 from spark_jobs.epoch_markers import MarkerReader, marker_position
 from spark_jobs.faults import TaskFaults
 from spark_jobs.kafka_rows import KafkaRow, RecordChunk
@@ -140,11 +146,15 @@ class TaskCoordinates:
             return f"{self.prefix}-p{self.partition}"
         return f"{self.prefix}-p{self.partition}-e{self.epoch}"
 
-    def provenance(self) -> list[tuple[str, bytes]]:
+    def provenance(self, *, whole: bool = False) -> list[tuple[str, bytes]]:
+        """The headers that trace a record to its task; `whole`: and say that the epoch is
+        published whole, so that a consumer waits for the manifest only for such records."""
+        marked = [(PROVENANCE_WHOLE, WHOLE_EPOCHS)] if whole else []
         return [
             (PROVENANCE_QUERY, self.query_id.encode()),
             (PROVENANCE_PARTITION, str(self.partition).encode()),
             (PROVENANCE_EPOCH, str(self.epoch).encode()),
+            *marked,
         ]
 
     def __str__(self) -> str:

@@ -129,7 +129,7 @@ class BridgeKafkaStreamWriter(DataSourceStreamArrowWriter):
                 lambda: record_chunks(
                     itertools.chain([first], batches),
                     default_topic=self.options.topic,
-                    provenance=where.provenance(),
+                    provenance=where.provenance(whole=self.options.epochs is Epochs.WHOLE),
                 )
             )
         timed = replace(

@@ -18,6 +18,7 @@ from psycopg import sql as pgsql
 
 from bridge.names import DEAD_LETTERS_TABLE, OFFSETS_TABLE
 from bridge.settings import BridgeSettings, load_settings
+from bridge_shell.spark.producer_job import ProducerJob, Source
 from consumers.service import ConsumerService
 from tests.harness import Endpoints
 from tests.kafka_helpers import read_messages, transactional_producer
@@ -256,3 +257,18 @@ def json_lines(output: str) -> list[dict[str, Any]]:
         assert line.startswith("{"), f"not a JSON line: {line!r}"
         records.append(json.loads(line))
     return records
+
+
+def files_job(
+    stack: Endpoints, topic: str, tmp_path: Path, lines: list[str], **options: Any
+) -> ProducerJob:
+    """The Spark producer job over one input file of `lines` (keyed by `id`), as the
+    producer's principal, with the checkpoint in `tmp_path`."""
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "part-0.json").write_text("".join(f"{line}\n" for line in lines))
+    producer = {k: str(v) for k, v in stack.properties("producer").items()}
+    return ProducerJob(
+        source=Source.FILES, input=tmp_path / "in", topic=topic, key_field="id",
+        checkpoint=tmp_path / "checkpoint", bootstrap_servers=stack.bootstrap_servers,
+        kafka_properties=producer, **options,
+    )  # fmt: skip

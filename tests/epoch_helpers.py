@@ -29,6 +29,8 @@ from bridge.names import (
     PROVENANCE_EPOCH,
     PROVENANCE_PARTITION,
     PROVENANCE_QUERY,
+    PROVENANCE_WHOLE,
+    WHOLE_EPOCHS,
 )
 from tests.harness import Endpoints
 from tests.kafka_helpers import transactional_producer
@@ -64,6 +66,7 @@ class HandSink:
             (PROVENANCE_QUERY, self.query.encode()),
             (PROVENANCE_PARTITION, str(spark_partition).encode()),
             (PROVENANCE_EPOCH, str(epoch).encode()),
+            (PROVENANCE_WHOLE, WHOLE_EPOCHS),
         ]
         try:
             producer.begin_transaction()

@@ -33,7 +33,13 @@ from confluent_kafka import Message
 
 from bridge import __version__
 from bridge.errors import BridgeError
-from bridge.names import PROVENANCE_EPOCH, PROVENANCE_PARTITION, PROVENANCE_QUERY
+from bridge.names import (
+    PROVENANCE_EPOCH,
+    PROVENANCE_PARTITION,
+    PROVENANCE_QUERY,
+    PROVENANCE_WHOLE,
+    WHOLE_EPOCHS,
+)
 from consumers.tables.targets import Target
 
 _VERSION = 1
@@ -108,9 +114,10 @@ def unpack_records(raw: bytes, *, topic: str, query: str, epoch: int) -> list[Me
         headers: list[Headers] = []
         query_header = (PROVENANCE_QUERY, query.encode())
         epoch_header = (PROVENANCE_EPOCH, str(epoch).encode())
+        whole = (PROVENANCE_WHOLE, WHOLE_EPOCHS)  # only a whole epoch's records are staged
         for length, part, others in runs:
             shared: Headers = [
-                query_header, (PROVENANCE_PARTITION, str(part).encode()), epoch_header,
+                query_header, (PROVENANCE_PARTITION, str(part).encode()), epoch_header, whole,
                 *((n, None if v is None else bytes.fromhex(v)) for n, v in others),
             ]  # fmt: skip
             headers += [shared] * length

@@ -37,7 +37,13 @@ from confluent_kafka import Message
 from psycopg import sql
 
 from bridge.epoch_manifest import Epoch, ManifestError, Part, parse
-from bridge.names import PROVENANCE_EPOCH, PROVENANCE_PARTITION, PROVENANCE_QUERY
+from bridge.names import (
+    PROVENANCE_EPOCH,
+    PROVENANCE_PARTITION,
+    PROVENANCE_QUERY,
+    PROVENANCE_WHOLE,
+    WHOLE_EPOCHS,
+)
 from consumers.database.ledger_tables import LedgerNames
 from consumers.database.offsets import PartitionKey
 from consumers.decoding.records import Record, offset_of
@@ -68,6 +74,7 @@ EpochPlanner = Callable[[list[Record]], tuple[bytes, int, str] | None]
 
 Headers = list[tuple[str, bytes | None]]
 PROVENANCE_HEADERS = (PROVENANCE_QUERY, PROVENANCE_EPOCH, PROVENANCE_PARTITION)
+_BRIDGE_HEADERS = (*PROVENANCE_HEADERS, PROVENANCE_WHOLE)
 
 
 class Provenance(NamedTuple):
@@ -78,13 +85,17 @@ class Provenance(NamedTuple):
 
 def provenance_of(headers: Headers) -> Provenance | str | None:
     """The Spark query, epoch and partition in a record's headers; None when it carries none of
-    them (a record of another producer, which its route applies as the per-partition mode does);
-    or why they do not name an epoch (some of them only, or values out of range)."""
+    them (a record of another producer, which its route applies as the per-partition mode does)
+    or its sink publishes no manifest (no `bridge.epochs: whole` header: a sink with
+    `epochs=per-partition`, or of a release before whole epochs: applied per partition too,
+    never waited for); or why they do not name an epoch (some of them only, or values out of
+    range)."""
     found: dict[str, bytes | None] = {}
     for name, value in headers:
-        if name in PROVENANCE_HEADERS:
+        if name in _BRIDGE_HEADERS:
             found.setdefault(name, value)
-    if not found:
+    whole = found.pop(PROVENANCE_WHOLE, None) == WHOLE_EPOCHS
+    if not found or not whole:
         return None
     if len(found) < 3:
         absent = sorted(set(PROVENANCE_HEADERS) - set(found))
@@ -106,7 +117,7 @@ def provenance_of(headers: Headers) -> Provenance | str | None:
 def other_headers(headers: Headers) -> Headers:
     """The headers besides the provenance (which a chunk keeps as its query and epoch and each
     run's Spark partition): none, for most records."""
-    return [(n, v) for n, v in headers if n not in PROVENANCE_HEADERS]
+    return [(n, v) for n, v in headers if n not in _BRIDGE_HEADERS]
 
 
 def runs(records: Sequence[Record]) -> Iterator[tuple[Headers, list[Record]]]:

@@ -95,7 +95,8 @@ def stage(conn: psycopg.Connection[Any], names: LedgerNames, topic: str, *values
             records = [
                 Message(topic=topic, partition=part % 2, offset=next(_OFFSETS), value=b"{}",
                         headers=[("bridge.query", b"q"), ("bridge.epoch", str(epoch).encode()),
-                                 ("bridge.partition", str(part).encode())])
+                                 ("bridge.partition", str(part).encode()),
+                                 ("bridge.epochs", b"whole")])
                 for epoch, part, n in values for _ in range(n)
             ]  # fmt: skip
         stager(names).apply(conn, topic, records)

@@ -24,9 +24,18 @@ from bridge.names import (
     PROVENANCE_QUERY,
 )
 from bridge.settings import load_settings
-from bridge_shell.spark.producer_job import ProducerJob, Source, run
+from bridge_shell.spark.producer_job import run
 from consumers.service import ConsumerService
-from tests.consumer_helpers import drained, eventually, produce, running, sample, settings_for, sql
+from tests.consumer_helpers import (
+    drained,
+    eventually,
+    files_job,
+    produce,
+    running,
+    sample,
+    settings_for,
+    sql,
+)
 from tests.harness import Endpoints
 from tests.kafka_helpers import read_messages, transactional_producer
 
@@ -58,16 +67,8 @@ def test_metadata_and_provenance_columns_match_what_a_reader_sees(
     spark: Any, stack: Endpoints, names: dict[str, str], traced_table: str, tmp_path: Path
 ) -> None:
     create_topic(stack.bootstrap_servers, names["topic"], partitions=PARTITIONS)
-    (tmp_path / "in").mkdir()
-    (tmp_path / "in" / "part-0.json").write_text(
-        "".join(f'{{"id": {i}, "note": "n{i}"}}\n' for i in range(40))
-    )
-    producer = {k: str(v) for k, v in stack.properties("producer").items()}
-    job = ProducerJob(
-        source=Source.FILES, input=tmp_path / "in", topic=names["topic"], key_field="id",
-        checkpoint=tmp_path / "checkpoint", bootstrap_servers=stack.bootstrap_servers,
-        kafka_properties=producer,
-    )  # fmt: skip
+    lines = [f'{{"id": {i}, "note": "n{i}"}}' for i in range(40)]
+    job = files_job(stack, names["topic"], tmp_path, lines)
     assert run(job, spark).rows_written == 40
     # And records from elsewhere: a header of their own, no provenance, no key.
     produce(stack, names["topic"], [(None, {"id": 100 + i, "note": "x"}) for i in range(5)],

@@ -10,7 +10,13 @@ import pytest
 from confluent_kafka import Message
 
 from bridge.epoch_manifest import Epoch, Part
-from bridge.names import PROVENANCE_EPOCH, PROVENANCE_PARTITION, PROVENANCE_QUERY
+from bridge.names import (
+    PROVENANCE_EPOCH,
+    PROVENANCE_PARTITION,
+    PROVENANCE_QUERY,
+    PROVENANCE_WHOLE,
+    WHOLE_EPOCHS,
+)
 from consumers.database.offsets import PartitionKey
 from consumers.epochs.assembly import Assembled, EpochAssembly, LedgerLook, PendingEpochs
 from consumers.epochs.ledger import Judged
@@ -43,6 +49,7 @@ class Log:
             (PROVENANCE_QUERY, query.encode()),
             (PROVENANCE_PARTITION, str(task).encode()),
             (PROVENANCE_EPOCH, str(epoch).encode()),
+            (PROVENANCE_WHOLE, WHOLE_EPOCHS),
         ]
         return [
             self._message(TOPIC, partition, b"{}", headers)
@@ -194,12 +201,19 @@ def test_more_records_than_the_bound_are_staged_not_held() -> None:
     assert found.holding() == 0 and len(done.staged[TOPIC]) == 3
 
 
+def log_headers() -> list[tuple[str, str | bytes | None]]:
+    return [(PROVENANCE_QUERY, b"q"), (PROVENANCE_PARTITION, b"0"), (PROVENANCE_EPOCH, b"0")]
+
+
 def test_a_record_without_provenance_goes_to_its_table_now_and_a_broken_one_is_staged() -> None:
     found = assembly()
     other = Message(TOPIC, 0, 100, None, b"{}", [("trace", b"x")], None, (1, 0))
-    broken = Message(TOPIC, 1, 100, None, b"{}", [(PROVENANCE_QUERY, b"q")], None, (1, 0))
-    done = batch(found, [other, broken])
-    assert done.published[TOPIC] == [other] and done.epochs == ()  # another producer's
+    whole = (PROVENANCE_WHOLE, WHOLE_EPOCHS)
+    broken = Message(TOPIC, 1, 100, None, b"{}", [(PROVENANCE_QUERY, b"q"), whole], None, (1, 0))
+    # A sink's record that says no epoch is whole (epochs=per-partition, an older release).
+    per_partition = Message(TOPIC, 2, 100, None, b"{}", log_headers(), None, (1, 0))
+    done = batch(found, [other, broken, per_partition])
+    assert done.published[TOPIC] == [other, per_partition] and done.epochs == ()
     assert done.staged[TOPIC] == [broken]  # claims an epoch it does not name: a dead letter
     assert found.holding() == 0
 

@@ -19,7 +19,8 @@ from consumers.epochs.chunks import (
     unpack_records,
 )
 
-PROVENANCE = [("bridge.query", b"q"), ("bridge.partition", b"2"), ("bridge.epoch", b"9")]
+PROVENANCE = [("bridge.query", b"q"), ("bridge.partition", b"2"), ("bridge.epoch", b"9"),
+              ("bridge.epochs", b"whole")]  # fmt: skip
 
 
 def test_records_come_back_as_kafka_gave_them() -> None:
@@ -28,7 +29,8 @@ def test_records_come_back_as_kafka_gave_them() -> None:
         Message("t", 1, 7, b"k", None, [*PROVENANCE], None, (1, 1001)),
     ]
     second = [Message("t", 0, 6, b"", b"", [*PROVENANCE[:1], ("bridge.partition", b"3"),
-                                             PROVENANCE[2], ("x", None), ("y", b"\xff")],
+                                             PROVENANCE[2], PROVENANCE[3], ("x", None),
+                                             ("y", b"\xff")],
                       None, (0, 0))]  # fmt: skip
     raw = pack_records([Run(first, 2, []), Run(second, 3, [("x", None), ("y", b"\xff")])])
     back = unpack_records(raw, topic="t", query="q", epoch=9)

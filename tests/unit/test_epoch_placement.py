@@ -7,7 +7,13 @@ from confluent_kafka import KafkaError, Message
 
 from bridge.delivered_offsets import MAX_RANGES, DeliveredOffsets
 from bridge.epoch_manifest import Part, parse
-from bridge.names import PROVENANCE_EPOCH, PROVENANCE_PARTITION, PROVENANCE_QUERY
+from bridge.names import (
+    PROVENANCE_EPOCH,
+    PROVENANCE_PARTITION,
+    PROVENANCE_QUERY,
+    PROVENANCE_WHOLE,
+    WHOLE_EPOCHS,
+)
 from consumers.epochs.placement import Placed, Placement
 
 TOPIC, QUERY = "orders", "q-1"
@@ -19,6 +25,7 @@ def provenance(epoch: int, task: int) -> list[tuple[str, str | bytes | None]]:
         (PROVENANCE_QUERY, QUERY.encode()),
         (PROVENANCE_PARTITION, str(task).encode()),
         (PROVENANCE_EPOCH, str(epoch).encode()),
+        (PROVENANCE_WHOLE, WHOLE_EPOCHS),
     ]
 
 

@@ -14,7 +14,8 @@ from consumers.epochs.staging import EpochStager, Provenance, provenance_of
 from consumers.tables.applier import Applier
 
 Headers = list[tuple[str, str | bytes | None]]
-SPARK: Headers = [("bridge.query", b"q-1"), ("bridge.partition", b"3"), ("bridge.epoch", b"17")]
+SPARK: Headers = [("bridge.query", b"q-1"), ("bridge.partition", b"3"), ("bridge.epoch", b"17"),
+                  ("bridge.epochs", b"whole")]  # fmt: skip
 
 
 def provenance(message: Message) -> Provenance | str | None:
@@ -43,19 +44,29 @@ def test_the_sinks_headers_name_the_epoch() -> None:
 def test_a_record_without_them_is_of_no_epoch_and_one_with_some_is_told_why() -> None:
     assert provenance(record(None)) is None
     assert provenance(record([("other", b"x")])) is None
-    why = provenance(record([SPARK[0]]))
+    why = provenance(record([SPARK[0], SPARK[3]]))
     assert isinstance(why, str)
     assert "no bridge.epoch, bridge.partition header" in why
-    assert provenance(record([*SPARK[:2], ("bridge.epoch", b"-1")])) == (
+    assert provenance(record([*SPARK[:2], ("bridge.epoch", b"-1"), SPARK[3]])) == (
         "the sink's provenance headers are out of range"
     )
-    assert provenance(record([*SPARK[:2], ("bridge.epoch", None)])) == (
+    assert provenance(record([*SPARK[:2], ("bridge.epoch", None), SPARK[3]])) == (
         "the sink's provenance headers are not a query id and two integers"
     )
 
 
-@given(st.lists(st.tuples(st.sampled_from(["bridge.query", "bridge.epoch", "bridge.partition",
-                                           "x"]), st.none() | st.binary(max_size=30)),
+def test_a_sinks_record_without_the_whole_marker_is_applied_per_partition_not_waited_for() -> None:
+    """A sink with `epochs=per-partition`, or of a release before whole epochs, writes the
+    provenance and no manifest: its records are of no epoch to wait for."""
+    assert provenance(record(SPARK[:3])) is None
+    assert provenance(record([*SPARK[:3], ("bridge.epochs", b"per-partition")])) is None
+    assert provenance(record([SPARK[0]])) is None  # a part of it, and no marker: not ours
+
+
+NAMES = ["bridge.query", "bridge.epoch", "bridge.partition", "bridge.epochs", "x"]
+
+
+@given(st.lists(st.tuples(st.sampled_from(NAMES), st.none() | st.binary(max_size=30)),
                 max_size=8))  # fmt: skip
 def test_any_headers_give_an_epoch_or_a_reason_and_nothing_else(
     headers: Headers,
