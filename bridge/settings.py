@@ -201,6 +201,7 @@ class SchemaRegistrySettings(_Section):
         return {"url": self.url, **self.properties}
 
 
+_UNWRAP_FIELD = re.compile(r"^(op|ts_ms|ts_us|ts_ns|(source|transaction)\.[A-Za-z_][A-Za-z0-9_]*)$")
 _REGISTRY_URL = re.compile(r"^https?://[^\s/]+(/\S*)?$")
 _SPARK_MASTER = re.compile(r"^(local(\[[0-9*]+(,\s*[0-9]+)?\])?|spark://\S+|yarn|k8s://\S+)$")
 
@@ -306,11 +307,20 @@ class RouteSettings(_Section):
     # to the dead-letter table, its offset passed; or `stop` its partition there, unwritten,
     # until the table or the route is fixed or the offset reset past it (docs/routes.md).
     on_record_error: Literal["dead_letter", "stop"] = "dead_letter"
-    # A record's fields that its table has no column for: `refuse` makes the record a record
-    # error (on_record_error says what then), as Kafka Connect's JDBC sink refuses them unless
-    # it may evolve the table; `ignore` leaves them out, each such record counted and logged.
-    # A record that fills none of the table's columns beyond its key is refused either way.
-    unknown_fields: UnknownFields = "refuse"
+    # A record's fields that its table has no column for: `ignore` (the default, as Spark's
+    # and Flink's JSON readers and bridge before 0.3.0) leaves them out, each such record
+    # counted and the fields logged by name; `refuse` makes the record a record error
+    # (on_record_error says what then), as Kafka Connect's JDBC sink refuses them unless it may
+    # evolve the table (`bridge routes from-connect` writes it). A record that fills none of
+    # the table's columns beyond its key is refused either way.
+    unknown_fields: UnknownFields = "ignore"
+    # `debezium`: each value is a Debezium change event, unwrapped as Debezium's
+    # ExtractNewRecordState does: a create, read or update writes its `after` image; a delete
+    # (`op: d`) deletes by the record's key as a tombstone does; `unwrap_fields` adds the
+    # event's fields as columns named as the SMT's `add.fields` names them (`op` -> `__op`,
+    # `source.ts_ms` -> `__source_ts_ms`). A value that is no change event is read as it is.
+    unwrap: Literal["none", "debezium"] = "none"
+    unwrap_fields: tuple[str, ...] = ()
     # Where the key columns come from: the value's fields; the record's key (a JSON object of
     # the key columns, or for one key column its text or JSON scalar); or the record's Kafka
     # coordinates, key_columns then naming the topic, partition and offset columns in order.
@@ -383,6 +393,21 @@ class RouteSettings(_Section):
             raise ValueError(
                 "key_source 'kafka' needs three key_columns: the topic's, the partition's and "
                 "the offset's, in that order"
+            )
+        if self.unwrap_fields and self.unwrap == "none":
+            raise ValueError("unwrap_fields needs unwrap: debezium")
+        if self.unwrap != "none" and self.value_format != "json":
+            raise ValueError(
+                "unwrap: debezium reads JSON change events (JsonConverter with "
+                "schemas.enable=false); a registry format's events are not unwrapped here yet: "
+                "unwrap them on the source connector (io.debezium.transforms."
+                "ExtractNewRecordState)"
+            )
+        bad = [f for f in self.unwrap_fields if not _UNWRAP_FIELD.match(f)]
+        if bad:
+            raise ValueError(
+                f"unwrap_fields: {', '.join(map(repr, bad))}: a change event's field (op, ts_ms, "
+                "ts_us, ts_ns) or its source's (source.ts_ms, source.table, ...)"
             )
         overlap = sorted(set(self.metadata) & set(self.key_columns))
         if self.key_source != "value" and overlap:

@@ -48,6 +48,7 @@ _INSERT_FIELDS = {
     "timestamp.field": "timestamp",
 }
 _LOWER_IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_$]*$")
+_UNWRAP_FIELD = re.compile(r"^(op|ts_ms|ts_us|ts_ns|source\.[A-Za-z_][A-Za-z0-9_]*)$")
 # Where the secrets the output names by `${file:...}` are kept: Kubernetes' and Docker's place,
 # unless `bridge routes from-connect --secrets-dir` names another.
 SECRETS_DIR = Path("/run/secrets")
@@ -220,13 +221,25 @@ def translate(config: Mapping[str, str], *, secrets_dir: Path = SECRETS_DIR) -> 
     follows = _evolution(keys, debezium, formats)
     route.update(follows)
 
-    fields, metadata = _transforms(keys)
+    fields, metadata, unwrapping = _transforms(keys)
+    if debezium and formats.get("value_format", "json") == "json":
+        # Debezium's JDBC sink reads its change events as they are: so does the route.
+        unwrapping = {"unwrap": "debezium", **unwrapping}
+    if unwrapping and formats.get("value_format", "json") != "json":
+        where = next((k for k in keys.config if k.endswith(".type") and "ExtractNewRecordState"
+                      in keys.config[k]), "value.converter")  # fmt: skip
+        keys.refuse(where, "unwrap: debezium reads JSON change events only (JsonConverter, "
+                    "schemas.enable=false): unwrap on the source connector instead")  # fmt: skip
+    route.update(unwrapping)
     fields.update(_field_lists(keys, debezium))
     if fields:
         route["fields"] = fields
     if metadata:
         route["metadata"] = metadata
 
+    # Connect's JDBC sink refuses a record whose fields its table lacks, unless it may evolve
+    # the table (which then has them): the route refuses them too.
+    route["unknown_fields"] = "refuse"
     route.update(_errors(keys, notes))
     deletes = (keys.get("delete.enabled", "false") or "false").lower() == "true"
     if deletes and not route.get("key_columns"):
@@ -257,12 +270,12 @@ def translate(config: Mapping[str, str], *, secrets_dir: Path = SECRETS_DIR) -> 
         "--topic T --partition P --to OFFSET --execute` before the consumer's first start "
         '(docs/routes.md, "Coming from Kafka Connect")'
     )
-    if debezium:
+    if debezium and "unwrap" not in route:
         notes.append(
-            "Debezium change events (before/after/op) must reach bridge flattened: set "
-            "transforms=unwrap (io.debezium.transforms.ExtractNewRecordState, with "
-            "delete.tombstone.handling.mode=tombstone for deletes) on the source connector; an "
-            "envelope would land as its fields"
+            "Debezium change events (before/after/op) in a registry format must reach bridge "
+            "flattened: set transforms=unwrap (io.debezium.transforms.ExtractNewRecordState, "
+            "with delete.tombstone.handling.mode=tombstone for deletes) on the source "
+            "connector; an envelope is a dead letter that says so"
         )
     return Translated({"group_id": group, "routes": routes}, registry, postgres, notes,
                       dict(keys.fates))  # fmt: skip
@@ -579,9 +592,12 @@ def _database(keys: _Keys, notes: list[str]) -> dict[str, Any] | None:
     return {"dsn": f"${{file:{keys.secret(DSN_FILE)}}}"}
 
 
-def _transforms(keys: _Keys) -> tuple[dict[str, Any], dict[str, str]]:
+def _transforms(keys: _Keys) -> tuple[dict[str, Any], dict[str, str], dict[str, Any]]:
+    """The route's `fields`, its metadata columns, and its other settings that transforms
+    translate to."""
     fields: dict[str, Any] = {}
     metadata: dict[str, str] = {}
+    other: dict[str, Any] = {}
     for name in _list(keys.get("transforms", "") or ""):
         prefix = f"transforms.{name}."
         kind = keys.get(prefix + "type", "") or ""
@@ -605,6 +621,8 @@ def _transforms(keys: _Keys) -> tuple[dict[str, Any], dict[str, str]]:
                 column = keys.get(prefix + option)
                 if column:
                     metadata[column.removesuffix("!").removesuffix("?")] = source
+        elif kind == "io.debezium.transforms.ExtractNewRecordState":
+            other.update(_unwrap(keys, prefix))
         else:
             keys.refuse(prefix + "type", f"{kind or 'missing'}: no bridge setting does it")
             for option in options:
@@ -614,7 +632,41 @@ def _transforms(keys: _Keys) -> tuple[dict[str, Any], dict[str, str]]:
             keys.refuse(key, "a transform applied to some records only has no bridge setting")
         elif key.startswith("transforms.") and key not in keys.fates:
             keys.refuse(key, "an option no transform here takes")
-    return fields, metadata
+    return fields, metadata, other
+
+
+# ExtractNewRecordState's ways with a delete that end with the row deleted, as the route does.
+# (The legacy mode's `drop` drops the event and keeps Debezium's tombstone after it; the new
+# mode's `drop` drops both.)
+_DELETES = {
+    "delete.handling.mode": ("drop", "none"),
+    "delete.tombstone.handling.mode": ("tombstone", "delete-to-tombstone"),
+}
+
+
+def _unwrap(keys: _Keys, prefix: str) -> dict[str, Any]:
+    """Debezium's ExtractNewRecordState as `unwrap: debezium`, which writes the `after` image
+    and deletes on a delete, or refused where the SMT would do otherwise."""
+    found: dict[str, Any] = {"unwrap": "debezium"}
+    added = _list(keys.get(prefix + "add.fields", "") or "")
+    if added:
+        bad = [f for f in added if not _UNWRAP_FIELD.match(f)]
+        if bad:
+            keys.refuse(prefix + "add.fields", f"{', '.join(bad)}: unwrap_fields takes op, ts_ms "
+                        "and source.<field>")  # fmt: skip
+        found["unwrap_fields"] = [f for f in added if f not in bad]
+    if (keys.get(prefix + "add.fields.prefix", "__") or "__") != "__":
+        keys.refuse(prefix + "add.fields.prefix", "unwrap_fields are named __<field>")
+    for option, kept in _DELETES.items():
+        mode = keys.get(prefix + option)
+        if mode is not None and mode not in kept:
+            keys.refuse(prefix + option, f"{mode}: the route deletes the row of a delete event "
+                        "(by its key_columns); a row kept and marked deleted has no bridge "
+                        "setting")  # fmt: skip
+    if (keys.get(prefix + "drop.tombstones", "false") or "false").lower() == "true":
+        keys.refuse(prefix + "drop.tombstones", "true would drop deletes; the route applies "
+                    "every delete (set it false)")  # fmt: skip
+    return found
 
 
 def _field_lists(keys: _Keys, debezium: bool) -> dict[str, Any]:

@@ -2,5 +2,6 @@
 framed values by writer schema (`registry_schemas`), Avro through the C reader (`avro_program`,
 `avro_rows`, `_avro_body.c`), JSON Schema (`registry_json_rows`), Protobuf compiled at run
 time (`proto_schemas`, `proto_rows`; plain scalar fields through the C reader `_proto_body.c`)
-and record keys (`record_keys`). Nothing here touches a
+record keys (`record_keys`), and Debezium change events unwrapped (`change_events`). Nothing
+here touches a
 database; bytes from outside are hostile until read."""

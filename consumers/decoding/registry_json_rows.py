@@ -48,6 +48,14 @@ class RegistryJsonRowDecoder:
         bodies = self._bodies(raws)
         return None if bodies is None else self._json.decode_all(bodies)
 
+    def bodies(self, raws: Iterable[bytes]) -> list[bytes] | None:
+        """The JSON bodies, when every value is framed by one good JSON Schema id."""
+        return self._bodies(raws)
+
+    def decode_all_leaving_out(self, raws: Iterable[bytes]) -> list[Row] | None:
+        bodies = self._bodies(raws)
+        return None if bodies is None else self._json.decode_all_leaving_out(bodies)
+
     def decode_carried(self, raws: Iterable[bytes]) -> list[Row] | None:
         bodies = self._bodies(raws)
         return None if bodies is None else self._json.decode_carried(bodies)

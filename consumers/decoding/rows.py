@@ -30,6 +30,7 @@ UNSET = msgspec.UNSET
 Row = tuple[Any, ...]  # one value per table column, in table order; UNSET where not carried
 
 _any_json = msgspec.json.Decoder(float_hook=Decimal)
+_objects = msgspec.json.Decoder(dict[str, msgspec.Raw]).decode
 _json = msgspec.json.Encoder(decimal_format="number")
 _astuple = msgspec.structs.astuple
 _NESTED = (dict, list)
@@ -93,6 +94,13 @@ class RowDecoder:
         except msgspec.DecodeError:  # ValidationError included
             return None
         return rows if self._cut is None else list(map(self._cut, rows))
+
+    def decode_all_leaving_out(self, raws: Iterable[bytes]) -> list[Row] | None:
+        """As `decode_all`, with any key that is not a column left out (`others` or not)."""
+        try:
+            return list(map(_astuple, map(self._decode, raws)))
+        except msgspec.DecodeError:  # ValidationError included
+            return None
 
     def decode_carried(self, raws: Iterable[bytes]) -> list[Row] | None:
         """Every value as a row of the `carried` columns only, in C loops, when each holds
@@ -187,6 +195,15 @@ def projector(positions: Sequence[int], width: int) -> Callable[[Row], Row] | No
 def json_text(value: Any) -> str:
     """A value as JSON text, decimals as numbers with every digit."""
     return _json.encode(value).decode()
+
+
+def objects(raws: Iterable[bytes]) -> list[dict[str, msgspec.Raw]] | None:
+    """Each value as an object of its keys, their values left undecoded, in C loops; None when
+    any value is not a JSON object."""
+    try:
+        return list(map(_objects, raws))
+    except msgspec.DecodeError:  # ValidationError included
+        return None
 
 
 def json_keys(raw: bytes | None) -> list[str]:

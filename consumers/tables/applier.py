@@ -14,17 +14,18 @@ import hashlib
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
 from operator import itemgetter
 from typing import Any, NamedTuple, TypeVar, cast
 
 import psycopg
-from confluent_kafka import Message
 from psycopg import sql
 
 from bridge.names import UPSERT_STAGE_PREFIX
 from consumers.database.dead_letters import write_dead_letters
 from consumers.database.pg_errors import RECORD_FAULTS
 from consumers.database.state import StateTables
+from consumers.decoding.change_events import Unwrapped
 from consumers.decoding.records import (
     Record,
     RecordError,
@@ -85,6 +86,13 @@ class ApplyCounts:
     dead_letters: list[DeadLetterNote] = field(default_factory=list)
 
 
+def _every_row(target: Target, values: list[Unwrapped]) -> bool:
+    """Whether every value is one to decode: no tombstone (nor delete), nothing refused."""
+    if None in values:
+        return False
+    return not target.unwraps or all(map(isinstance, values, repeat(bytes)))
+
+
 class Applier:
     def __init__(self, *, tables: StateTables, group_id: str) -> None:
         self._group = group_id
@@ -131,8 +139,8 @@ class Applier:
         names the upsert staging tables the transaction's earlier statements use."""
         if target.route.mode in ("insert_if_absent", "update"):
             return None  # statement by statement, which counts the records they skip
-        values = list(map(Message.value, records))
-        if None in values:
+        values = target.values(records)
+        if not _every_row(target, values):
             return None
         raws = cast(list[bytes], values)
         carried = target.carried_rows(raws)
@@ -162,8 +170,8 @@ class Applier:
         counts: ApplyCounts,
     ) -> _Decoded:
         """Decode every record into an op; a record that cannot be one is dead-lettered here."""
-        values = list(map(Message.value, records))
-        if None not in values:  # no tombstone: the whole batch decodes in C loops
+        values = target.values(records)
+        if _every_row(target, values):  # no tombstone: the whole batch decodes in C loops
             rows = target.rows(cast(list[bytes], values), records)
             if rows is not None:
                 return _Decoded(list(zip(records, rows, strict=True)), deletes=False)
@@ -174,10 +182,13 @@ class Applier:
         to_row = target.row
         for record, raw in zip(records, values, strict=True):
             try:
+                if isinstance(raw, RecordError):
+                    raise raw
                 if raw is None:
                     if not keys:
                         raise RecordError(
-                            "tombstone, but the route has no key_columns to delete by"
+                            "tombstone (or a change event's delete), but the route has no "
+                            "key_columns to delete by"
                         )
                     if target.route.key_source == "kafka":
                         raise RecordError(

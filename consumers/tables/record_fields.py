@@ -8,10 +8,11 @@ writer schema or Protobuf message it was written with):
   the route says: a Debezium change event (`before`, `after`, `op`), a Connect JSON envelope
   (`schema`, `payload`) or another table's record would be a row of NULLs. It is refused, and
   named.
-- Fields the table has no column for follow the route's `unknown_fields`: `refuse` (the
-  default, as Kafka Connect's JDBC sink refuses them unless it may evolve the table) makes the
-  record a record error (a dead letter, or a stop with `on_record_error: stop`); `ignore` leaves
-  them out, and every such record is counted and reported (`LeftOut`).
+- Fields the table has no column for follow the route's `unknown_fields`: `ignore` (the
+  default, as Spark's and Flink's JSON readers do) leaves them out, and every such record is
+  counted and reported (`LeftOut`); `refuse` (as Kafka Connect's JDBC sink refuses them unless
+  it may evolve the table) makes the record a record error (a dead letter, or a stop with
+  `on_record_error: stop`).
 
 Fields a route means to leave out (`fields.exclude`, those `fields.include` does not name, a
 column's name filled from elsewhere) are never unknown.
@@ -19,10 +20,12 @@ column's name filled from elsewhere) are never unknown.
 
 from __future__ import annotations
 
+import operator
 from collections import Counter
 from collections.abc import Collection
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from itertools import repeat
+from typing import Any, NamedTuple
 
 import msgspec
 
@@ -33,6 +36,7 @@ from bridge.settings import UnknownFields
 _NAMES_SHOWN = 12
 _NAME_CHARS = 64
 _any_json = msgspec.json.Decoder()
+_FIELDS_COUNTED = 100
 
 
 class Verdict(NamedTuple):
@@ -51,8 +55,12 @@ class LeftOut:
     records: int = 0
     fields: Counter[str] = field(default_factory=Counter)
 
-    def note(self, fields: Collection[str]) -> None:
-        self.records += 1
+    def note(self, fields: Collection[str], records: int = 1) -> None:
+        self.records += records
+        self.fields.update(dict.fromkeys(fields, records))
+
+    def add(self, records: int, fields: Counter[str]) -> None:
+        self.records += records
         self.fields.update(fields)
 
     def take(self) -> tuple[int, Counter[str]]:
@@ -92,6 +100,26 @@ class FieldRules:
     @property
     def known(self) -> frozenset[str] | None:
         return self._known
+
+    def left_out_of(self, found: list[dict[str, Any]]) -> tuple[int, Counter[str]] | None:
+        """For `unknown_fields: ignore`, a batch's objects (their keys) at once: how many carry
+        fields that are left out, and how often each field is; None when some object is no
+        row (it fills no column beyond the key), for each to be judged alone. In C loops."""
+        if self._beyond_key and any(map(self._beyond_key.isdisjoint, found)):
+            return None
+        if self._known is None:
+            return 0, Counter()
+        fitting = sum(map(self._known.issuperset, found))
+        if fitting == len(found):
+            return 0, Counter()
+        unknown = set().union(*found) - self._known
+        # A field a time, each a C loop; past so many distinct ones, hostile or broken
+        # producers are told apart by their first fields only.
+        counts = Counter({
+            name: sum(map(operator.contains, found, repeat(name)))
+            for name in sorted(unknown)[:_FIELDS_COUNTED]
+        })  # fmt: skip
+        return len(found) - fitting, counts
 
     def judge(self, fields: Collection[str]) -> Verdict:
         """The verdict on a record that carries `fields`."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import binascii
 from base64 import b64decode
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -21,6 +22,7 @@ from bridge.names import PROVENANCE_EPOCH, PROVENANCE_PARTITION, PROVENANCE_QUER
 from bridge.settings import KEYED_MODES, UNIQUE_KEY_MODES, RouteSettings
 from bridge.topic_patterns import split_table
 from consumers.decoding.avro_rows import AvroRowDecoder
+from consumers.decoding.change_events import Unwrapped, debezium_unwrapper
 from consumers.decoding.proto_rows import ProtobufRowDecoder
 from consumers.decoding.record_keys import KeyReader
 from consumers.decoding.records import Record, RecordError
@@ -34,8 +36,9 @@ from consumers.decoding.rows import (
     as_cell,
     count_of,
     decode_key,
+    objects,
 )
-from consumers.tables.record_fields import FieldRules, LeftOut, Verdict, object_keys
+from consumers.tables.record_fields import FieldRules, LeftOut, object_keys
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -67,6 +70,11 @@ class Target:
     left_out: LeftOut = field(init=False, repr=False, compare=False, default_factory=LeftOut)
     # Where the columns beyond the key that a record fills from its value are, in a row and in
     # a carried row (None: the carried rows cannot tell, and are not used).
+    # The records' values as the route reads them: a Debezium change event unwrapped
+    # (`unwrap: debezium`); None where a value is read as it is.
+    _unwrap: Callable[[bytes | None], Unwrapped] | None = field(
+        init=False, repr=False, compare=False
+    )
     # Each with whether the column is tracked (an absent field is UNSET there, not None).
     _beyond_key: tuple[tuple[int, bool], ...] = field(init=False, repr=False, compare=False)
     _beyond_key_of_carried: tuple[tuple[int, bool], ...] | None = field(
@@ -141,6 +149,10 @@ class Target:
             unknown_fields=self.route.unknown_fields,
         )
         object.__setattr__(self, "fields_rules", rules)
+        unwrap = self.route.unwrap == "debezium"
+        object.__setattr__(
+            self, "_unwrap", debezium_unwrapper(self.route.unwrap_fields) if unwrap else None
+        )
         others = None if known is None else known - set(named)
         decoder: RowDecoder | AvroRowDecoder | RegistryJsonRowDecoder | ProtobufRowDecoder
         if self.route.value_format != "json" and self.schemas is None:
@@ -204,6 +216,19 @@ class Target:
     def _epoch_columns(self) -> frozenset[str]:
         return self.timestamps if self.route.epoch_millis_timestamps else frozenset()
 
+    def values(self, records: Sequence[Record]) -> list[Unwrapped]:
+        """The records' values as the route reads them: as they are, or with `unwrap` each
+        change event's row (bytes), a delete (None) or why it has none (a RecordError)."""
+        values: list[bytes | None] = list(map(Message.value, records))
+        if self._unwrap is None:
+            return cast(list[Unwrapped], values)  # the same list: no copy a batch
+        return list(map(self._unwrap, values))
+
+    @property
+    def unwraps(self) -> bool:
+        """Whether `values` may hold a RecordError."""
+        return self._unwrap is not None
+
     def prepare(self, records: Sequence[Record]) -> None:
         """Fetch what decoding the records' values needs from elsewhere (the writer schemas of
         registry-framed values): raises RegistryUnavailable when it cannot be had now."""
@@ -251,11 +276,16 @@ class Target:
     def rows(self, raws: list[bytes], records: Sequence[Record] = ()) -> list[Row] | None:
         """The rows of a batch of values, with no Python step per record (but the metadata
         columns', where the route has any, from `records`), or None when any of them is not a
-        row of this table, or has fields left out: `row` then tells, record by record, which
-        and why."""
-        if not self._shapes_fit(raws):
+        row of this table: `row` then tells, record by record, which and why. Fields that
+        `unknown_fields: ignore` leaves out are counted here, a batch at a time."""
+        left_out = self._shapes_left_out(raws)
+        if left_out is None:
             return None
         rows = self.decoder.decode_all(raws)
+        if rows is None and self.route.unknown_fields == "ignore":
+            leaving_out = self._leaving_out(raws)
+            if leaving_out is not None:
+                left_out, rows = leaving_out
         if rows is None or _some_fill_none(rows, self._beyond_key):
             return None
         try:
@@ -273,6 +303,8 @@ class Target:
         for i in self._generated:
             if count_of(rows, i, UNSET) != len(rows):
                 return None
+        if left_out[0]:
+            self.left_out.add(*left_out)
         return rows
 
     def carried_rows(self, raws: list[bytes]) -> tuple[list[str], list[Row]] | None:
@@ -283,7 +315,7 @@ class Target:
         beyond_key = self._beyond_key_of_carried
         if self._must_carry_of_carried is None or beyond_key is None:
             return None
-        if not self._shapes_fit(raws):
+        if self._shapes_left_out(raws) != _NOTHING_LEFT_OUT:
             return None
         rows = self.decoder.decode_carried(raws)
         if rows is None or _some_fill_none(rows, beyond_key):
@@ -307,16 +339,52 @@ class Target:
         keys = object_keys(raw)
         return None if keys is None else frozenset(keys)
 
-    def _shapes_fit(self, raws: list[bytes]) -> bool:
-        """For values read by writer schemas (Avro, Protobuf): whether every schema's fields
-        make rows with nothing left out, so that the batch is read in C with no check per
-        record. JSON's keys are checked as they are decoded (`RowDecoder`'s `others`)."""
+    def _shapes_left_out(self, raws: list[bytes]) -> tuple[int, Counter[str]] | None:
+        """For values read by writer schemas (Avro, Protobuf): None unless every schema's
+        fields make rows, so that the batch is read in C with no check per record; then how
+        many records have fields `unknown_fields: ignore` leaves out, and which, counted by
+        schema (a schema whose values are of several messages is left to `row`). JSON's keys
+        are checked as they are decoded (`RowDecoder`'s `others`, `_leaving_out`)."""
         if not isinstance(self.decoder, AvroRowDecoder | ProtobufRowDecoder):
-            return True
+            return _NOTHING_LEFT_OUT
         if not self.fields_rules.checks:
-            return True
+            return _NOTHING_LEFT_OUT
         assert self.schemas is not None  # noqa: S101 - such a decoder has them
-        return all(self.fields_rules.judge(s) == _FITS for s in self.schemas.shapes(raws))
+        verdicts = [self.fields_rules.judge(s) for s in self.schemas.shapes(raws)]
+        if any(v.problem is not None for v in verdicts):
+            return None
+        if not any(v.ignored for v in verdicts):
+            return _NOTHING_LEFT_OUT
+        by_head = Counter(map(_head, raws))  # a batch's values share a few headers
+        first = {head: raw for raw in reversed(raws) if (head := raw[:HEADER]) in by_head}
+        records, fields = 0, Counter[str]()
+        for head, count in by_head.items():
+            shape = next(iter(self.schemas.shapes([first[head]])), frozenset())
+            if (
+                isinstance(self.decoder, ProtobufRowDecoder)
+                and len(self.schemas.shapes([r for r in raws if r[:HEADER] == head])) > 1
+            ):
+                return None  # of several messages: `row` counts them one by one
+            ignored = self.fields_rules.judge(shape).ignored
+            if ignored:
+                records += count
+                fields.update(dict.fromkeys(ignored, count))
+        return records, fields
+
+    def _leaving_out(self, raws: list[bytes]) -> tuple[tuple[int, Counter[str]], list[Row]] | None:
+        """For JSON values with `unknown_fields: ignore`, when some carry keys that are not
+        columns: their rows with those left out, and how many records had which left out, in
+        C loops; None when some value is no row (`row` tells which)."""
+        decoder = self.decoder
+        if not isinstance(decoder, RowDecoder | RegistryJsonRowDecoder):
+            return None
+        bodies = raws if isinstance(decoder, RowDecoder) else decoder.bodies(raws)
+        found = None if bodies is None else objects(bodies)
+        left_out = None if found is None else self.fields_rules.left_out_of(found)
+        if left_out is None:
+            return None
+        rows = decoder.decode_all_leaving_out(raws)
+        return None if rows is None else (left_out, rows)
 
     def _missing(self, row: Row) -> str:
         def lacking(names: Iterable[str]) -> list[str]:
@@ -358,7 +426,8 @@ _PROVENANCE = {"spark.query": PROVENANCE_QUERY, "spark.partition": PROVENANCE_PA
 KEY_FIELD = "record_key"
 
 
-_FITS = Verdict(None)
+_NOTHING_LEFT_OUT: tuple[int, Counter[str]] = (0, Counter())
+_head = itemgetter(slice(0, HEADER))  # a registry-framed value's magic byte and schema id
 
 
 def _some_fill_none(rows: list[Row], beyond_key: tuple[tuple[int, bool], ...]) -> bool:

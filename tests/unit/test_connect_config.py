@@ -21,6 +21,8 @@ BASE = {
 }
 AVRO = "io.confluent.connect.avro.AvroConverter"
 PROTOBUF = "io.confluent.connect.protobuf.ProtobufConverter"
+JSON = "org.apache.kafka.connect.json.JsonConverter"
+UNWRAP = "io.debezium.transforms.ExtractNewRecordState"
 
 
 @pytest.mark.parametrize(
@@ -54,6 +56,14 @@ PROTOBUF = "io.confluent.connect.protobuf.ProtobufConverter"
           "auto.create": "true", "auto.evolve": "true"},
          {"value_format": "avro", "key_format": "avro", "key_source": "record_key",
           "auto_create": True, "auto_evolve": True}),
+        ({"value.converter": JSON, "value.converter.schemas.enable": "false",
+          "transforms": "unwrap", "transforms.unwrap.type": UNWRAP,
+          "transforms.unwrap.add.fields": "op,source.ts_ms",
+          "transforms.unwrap.delete.tombstone.handling.mode": "tombstone"},
+         {"unwrap": "debezium", "unwrap_fields": ["op", "source.ts_ms"]}),
+        ({"key.converter": "org.apache.kafka.connect.storage.StringConverter",
+          "insert.mode": "upsert", "pk.mode": "record_key", "pk.fields": "id"},
+         {"key_format": "string", "key_source": "record_key", "key_columns": ["id"]}),
         ({"value.converter": PROTOBUF, "value.converter.schema.registry.url": "http://r:8081",
           "key.converter": PROTOBUF, "key.converter.schema.registry.url": "http://r:8081",
           "insert.mode": "upsert", "pk.mode": "record_key", "pk.fields": "id",
@@ -268,6 +278,49 @@ def test_a_debezium_jdbc_sink_config_translates_with_its_own_keys() -> None:
     }
     assert any("ExtractNewRecordState" in note for note in translated.notes)
     load_settings(**translated.document())
+
+
+def test_a_debezium_sink_of_json_events_unwraps_them_as_debeziums_own_sink_reads_them() -> None:
+    translated = translate({
+        **BASE, "connector.class": "io.debezium.connector.jdbc.JdbcSinkConnector",
+        "insert.mode": "upsert", "primary.key.mode": "record_key", "primary.key.fields": "id",
+        "delete.enabled": "true", "value.converter": JSON,
+        "value.converter.schemas.enable": "false",
+    })  # fmt: skip
+    (route,) = translated.consumer["routes"]
+    assert route["unwrap"] == "debezium"
+    assert not any("ExtractNewRecordState" in note for note in translated.notes)
+    load_settings(**translated.document())
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("transforms.unwrap.delete.handling.mode", "rewrite"),
+        ("transforms.unwrap.delete.tombstone.handling.mode", "drop"),
+        ("transforms.unwrap.drop.tombstones", "true"),
+        ("transforms.unwrap.add.fields", "op,before.id"),
+        ("transforms.unwrap.add.fields.prefix", "_"),
+        ("transforms.unwrap.route.by.field", "table"),
+    ],
+)
+def test_an_unwrap_that_would_keep_deletes_or_name_fields_otherwise_is_refused_naming_why(
+    option: str, value: str
+) -> None:
+    with pytest.raises(ConnectConfigRefused) as refused:
+        translate({**BASE, "value.converter": JSON, "value.converter.schemas.enable": "false",
+                   "transforms": "unwrap", "transforms.unwrap.type": UNWRAP,
+                   option: value})  # fmt: skip
+    assert [key for key, _ in refused.value.problems] == [option]
+
+
+def test_an_unwrap_of_avro_events_is_refused_with_the_alternative() -> None:
+    with pytest.raises(ConnectConfigRefused) as refused:
+        translate({**BASE, "value.converter": AVRO,
+                   "value.converter.schema.registry.url": "http://r:8081",
+                   "transforms": "unwrap", "transforms.unwrap.type": UNWRAP})  # fmt: skip
+    (problem,) = refused.value.problems
+    assert problem[0] == "transforms.unwrap.type" and "source connector" in problem[1]
 
 
 def test_the_yaml_has_no_anchors_where_routes_share_a_value() -> None:

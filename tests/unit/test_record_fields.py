@@ -1,6 +1,6 @@
-"""A record never becomes a row it does not fill: fields its table lacks are refused (the
-default) or left out and counted (`unknown_fields: ignore`), wherever the record stands in its
-batch; a record that fills none of the table's columns beyond the key is refused either way,
+"""A record never becomes a row it does not fill: fields its table lacks are left out and
+counted (`unknown_fields: ignore`, the default) or refused (`refuse`), wherever the record stands
+in its batch; a record that fills none of the table's columns beyond the key is refused either way,
 in every mode and key source, a Debezium or Connect envelope named."""
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ def _target(columns: tuple[str, ...] = ("id", "name", "amount"), **route: Any) -
     )
 
 
-def test_a_field_the_table_lacks_refuses_the_record_by_default_naming_it() -> None:
-    target = _target()
+def test_a_field_the_table_lacks_refuses_the_record_naming_it_when_the_route_says_so() -> None:
+    target = _target(unknown_fields="refuse")
     good = b'{"id": 1, "name": "a", "amount": 2}'
     extra = b'{"id": 2, "name": "b", "amount": 3, "coupon": "X", "channel": "web"}'
     with pytest.raises(
@@ -86,22 +86,31 @@ def test_a_table_of_only_its_key_takes_a_record_of_only_the_key() -> None:
 
 
 def test_ignored_fields_are_left_out_and_counted_record_by_record_wherever_they_stand() -> None:
-    target = _target(unknown_fields="ignore")
+    target = _target()  # unknown_fields: ignore, the default
     good = b'{"id": 1, "name": "a", "amount": 2}'
     extra = b'{"id": 2, "name": "b", "amount": 3, "coupon": "X"}'
-    assert target.rows([good, extra, good, extra]) is None  # each is counted, by `row`
-    rows = [target.row(raw) for raw in (good, extra, good, extra)]
-    assert rows[1] == (2, "b", 3)
+    both = b'{"id": 3, "name": "c", "amount": 4, "coupon": "Y", "channel": "web"}'
+    # A batch at a time, in C loops: every record counted, wherever it stands.
+    assert target.rows([good, extra, good, both]) == [
+        (1, "a", 2), (2, "b", 3), (1, "a", 2), (3, "c", 4)
+    ]  # fmt: skip
     records, fields = target.left_out.take()
-    assert records == 2 and fields == {"coupon": 2}
+    assert records == 2 and fields == {"coupon": 2, "channel": 1}
     assert target.left_out.take()[0] == 0  # taken once
+    # A record at a time, the same.
+    assert [target.row(raw) for raw in (good, extra)][1] == (2, "b", 3)
+    assert target.left_out.take() == (1, {"coupon": 1})
+    # A batch with a record that is no row goes record by record, counting nothing twice.
+    assert target.rows([extra, b'{"coupon": "X"}']) is None
+    assert target.left_out.take()[0] == 0
     # A record of nothing but unknown fields is still no row.
     with pytest.raises(RecordError, match="fills none"):
         target.row(b'{"coupon": "X"}')
 
 
 def test_fields_a_route_leaves_out_on_purpose_are_never_unknown() -> None:
-    excluded = _target(fields={"exclude": ["secret"], "rename": {"label": "name"}})
+    excluded = _target(fields={"exclude": ["secret"], "rename": {"label": "name"}},
+                       unknown_fields="refuse")  # fmt: skip
     assert excluded.row(b'{"id": 1, "label": "a", "secret": "s"}') == (1, "a", None)
     assert excluded.rows([b'{"id": 1, "label": "a", "secret": "s"}']) == [(1, "a", None)]
     with pytest.raises(RecordError, match=r"field\(s\) name are not columns"):
@@ -166,13 +175,15 @@ def test_an_avro_writer_schema_with_a_field_the_table_lacks_follows_the_route(
     plain = _avro(1, SCHEMA, {"id": 1, "name": "a"})
     wider = _avro(2, WIDER, {"id": 2, "name": "b", "coupon": "X"})
     assert target.rows([plain, plain]) == [(1, "a"), (1, "a")]
-    assert target.rows([plain, wider]) is None
     if policy == "refuse":
+        assert target.rows([plain, wider]) is None
         with pytest.raises(RecordError, match=r"field\(s\) coupon are not columns"):
             target.row(wider)
-    else:
+    else:  # counted by writer schema, the batch read in C
+        assert target.rows([plain, wider, wider]) == [(1, "a"), (2, "b"), (2, "b")]
+        assert target.left_out.take() == (2, {"coupon": 2})
         assert target.row(wider) == (2, "b")
-        assert target.left_out.take()[1] == {"coupon": 1}
+        assert target.left_out.take() == (1, {"coupon": 1})
     envelope = _avro(3, ENVELOPE_SCHEMA, {"before": None, "after": "x", "op": "c"})
     with pytest.raises(RecordError, match="Debezium change event"):
         target.row(envelope)
