@@ -6,6 +6,7 @@ records, against the stack's real registry, Kafka and PostgreSQL."""
 from __future__ import annotations
 
 import io
+import json
 import signal
 from pathlib import Path
 from typing import Any
@@ -124,3 +125,70 @@ value.converter.basic.auth.user.info=reader:hunter2
         ("1", "c", 7), ("2", "b", 6)
     ]  # fmt: skip
     assert sql(stack, f"SELECT count(*) FROM {names['schema']}.dead_letters") == [(0,)]
+
+
+@pytest.mark.timeout(240)
+def test_a_debezium_jdbc_sink_of_json_change_events_with_its_unwrap_runs_as_translated(
+    stack: Endpoints, names: dict[str, str], tmp_path: Path
+) -> None:
+    """Debezium's JDBC sink of JSON change events, with ExtractNewRecordState adding `op`:
+    creates, updates and deletes land as Debezium's sink applies them, a truncate event is a
+    dead letter naming its op, and a field the table lacks refuses its record, as Connect
+    does."""
+    topic = names["topic"]
+    table = f'public."{topic}"'  # Debezium names the table after the topic
+    sql(stack, f"CREATE TABLE {table} (id bigint PRIMARY KEY, name text, __op text)")
+    create_topic(stack.bootstrap_servers, topic, partitions=1)
+
+    def event(op: str, after: dict[str, Any] | None, before: dict[str, Any] | None = None) -> bytes:
+        source = {"db": "shop", "table": "customers", "ts_ms": 1764300000000}
+        return json.dumps({"before": before, "after": after, "source": source, "op": op,
+                           "ts_ms": 1764300000001}).encode()  # fmt: skip
+
+    produce(stack, topic, [
+        (b'{"id": 1}', event("r", {"id": 1, "name": "a"})),
+        (b'{"id": 2}', event("c", {"id": 2, "name": "b"})),
+        (b'{"id": 1}', event("u", {"id": 1, "name": "a2"}, {"id": 1, "name": "a"})),
+        (b'{"id": 2}', event("d", None, {"id": 2, "name": "b"})),
+        (b'{"id": 2}', None),  # Debezium's tombstone after the delete
+        (b'{"id": 3}', event("c", {"id": 3, "name": "c", "email": "c@x"})),  # no such column
+        (b'{"id": 4}', event("t", None)),  # a truncate: no row
+    ])  # fmt: skip
+    config = _translated(
+        f"""\
+name={names["group"]}
+connector.class=io.debezium.connector.jdbc.JdbcSinkConnector
+topics={topic}
+connection.url={_jdbc_url(stack.dsn)}
+connection.username=postgres
+connection.password=not-copied
+insert.mode=upsert
+primary.key.mode=record_key
+primary.key.fields=id
+delete.enabled=true
+quote.identifiers=true
+errors.tolerance=all
+key.converter=org.apache.kafka.connect.json.JsonConverter
+key.converter.schemas.enable=false
+value.converter=org.apache.kafka.connect.json.JsonConverter
+value.converter.schemas.enable=false
+transforms=unwrap
+transforms.unwrap.type=io.debezium.transforms.ExtractNewRecordState
+transforms.unwrap.add.fields=op
+transforms.unwrap.delete.tombstone.handling.mode=tombstone
+""",
+        tmp_path,
+        stack,
+        {**names, "group": f"connect-{names['group']}"},
+    )
+    names = {**names, "group": f"connect-{names['group']}"}
+    checked = run_bridge("consume", "--check", "--config", str(config), timeout=120)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    with consumer_process(config, tmp_path / "consumer.log") as service:
+        drained(stack, names, 1, timeout=120)
+        service.send_signal(signal.SIGTERM)
+        assert service.wait(60) == 0, (tmp_path / "consumer.log").read_text()[-3000:]
+    assert sql(stack, f"SELECT id, name, __op FROM {table} ORDER BY id") == [(1, "a2", "u")]
+    errors = dict(sql(stack, f'SELECT "offset", error FROM {names["schema"]}.dead_letters'))
+    assert sorted(errors) == [5, 6], errors
+    assert "email are not columns" in errors[5] and "op 't'" in errors[6]
