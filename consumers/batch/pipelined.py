@@ -47,6 +47,7 @@ from consumers.tables.applier import Step
 
 _COPY_IN = pq.ExecStatus.COPY_IN
 _FATAL_ERROR = pq.ExecStatus.FATAL_ERROR
+_SQLSTATE, _PRIMARY = pq.DiagnosticField.SQLSTATE, pq.DiagnosticField.MESSAGE_PRIMARY
 
 
 class PipelinedTransaction:
@@ -112,8 +113,11 @@ class PipelinedTransaction:
 
     def _note(self, result: PGresult) -> None:
         if result.status == _FATAL_ERROR and self._refusal is None:
-            message = result.error_message.decode("utf-8", "replace").strip()
-            self._refusal = message or "refused without a message"
+            # The code and the primary message: the detail may hold a row's contents
+            # ("Failing row contains ..."), which never go to the log.
+            code = result.error_field(_SQLSTATE) or b"?????"
+            primary = (result.error_field(_PRIMARY) or b"").decode("utf-8", "replace").strip()
+            self._refusal = f"{code.decode('ascii', 'replace')}: {primary or 'refused'}"
 
 
 def formatted(conn: psycopg.Connection[Any], rows: list[Any]) -> bytes:
