@@ -31,9 +31,10 @@ from typing import Any
 
 log = logging.getLogger("bridge.sink")
 
-DEFAULT_TIMEOUT_S = (
-    120.0  # a slow epoch's tasks and hook; Kubernetes' grace period is 30 s by default
-)
+# The one bound of a graceful stop: docs/sink.md quotes it, and the grace periods of the
+# manifests and compose files that run the producer are above it
+# (tests/unit/test_graceful_stop_bound.py), for Spark's own shutdown after it.
+DEFAULT_TIMEOUT_S = 45.0
 _POLL_S = 0.02  # how often the query's status is read while waiting for a boundary
 
 
