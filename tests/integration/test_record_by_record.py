@@ -66,6 +66,7 @@ def model(mode: str, sequence: list[Record]) -> list[tuple[Any, ...]]:
     """The table after applying `sequence` one record at a time, by the contract:
 
     - a tombstone deletes its key's row;
+    - a record that carries no column beyond the key is no row: a dead letter, nothing changes;
     - upsert: the row takes the columns the record carries, keeps the others; a new row takes
       NULL for `a` and the default for `b` where the record lacks them;
     - replace: the row is the record's alone (lacking columns: NULL, the default);
@@ -77,6 +78,8 @@ def model(mode: str, sequence: list[Record]) -> list[tuple[Any, ...]]:
     for key, columns in sequence:
         if columns is None:
             table.pop(key, None)
+        elif not columns:
+            continue  # fills nothing beyond its key: never a row
         elif mode == "upsert":
             table[key] = {**table.get(key, fresh), **columns}
         elif mode == "replace":

@@ -64,7 +64,8 @@ def test_a_reset_over_json_dead_letters_resumes_with_each_record_once(
         producer.produce(
             names["topic"], value=b"{not json" if i == NOT_JSON else value, partition=0
         )
-        producer.produce(names["topic"], value=json.dumps({"id": 100 + i}).encode(), partition=1)
+        other = {"id": 100 + i, "body": "ok"}
+        producer.produce(names["topic"], value=json.dumps(other).encode(), partition=1)
     producer.commit_transaction(30)
     settings = settings_for(stack, names, mode="upsert", key_columns=["id"])
     with running(settings):
