@@ -43,7 +43,6 @@ from bridge.names import (
     ENV_PREFIX,
     STACK_ENV_FILE,
 )
-from bridge.registry_properties import client_properties
 from bridge.secrets import masked, resolve_file_reference
 from bridge.topic_patterns import (
     TOPIC_PLACEHOLDER,
@@ -188,8 +187,14 @@ class SchemaRegistrySettings(_Section):
             except OSError as exc:
                 raise ValueError(f"{key}: cannot read {exc.filename}: {exc.strerror}") from None
         url = info.data.get("url")
+        if url is None:
+            return resolved
+        # Here, not at the top: the registry's client costs every process that loads settings
+        # half a second of imports (httpx and the rest), and most configure no registry.
+        from bridge.registry_properties import client_properties
+
         # Kafka Connect's spellings become the client's, and the client itself checks the rest.
-        return client_properties(url, resolved) if url is not None else resolved
+        return client_properties(url, resolved)
 
     def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
         # A URL may carry credentials, and so may the client settings: neither shows.
