@@ -35,6 +35,7 @@ from pydantic_settings import (
 )
 
 from bridge.errors import ConfigError
+from bridge.java_patterns import MAX_PATTERN_CHARS, date_format, java_replacement, renamed_topic
 from bridge.names import (
     DEFAULT_EPOCHS_TOPIC,
     DEFAULT_STATE_SCHEMA,
@@ -235,13 +236,49 @@ METADATA_SOURCES: Final = ("topic", "partition", "offset", "timestamp", "key", "
                            "spark.partition", "spark.epoch")  # fmt: skip
 
 
+# Kafka Connect's Cast types: what `fields.cast` makes a field's value.
+CastType = Literal["int8", "int16", "int32", "int64", "float32", "float64", "boolean", "string"]
+
+
+class TimestampSettings(_Section):
+    """Kafka Connect's TimestampConverter for one field: its value (epoch units, text in
+    `format`, or a date, time or timestamp) made a `type`: a timestamp (an instant), a date or a
+    time of day (in UTC), epoch units (`unix`), or text in `format` (in UTC)."""
+
+    type: Literal["timestamp", "date", "time", "unix", "string"]
+    # A java.text.SimpleDateFormat pattern, as Connect's (`yyyy-MM-dd'T'HH:mm:ss.SSSX`): how
+    # text is read, and written with type string.
+    format: str | None = None
+    # What an epoch number counts from 1970, read and written.
+    unix_precision: Literal["seconds", "milliseconds", "microseconds", "nanoseconds"] = (
+        "milliseconds"
+    )
+
+    @field_validator("format")
+    @classmethod
+    def _check_format(cls, value: str | None) -> str | None:
+        if value is not None:
+            date_format(value)  # raises, naming what it does not read
+        return value
+
+    @model_validator(mode="after")
+    def _text_needs_format(self) -> TimestampSettings:
+        if self.type == "string" and self.format is None:
+            raise ValueError("type string needs format")
+        return self
+
+
 class FieldSettings(_Section):
     """Which of a value's fields land, and in which columns, as Kafka Connect's ReplaceField:
-    `include` or `exclude` name the value's fields; `rename` maps a field to its column."""
+    `include` or `exclude` name the value's fields; `rename` maps a field to its column.
+    `cast` and `timestamps` convert a field's value, as Connect's Cast and TimestampConverter
+    (docs/routes.md, "Converting fields")."""
 
     include: tuple[str, ...] | None = None
     exclude: tuple[str, ...] = ()
     rename: dict[str, str] = Field(default_factory=dict)
+    cast: dict[str, CastType] = Field(default_factory=dict)
+    timestamps: dict[str, TimestampSettings] = Field(default_factory=dict)
 
     @field_validator("rename")
     @classmethod
@@ -262,6 +299,13 @@ class FieldSettings(_Section):
         dropped = [f for f in self.rename if not self.takes(f)]
         if dropped:
             raise ValueError(f"renames field(s) it leaves out: {', '.join(sorted(dropped))}")
+        for setting, named in (("cast", self.cast), ("timestamps", self.timestamps)):
+            dropped = [f for f in named if not self.takes(f)]
+            if dropped:
+                raise ValueError(f"{setting}: field(s) it leaves out: {', '.join(sorted(dropped))}")
+        both = sorted(set(self.cast) & set(self.timestamps))
+        if both:
+            raise ValueError(f"{', '.join(both)}: in cast and timestamps; one conversion a field")
         return self
 
     def takes(self, name: str) -> bool:
@@ -271,6 +315,46 @@ class FieldSettings(_Section):
     @property
     def default(self) -> bool:
         return self.include is None and not self.exclude and not self.rename
+
+    @property
+    def converts(self) -> bool:
+        return bool(self.cast or self.timestamps)
+
+
+class TopicRename(_Section):
+    """Kafka Connect's RegexRouter before a route's `${topic}`: a topic that the whole `regex`
+    matches is named by `replacement` (Java's `$1`, `${name}`); any other as it is."""
+
+    regex: str = Field(min_length=1, max_length=MAX_PATTERN_CHARS)
+    replacement: str
+
+    @field_validator("regex")
+    @classmethod
+    def _check_regex(cls, value: str) -> str:
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise ValueError(f"{value!r} is not a regular expression: {exc}") from None
+        return value
+
+    @field_validator("replacement")
+    @classmethod
+    def _check_replacement(cls, value: str) -> str:
+        java_replacement(value)  # raises, saying why
+        return value
+
+    @model_validator(mode="after")
+    def _groups_exist(self) -> TopicRename:
+        compiled = re.compile(self.regex)
+        for group in re.findall(r"\\g<([^>]*)>", java_replacement(self.replacement)):
+            named = compiled.groupindex
+            known = int(group) <= compiled.groups if group.isdigit() else group in named
+            if not known:
+                raise ValueError(f"replacement {self.replacement!r}: regex has no group {group}")
+        return self
+
+    def apply(self, topic: str) -> str:
+        return renamed_topic(topic, re.compile(self.regex), java_replacement(self.replacement))
 
 
 # The write modes that go by the route's key columns; those that find the row by its key
@@ -286,6 +370,8 @@ class RouteSettings(_Section):
     topic_pattern: str | None = Field(default=None, min_length=1)
     # With topic_pattern it may hold ${topic}: each topic's name, made a name of a table.
     table: str = Field(min_length=1)
+    # Kafka Connect's RegexRouter: the topic's name as ${topic} gives it, renamed first.
+    topic_rename: TopicRename | None = None
     # insert: append every record. The keyed modes go by key_columns, the last record of a key
     # in a batch winning (the first, for insert_if_absent): upsert merges it into the row;
     # replace deletes the row and inserts the record, so a column it lacks takes its default;
@@ -341,6 +427,24 @@ class RouteSettings(_Section):
     # without them (another producer's) are visible once their batch commits, as with
     # per-partition, where every batch's records are, partition by partition.
     epochs: Literal["per-partition", "whole"] = "whole"
+    # Kafka Connect's db.timezone: the zone whose local time an instant (a timestamp of Avro,
+    # Protobuf, a conversion, epoch_millis_timestamps) is written as into a timestamp column
+    # without time zone. A timestamptz column keeps the instant whatever the zone; text is read
+    # by PostgreSQL as it is.
+    timestamp_zone: str = "UTC"
+
+    @field_validator("timestamp_zone")
+    @classmethod
+    def _check_zone(cls, value: str) -> str:
+        from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+        try:
+            ZoneInfo(value)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError(
+                f"{value!r} is not a time zone (an IANA name: UTC, Europe/Paris)"
+            ) from None
+        return value
 
     @property
     def needs_registry(self) -> bool:
@@ -364,6 +468,8 @@ class RouteSettings(_Section):
             raise ValueError("needs topic or topic_pattern, not both")
         if self.topic is not None and TOPIC_PLACEHOLDER in self.table:
             raise ValueError(f"a table with {TOPIC_PLACEHOLDER} needs topic_pattern")
+        if self.topic_rename is not None and TOPIC_PLACEHOLDER not in self.table:
+            raise ValueError(f"topic_rename renames {TOPIC_PLACEHOLDER}, which table lacks")
         return self
 
     @property
@@ -375,7 +481,8 @@ class RouteSettings(_Section):
         """This route as it applies to one topic: a pattern's, with its table's name made."""
         if self.topic is not None:
             return self
-        table = table_of(self.table, topic)
+        named = topic if self.topic_rename is None else self.topic_rename.apply(topic)
+        table = table_of(self.table, named)
         return self.model_copy(update={"topic": topic, "topic_pattern": None, "table": table})
 
     @field_validator("key_columns")

@@ -24,10 +24,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 from urllib.parse import parse_qs, urlsplit
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import yaml
 
 from bridge.errors import ConfigError
+from bridge.java_patterns import date_format, java_replacement, renamed_topic
 from bridge.settings import UNREGISTERED_FORMATS
 
 CONFLUENT = "io.confluent.connect.jdbc.JdbcSinkConnector"
@@ -221,7 +223,13 @@ def translate(config: Mapping[str, str], *, secrets_dir: Path = SECRETS_DIR) -> 
     follows = _evolution(keys, debezium, formats)
     route.update(follows)
 
-    fields, metadata, unwrapping = _transforms(keys)
+    fields, metadata, unwrapping, renaming = _transforms(keys)
+    if renaming is not None and (
+        route.get("key_source") == "kafka" or "topic" in metadata.values()
+    ):
+        where = "pk.mode" if route.get("key_source") == "kafka" else "transforms"
+        keys.refuse(where, "a column of the topic as RegexRouter renamed it has no bridge "
+                    "setting: a column holds the topic as read")  # fmt: skip
     if debezium and formats.get("value_format", "json") == "json":
         # Debezium's JDBC sink reads its change events as they are: so does the route.
         unwrapping = {"unwrap": "debezium", **unwrapping}
@@ -248,7 +256,8 @@ def translate(config: Mapping[str, str], *, secrets_dir: Path = SECRETS_DIR) -> 
         keys.refuse("truncate.enabled", "a truncate event has no bridge meaning: set it false")
     keys.left_out("truncate.enabled", "false: truncate events are not applied")
 
-    routes = _routes(keys, route, debezium, notes)
+    route.update(_zone(keys, debezium))
+    routes = _routes(keys, route, debezium, notes, renaming)
     postgres = _database(keys, notes)
     _settings_left_out(keys, debezium, notes)  # after every key translated above
 
@@ -433,16 +442,14 @@ def _settings_left_out(keys: _Keys, debezium: bool, notes: list[str]) -> None:
         keys.refuse("dialect.name", f"{dialect}: bridge writes PostgreSQL only")
     else:
         keys.left_out("dialect.name", "bridge writes PostgreSQL")
-    for zone_key in ("db.timezone", "date.timezone", "database.time_zone"):
-        zone = keys.config.get(zone_key)
-        if zone is None:
-            continue
-        if zone_key == "date.timezone" and zone == "DB_TIMEZONE":
-            zone = keys.config.get("db.timezone", "UTC")
-        if zone.upper() in ("UTC", "Z", "ETC/UTC", "GMT"):
-            keys.left_out(zone_key, "timestamps are written as instants, in UTC")
+    dates = keys.config.get("date.timezone")
+    if dates is not None:
+        zone = keys.config.get("db.timezone", "UTC") if dates == "DB_TIMEZONE" else dates
+        if _is_utc(zone):
+            keys.left_out("date.timezone", "a date is written as the date it is")
         else:
-            keys.refuse(zone_key, f"{zone}: bridge writes timestamps as UTC instants")
+            keys.refuse("date.timezone", f"{dates}: Connect writes a date as its midnight in "
+                        f"{zone}; bridge writes a date as the date it is (set it UTC)")  # fmt: skip
     types = keys.config.get("table.types")
     if types is not None and types.upper() != "TABLE":
         keys.refuse("table.types", f"{types}: bridge writes tables only")
@@ -483,8 +490,31 @@ def _settings_left_out(keys: _Keys, debezium: bool, notes: list[str]) -> None:
         keys.left_out("use.time.zone", "timestamps are written as instants, in UTC")
 
 
+def _zone(keys: _Keys, debezium: bool) -> dict[str, str]:
+    """Connect's `db.timezone` (Debezium's `database.time_zone`): the zone whose local time an
+    instant is written as into a timestamp column without time zone, as `timestamp_zone`."""
+    zone_key = "database.time_zone" if debezium else "db.timezone"
+    zone = keys.get(zone_key)
+    if zone is None or _is_utc(zone):
+        return {}
+    try:
+        ZoneInfo(zone)
+    except (ZoneInfoNotFoundError, ValueError):
+        keys.refuse(zone_key, f"{zone}: not a time zone bridge knows (an IANA name)")
+        return {}
+    return {"timestamp_zone": zone}
+
+
+def _is_utc(zone: str) -> bool:
+    return zone.upper() in ("UTC", "Z", "ETC/UTC", "GMT")
+
+
 def _routes(
-    keys: _Keys, route: dict[str, Any], debezium: bool, notes: list[str]
+    keys: _Keys,
+    route: dict[str, Any],
+    debezium: bool,
+    notes: list[str],
+    renaming: dict[str, str] | None,
 ) -> list[dict[str, Any]]:
     format_key = (
         "collection.name.format"
@@ -526,14 +556,15 @@ def _routes(
             keys.refuse(format_key, f"{template}: unquoted ({quoting}), not a table's name")
         else:
             table = ".".join(cast(list[str], names))
-            routes.append({"topic_pattern": pattern, "table": table, **route})
+            renamed = {} if renaming is None else {"topic_rename": renaming}
+            routes.append({"topic_pattern": pattern, "table": table, **renamed, **route})
             notes.append(
                 f"topics.regex: each topic's table is named as Connect names it ({table}: "
                 + ("the topic's name as it is, quoted; " if quote else "lowercased; ")
                 + "docs/routes.md)"
             )
     for topic in topics:
-        name = template.replace("${topic}", topic)
+        name = template.replace("${topic}", _renamed(topic, renaming))
         if debezium:  # Debezium's default table naming makes dots underscores
             name = name.replace(".", "_")
         parts = name.split(".")
@@ -558,6 +589,15 @@ def _routes(
     if topics and pattern:
         keys.refuse("topics.regex", "topics or topics.regex, not both")
     return routes
+
+
+def _renamed(topic: str, renaming: dict[str, str] | None) -> str:
+    """A topic's name as RegexRouter makes it, for a table named by it."""
+    if renaming is None:
+        return topic
+    return renamed_topic(
+        topic, re.compile(renaming["regex"]), java_replacement(renaming["replacement"])
+    )
 
 
 def _quoted(part: str) -> str:
@@ -592,12 +632,15 @@ def _database(keys: _Keys, notes: list[str]) -> dict[str, Any] | None:
     return {"dsn": f"${{file:{keys.secret(DSN_FILE)}}}"}
 
 
-def _transforms(keys: _Keys) -> tuple[dict[str, Any], dict[str, str], dict[str, Any]]:
-    """The route's `fields`, its metadata columns, and its other settings that transforms
-    translate to."""
+def _transforms(
+    keys: _Keys,
+) -> tuple[dict[str, Any], dict[str, str], dict[str, Any], dict[str, str] | None]:
+    """The route's `fields`, its metadata columns, its other settings that transforms
+    translate to, and its `topic_rename` (RegexRouter's), if any."""
     fields: dict[str, Any] = {}
     metadata: dict[str, str] = {}
     other: dict[str, Any] = {}
+    renaming: dict[str, str] | None = None
     for name in _list(keys.get("transforms", "") or ""):
         prefix = f"transforms.{name}."
         kind = keys.get(prefix + "type", "") or ""
@@ -623,6 +666,17 @@ def _transforms(keys: _Keys) -> tuple[dict[str, Any], dict[str, str], dict[str, 
                     metadata[column.removesuffix("!").removesuffix("?")] = source
         elif kind == "io.debezium.transforms.ExtractNewRecordState":
             other.update(_unwrap(keys, prefix))
+        elif kind == "org.apache.kafka.connect.transforms.Cast$Value":
+            fields.setdefault("cast", {}).update(_cast(keys, prefix, fields.get("rename", {})))
+        elif kind == "org.apache.kafka.connect.transforms.TimestampConverter$Value":
+            found = _timestamp(keys, prefix)
+            if found is not None:
+                named = _field_before(found[0], fields.get("rename", {}))
+                fields.setdefault("timestamps", {})[named] = found[1]
+        elif kind == "org.apache.kafka.connect.transforms.RegexRouter":
+            if renaming is not None:
+                keys.refuse(prefix + "type", "one RegexRouter: give its regex every topic")
+            renaming = _regex_router(keys, prefix)
         else:
             keys.refuse(prefix + "type", f"{kind or 'missing'}: no bridge setting does it")
             for option in options:
@@ -632,7 +686,85 @@ def _transforms(keys: _Keys) -> tuple[dict[str, Any], dict[str, str], dict[str, 
             keys.refuse(key, "a transform applied to some records only has no bridge setting")
         elif key.startswith("transforms.") and key not in keys.fates:
             keys.refuse(key, "an option no transform here takes")
-    return fields, metadata, other
+    return fields, metadata, other, renaming
+
+
+_CAST_TYPES = ("int8", "int16", "int32", "int64", "float32", "float64", "boolean", "string")
+_TIMESTAMP_TYPES = {"Timestamp": "timestamp", "Date": "date", "Time": "time", "unix": "unix",
+                    "string": "string"}  # fmt: skip
+
+
+def _field_before(name: str, renames: dict[str, str]) -> str:
+    """A field's name in the record, where a ReplaceField before this transform renamed it:
+    bridge's conversions name the record's fields."""
+    return next((source for source, column in renames.items() if column == name), name)
+
+
+def _cast(keys: _Keys, prefix: str, renames: dict[str, str]) -> dict[str, str]:
+    """Cast$Value's `spec` (`field:type,...`) as `fields.cast`."""
+    spec = _list(keys.get(prefix + "spec", "") or "")
+    found: dict[str, str] = {}
+    for item in spec:
+        name, colon, kind = item.partition(":")
+        if not colon:
+            keys.refuse(prefix + "spec", f"{item}: a cast of the whole value has no bridge "
+                        "setting: cast its fields (field:type)")  # fmt: skip
+        elif kind.strip() not in _CAST_TYPES:
+            keys.refuse(prefix + "spec", f"{item}: {kind.strip()} is not one of "
+                        f"{', '.join(_CAST_TYPES)}")  # fmt: skip
+        else:
+            found[_field_before(name.strip(), renames)] = kind.strip()
+    if not spec:
+        keys.refuse(prefix + "spec", "required")
+    return found
+
+
+def _timestamp(keys: _Keys, prefix: str) -> tuple[str, dict[str, str]] | None:
+    """TimestampConverter$Value of one field as its `fields.timestamps` entry."""
+    name = keys.get(prefix + "field", "") or ""
+    target = keys.get(prefix + "target.type", "") or ""
+    chosen: dict[str, str] = {"type": _TIMESTAMP_TYPES.get(target, "")}
+    pattern = keys.get(prefix + "format")
+    precision = keys.get(prefix + "unix.precision", "milliseconds") or "milliseconds"
+    for option in ("format", "unix.precision"):
+        keys.get(prefix + option)
+    problems = len(keys.problems)
+    if not name:
+        keys.refuse(prefix + "field", "a conversion of the whole value has no bridge setting: "
+                    "name its field")  # fmt: skip
+    if not chosen["type"]:
+        keys.refuse(prefix + "target.type", f"{target or 'missing'}: one of "
+                    f"{', '.join(_TIMESTAMP_TYPES)}")  # fmt: skip
+    if pattern:
+        try:
+            date_format(pattern)
+        except ValueError as exc:
+            keys.refuse(prefix + "format", str(exc))
+        chosen["format"] = pattern
+    elif chosen["type"] == "string":
+        keys.refuse(prefix + "format", "target.type string needs format")
+    if precision not in ("seconds", "milliseconds", "microseconds", "nanoseconds"):
+        keys.refuse(prefix + "unix.precision", f"{precision}: seconds, milliseconds, "
+                    "microseconds or nanoseconds")  # fmt: skip
+    elif precision != "milliseconds":
+        chosen["unix_precision"] = precision
+    return (name, chosen) if len(keys.problems) == problems else None
+
+
+def _regex_router(keys: _Keys, prefix: str) -> dict[str, str] | None:
+    """RegexRouter as the routes' `topic_rename`."""
+    regex = keys.get(prefix + "regex") or ""
+    replacement = keys.get(prefix + "replacement")
+    if not regex or replacement is None:
+        keys.refuse(prefix + ("regex" if not regex else "replacement"), "required")
+        return None
+    try:
+        re.compile(regex)
+        java_replacement(replacement)
+    except (re.error, ValueError) as exc:
+        keys.refuse(prefix + "regex", f"{regex}: {exc}")
+        return None
+    return {"regex": regex, "replacement": replacement}
 
 
 # ExtractNewRecordState's ways with a delete that end with the row deleted, as the route does.

@@ -32,6 +32,7 @@ from bridge.errors import BridgeError
 from bridge.settings import SchemaRegistrySettings
 from consumers.backoff import HoldBackoff
 from consumers.decoding.avro_program import check as check_avro
+from consumers.decoding.debezium_time import with_debezium_time_types
 from consumers.decoding.proto_schemas import (
     MAX_REFERENCES,
     ProtoError,
@@ -171,6 +172,8 @@ class SchemaCache:
             return
         try:
             document = json.loads(text)
+            if kind == AVRO:
+                document = with_debezium_time_types(document)
             parsed = fastavro.parse_schema(document) if kind == AVRO else document
             if kind == AVRO:
                 check_avro(parsed)  # the numbers fastavro lets through

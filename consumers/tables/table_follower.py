@@ -36,11 +36,12 @@ from psycopg import sql
 from sqlalchemy import Engine
 
 from bridge.errors import BridgeError, ConfigError, PermissionMissing
-from bridge.settings import RouteSettings
+from bridge.settings import FieldSettings, RouteSettings
 from bridge.topic_patterns import split_table
 from consumers.decoding.proto_schemas import ProtoError, ProtoSchema, read_indexes
 from consumers.decoding.registry_schemas import AVRO, JSON, SchemaCache, schema_id
 from consumers.tables.applier import Step
+from consumers.tables.conversions import CAST_COLUMNS, TIMESTAMP_COLUMNS
 from consumers.tables.json_schema_types import json_schema_columns
 from consumers.tables.proto_types import proto_columns
 from consumers.tables.table_types import FieldColumn, field_columns
@@ -133,6 +134,9 @@ def target_of(
         generated=frozenset(c.name for c in columns if c.generated),
         arrays=frozenset(c.name for c in columns if c.kind == "A"),
         timestamps=frozenset(c.name for c in columns if c.sql_type.startswith("timestamp")),
+        local_timestamps=frozenset(
+            c.name for c in columns if c.sql_type.startswith("timestamp without")
+        ),
         binaries=frozenset(c.name for c in columns if c.sql_type == "bytea"),
         schemas=schemas,
     )
@@ -333,7 +337,9 @@ class TableFollower:
         ReplaceField): those it takes, each under its column's name."""
         chosen = self.route.fields
         return [
-            replace(field, name=chosen.rename.get(field.name, field.name))
+            _converted(
+                chosen, replace(field, name=chosen.rename.get(field.name, field.name)), field
+            )
             for field in fields
             if chosen.takes(field.name)
         ]
@@ -491,6 +497,18 @@ class TableFollower:
         self._columns = columns
         self.target = self._target()
         log.info("the next batch %s", what)
+
+
+def _converted(chosen: FieldSettings, column: FieldColumn, field: FieldColumn) -> FieldColumn:
+    """A field's `column` with the type of what its values become where the route converts
+    them (`fields.cast`, `fields.timestamps`), as Connect's dialect creates it."""
+    if field.name in chosen.cast:
+        sql_type, kind = CAST_COLUMNS[chosen.cast[field.name]]
+    elif field.name in chosen.timestamps:
+        sql_type, kind = TIMESTAMP_COLUMNS[chosen.timestamps[field.name].type]
+    else:
+        return column
+    return replace(column, sql_type=sql_type, kind=kind)
 
 
 def _column(field: FieldColumn, *, not_null: bool) -> TableColumn:

@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from consumers.decoding.debezium_time import DEBEZIUM_TEXT_TYPES
+
 
 @dataclass(frozen=True)
 class FieldColumn:
@@ -97,6 +99,8 @@ def _value_type(avro: Any, named: dict[str, Any]) -> tuple[str, str]:
     kind = avro["type"]
     if isinstance(kind, list | dict) or (kind not in _PRIMITIVE and kind in named):
         return _value_type(kind, named)  # {"type": <a type>}: that type
+    if kind == "string" and avro.get("connect.name") in DEBEZIUM_TEXT_TYPES:
+        return DEBEZIUM_TEXT_TYPES[avro["connect.name"]]
     logical = avro.get("logicalType")
     if logical == "decimal" and kind in ("bytes", "fixed"):
         return f"numeric({avro['precision']},{avro.get('scale', 0)})", "N"

@@ -38,6 +38,7 @@ from consumers.decoding.rows import (
     decode_key,
     objects,
 )
+from consumers.tables.conversions import field_conversions, zone_conversion
 from consumers.tables.record_fields import FieldRules, LeftOut, object_keys
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -55,14 +56,16 @@ class Target:
     generated: frozenset[str] = frozenset()
     arrays: frozenset[str] = frozenset()  # PostgreSQL array columns
     timestamps: frozenset[str] = frozenset()  # timestamp and timestamptz columns
+    local_timestamps: frozenset[str] = frozenset()  # timestamp (without time zone) columns
     binaries: frozenset[str] = frozenset()  # bytea columns
     # Where registry routes find their writer schemas; None when no route needs the registry.
     schemas: SchemaCache | None = field(default=None, repr=False, compare=False)
     decoder: RowDecoder | AvroRowDecoder | RegistryJsonRowDecoder | ProtobufRowDecoder = field(
         init=False, repr=False, compare=False
     )
-    # For JSON values: what turns a decoded row's lists into arrays and epoch milliseconds into
-    # timestamps, where the table has such columns; None when nothing needs turning.
+    # What a decoded row needs before it is written: the route's conversions (`fields.cast`,
+    # `fields.timestamps`, `timestamp_zone`) and, for JSON values, its lists made arrays and
+    # epoch milliseconds timestamps where the table has such columns; None when nothing does.
     _fix: Callable[[Row], Row] | None = field(init=False, repr=False, compare=False)
     # Whether a record's fields make a row (consumers.tables.record_fields), and the fields
     # `unknown_fields: ignore` left out of records, until the member reports them.
@@ -184,6 +187,12 @@ class Target:
             decoder = RowDecoder(named, tracked=tracked_fields, filled=filled_fields, others=others)
             fix = _json_fix(values, self.arrays, self._epoch_columns())
         object.__setattr__(self, "decoder", decoder)
+        steps = [
+            field_conversions(self.route, self.columns, {c: field_of[c] for c in values}),
+            fix,
+            zone_conversion(self.route, self.columns, self.local_timestamps),
+        ]
+        fix = _chained([step for step in steps if step is not None])
         object.__setattr__(self, "_fix", fix)
         # In upsert and update modes the metadata columns are written like any other: tracked.
         tracked = [*tracked, *meta] if merges else tracked
@@ -557,6 +566,19 @@ def _as_column(read: Callable[[Record], Any], column: str, binary: bool) -> Call
     return text
 
 
+def _chained(steps: list[Callable[[Row], Row]]) -> Callable[[Row], Row] | None:
+    """The steps one after the other; None for none, the one step for one."""
+    if len(steps) <= 1:
+        return steps[0] if steps else None
+
+    def chained(row: Row) -> Row:
+        for step in steps:
+            row = step(row)
+        return row
+
+    return chained
+
+
 def _json_fix(
     columns: tuple[str, ...],
     arrays: frozenset[str],
@@ -652,6 +674,11 @@ def reflect_target(
         generated=generated,
         arrays=frozenset(str(c.name) for c in table.columns if isinstance(c.type, ARRAY)),
         timestamps=frozenset(str(c.name) for c in table.columns if isinstance(c.type, DateTime)),
+        local_timestamps=frozenset(
+            str(c.name)
+            for c in table.columns
+            if isinstance(c.type, DateTime) and not c.type.timezone
+        ),
         binaries=frozenset(str(c.name) for c in table.columns if isinstance(c.type, LargeBinary)),
         schemas=schemas,
     )
@@ -672,6 +699,14 @@ def _check_fields(
         column = rules.rename.get(source, source)
         if column not in columns:
             problems.append((f"{path}.fields.include", f"{route.table} has no column {column}"))
+    landing = set(value_fields(route, columns).values())
+    for setting, named in (("cast", rules.cast), ("timestamps", rules.timestamps)):
+        for source in named:
+            if source not in landing:
+                column = rules.rename.get(source, source)
+                problems.append(
+                    (f"{path}.fields.{setting}.{source}", f"{route.table} has no column {column}")
+                )
     filled = set(value_fields(route, columns)) | set(record_sources(route))
     keys = [c for c in route.key_columns if c not in filled]
     if keys:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import json
 import signal
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,18 @@ def _translated(connect: str, tmp_path: Path, stack: Endpoints, names: dict[str,
     config = tmp_path / "bridge.yaml"
     config.write_text(yaml.safe_dump(document))
     return config
+
+
+def _checked_and_run(config: Path, stack: Endpoints, names: dict[str, str], tmp_path: Path) -> None:
+    """`bridge consume --check` passes on `config`, and its consumer drains the topic and stops
+    cleanly on SIGTERM."""
+    checked = run_bridge("consume", "--check", "--config", str(config), timeout=120)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "Traceback" not in checked.stderr
+    with consumer_process(config, tmp_path / "consumer.log") as service:
+        drained(stack, names, 1, timeout=120)
+        service.send_signal(signal.SIGTERM)
+        assert service.wait(60) == 0, (tmp_path / "consumer.log").read_text()[-3000:]
 
 
 def _avro(writer: int, schema: dict[str, Any], record: dict[str, Any]) -> bytes:
@@ -113,18 +126,99 @@ value.converter.basic.auth.user.info=reader:hunter2
             stack,
             names,
         )
-        checked = run_bridge("consume", "--check", "--config", str(config), timeout=120)
-        assert checked.returncode == 0, checked.stdout + checked.stderr
-        assert "Traceback" not in checked.stderr
-        with consumer_process(config, tmp_path / "consumer.log") as service:
-            drained(stack, names, 1, timeout=120)
-            service.send_signal(signal.SIGTERM)
-            assert service.wait(60) == 0, (tmp_path / "consumer.log").read_text()[-3000:]
+        _checked_and_run(config, stack, names, tmp_path)
         assert proxy.passed > 0 and proxy.refused == 0
     assert sql(stack, f"SELECT id, label, amount FROM {table} ORDER BY id") == [
         ("1", "c", 7), ("2", "b", 6)
     ]  # fmt: skip
     assert sql(stack, f"SELECT count(*) FROM {names['schema']}.dead_letters") == [(0,)]
+
+
+@pytest.mark.timeout(240)
+def test_a_confluent_sink_with_regex_router_cast_timestamp_converter_and_db_timezone_runs(
+    stack: Endpoints, names: dict[str, str], registry_url: str, tmp_path: Path
+) -> None:
+    """Confluent's JDBC sink of Avro records through a registry with basic auth, its table named
+    by RegexRouter, fields renamed, cast (Cast) and read from text (TimestampConverter), a
+    Debezium MicroTimestamp field, and a `db.timezone` for timestamp columns without time zone:
+    the translation passes `--check`, the rows land as Connect's would, and a value that cannot
+    be converted is a dead letter naming its field."""
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+
+    from spark_jobs.registry_frames import register
+
+    schema = {"type": "record", "name": "Order", "namespace": "shop", "fields": [
+        {"name": "id", "type": "long"}, {"name": "label", "type": "string"},
+        {"name": "amount", "type": "string"}, {"name": "qty", "type": "double"},
+        {"name": "placed", "type": "string"},
+        {"name": "shipped", "type": {
+            "type": "long", "connect.version": 1,
+            "connect.name": "io.debezium.time.MicroTimestamp"}}]}  # fmt: skip
+    topic, table = names["topic"], f"public.{names['table']}"
+    assert topic.removeprefix("c-") == names["table"].removeprefix("t_")  # RegexRouter's ground
+    sql(stack, f"CREATE TABLE {table} (id bigint PRIMARY KEY, label text, amount double "
+        "precision, qty integer, placed_at timestamp, shipped timestamp)")  # fmt: skip
+    with SchemaRegistryClient({"url": registry_url}) as client:
+        writer = register(client, f"{topic}-value", schema)
+    create_topic(stack.bootstrap_servers, topic, partitions=1)
+    shipped = 1709366400000000  # 2024-03-02 08:00:00, the source database's local time, in µs
+    rows = [
+        {"id": 1, "label": "a", "amount": "12.50", "qty": 3.9, "placed": "2024-03-01 10:20:30"},
+        {"id": 2, "label": "b", "amount": "7", "qty": 1e12, "placed": "2024-03-01 10:20:30"},
+        {"id": 3, "label": "c", "amount": "1e3", "qty": 1.0, "placed": "yesterday"},
+        {"id": 1, "label": "d", "amount": "13.25", "qty": 4.2, "placed": "2024-07-01 00:30:00"},
+        {"id": 5, "label": "e", "amount": "abc", "qty": 1.0, "placed": "2024-07-01 00:30:00"},
+    ]
+    produce(stack, topic, [(None, _avro(writer, schema, {**r, "shipped": shipped})) for r in rows])
+    name = names["group"]
+    names = {**names, "group": f"connect-{name}"}  # the group the translation names
+    with RegistryAuthProxy(registry_url, user="reader", password="hunter2") as proxy:
+        config = _translated(
+            f"""\
+name={name}
+connector.class=io.confluent.connect.jdbc.JdbcSinkConnector
+topics={topic}
+connection.url={_jdbc_url(stack.dsn)}
+connection.user=postgres
+connection.password=not-copied
+insert.mode=upsert
+pk.mode=record_value
+pk.fields=id
+errors.tolerance=all
+db.timezone=Europe/Paris
+value.converter=io.confluent.connect.avro.AvroConverter
+value.converter.schema.registry.url={proxy.url}
+value.converter.basic.auth.credentials.source=USER_INFO
+value.converter.basic.auth.user.info=reader:hunter2
+transforms=route,rename,cast,when
+transforms.route.type=org.apache.kafka.connect.transforms.RegexRouter
+transforms.route.regex=c-(.*)
+transforms.route.replacement=t_$1
+transforms.rename.type=org.apache.kafka.connect.transforms.ReplaceField$Value
+transforms.rename.renames=placed:placed_at
+transforms.cast.type=org.apache.kafka.connect.transforms.Cast$Value
+transforms.cast.spec=amount:float64,qty:int32
+transforms.when.type=org.apache.kafka.connect.transforms.TimestampConverter$Value
+transforms.when.field=placed_at
+transforms.when.target.type=Timestamp
+transforms.when.format=yyyy-MM-dd HH:mm:ss
+""",
+            tmp_path,
+            stack,
+            names,
+        )
+        _checked_and_run(config, stack, names, tmp_path)
+        assert proxy.passed > 0 and proxy.refused == 0
+    # 2024-07-01 00:30 UTC is 02:30 in Paris (summer time); the MicroTimestamp is a local time
+    # already, written as it is.
+    assert sql(stack, f"SELECT id, label, amount, qty, placed_at, shipped FROM {table}") == [
+        (1, "d", 13.25, 4, datetime(2024, 7, 1, 2, 30), datetime(2024, 3, 2, 8, 0))
+    ]  # fmt: skip
+    errors = dict(sql(stack, f'SELECT "offset", error FROM {names["schema"]}.dead_letters'))
+    assert sorted(errors) == [1, 2, 4], errors
+    assert "field qty: 1000000000000 is out of int32's range" in errors[1]
+    assert "field placed: 'yesterday' does not match format" in errors[2]
+    assert "field amount: could not convert string to float" in errors[4]
 
 
 @pytest.mark.timeout(240)
@@ -182,12 +276,7 @@ transforms.unwrap.delete.tombstone.handling.mode=tombstone
         {**names, "group": f"connect-{names['group']}"},
     )
     names = {**names, "group": f"connect-{names['group']}"}
-    checked = run_bridge("consume", "--check", "--config", str(config), timeout=120)
-    assert checked.returncode == 0, checked.stdout + checked.stderr
-    with consumer_process(config, tmp_path / "consumer.log") as service:
-        drained(stack, names, 1, timeout=120)
-        service.send_signal(signal.SIGTERM)
-        assert service.wait(60) == 0, (tmp_path / "consumer.log").read_text()[-3000:]
+    _checked_and_run(config, stack, names, tmp_path)
     assert sql(stack, f"SELECT id, name, __op FROM {table} ORDER BY id") == [(1, "a2", "u")]
     errors = dict(sql(stack, f'SELECT "offset", error FROM {names["schema"]}.dead_letters'))
     assert sorted(errors) == [5, 6], errors

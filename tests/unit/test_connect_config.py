@@ -201,8 +201,9 @@ def test_every_key_of_a_whole_configuration_has_a_fate_and_left_out_ones_are_nam
     assert set(translated.fates) == set(config)
     assert translated.fates["quote.sql.identifiers"] == "translated"  # the tables' quoting
     named = " ".join(translated.notes)
-    for key in ("batch.size", "max.retries", "db.timezone", "errors.log.enable", "tasks.max"):
+    for key in ("batch.size", "max.retries", "errors.log.enable", "tasks.max"):
         assert translated.fates[key].startswith("left out: ") and key in named, key
+    assert translated.fates["db.timezone"] == "translated"  # UTC: the route's default zone
     assert "offsets: Connect's committed offsets are not carried over" in named
     assert "bridge offsets reset --group connect-orders-sink" in named
 
@@ -328,3 +329,81 @@ def test_the_yaml_has_no_anchors_where_routes_share_a_value() -> None:
         {**BASE, "topics": "orders,refunds", "fields.whitelist": "id,amount"}
     ).yaml()
     assert "&id" not in printed and "*id" not in printed
+
+
+CAST = "org.apache.kafka.connect.transforms.Cast$Value"
+TIMESTAMPS = "org.apache.kafka.connect.transforms.TimestampConverter$Value"
+ROUTER = "org.apache.kafka.connect.transforms.RegexRouter"
+
+
+def test_regex_router_cast_timestamp_converter_and_db_timezone_translate_to_the_route() -> None:
+    translated = translate({
+        **BASE, "topics": "shop.orders.v1,shop.refunds.v1", "table.name.format": "ledger.${topic}",
+        "transforms": "route,rename,cast,when",
+        "transforms.route.type": ROUTER, "transforms.route.regex": r"shop\.(.*)\.v(\d+)",
+        "transforms.route.replacement": "$1_v$2",
+        "transforms.rename.type": "org.apache.kafka.connect.transforms.ReplaceField$Value",
+        "transforms.rename.renames": "amount:total",
+        "transforms.cast.type": CAST, "transforms.cast.spec": "total:float64, qty:int32",
+        "transforms.when.type": TIMESTAMPS, "transforms.when.field": "placed",
+        "transforms.when.target.type": "Timestamp",
+        "transforms.when.format": "yyyy-MM-dd HH:mm:ss",
+        "transforms.when.unix.precision": "seconds",
+        "db.timezone": "Europe/Paris",
+    })  # fmt: skip
+    routes = translated.consumer["routes"]
+    assert [(r["topic"], r["table"]) for r in routes] == [
+        ("shop.orders.v1", "ledger.orders_v1"), ("shop.refunds.v1", "ledger.refunds_v1")
+    ]  # fmt: skip
+    assert routes[0]["fields"] == {
+        "rename": {"amount": "total"},
+        "cast": {"amount": "float64", "qty": "int32"},  # the record's field, before its rename
+        "timestamps": {"placed": {"type": "timestamp", "format": "yyyy-MM-dd HH:mm:ss",
+                                  "unix_precision": "seconds"}},
+    }  # fmt: skip
+    assert routes[0]["timestamp_zone"] == "Europe/Paris"
+    assert all(fate == "translated" for key, fate in translated.fates.items()
+               if key.startswith("transforms.") or key == "db.timezone")  # fmt: skip
+    load_settings(consumer=translated.consumer)  # every route as bridge reads it
+
+
+def test_regex_router_with_topics_regex_renames_each_topic_at_run_time() -> None:
+    translated = translate({
+        **BASE, "topics": "", "topics.regex": r"shop\..*", "transforms": "route",
+        "transforms.route.type": ROUTER, "transforms.route.regex": r"shop\.(.*)",
+        "transforms.route.replacement": "$1",
+    })  # fmt: skip
+    route = translated.consumer["routes"][0]
+    assert route["topic_rename"] == {"regex": r"shop\.(.*)", "replacement": "$1"}
+    consumer = load_settings(consumer=translated.consumer).consumer
+    assert consumer is not None
+    assert consumer.routes[0].for_topic("shop.Orders").table == 'public."Orders"'
+
+
+@pytest.mark.parametrize(("more", "key", "why"), [
+    ({"transforms.t.type": CAST, "transforms.t.spec": "int64"}, "transforms.t.spec",
+     "a cast of the whole value"),
+    ({"transforms.t.type": CAST, "transforms.t.spec": "a:decimal"}, "transforms.t.spec",
+     "decimal is not one of"),
+    ({"transforms.t.type": TIMESTAMPS, "transforms.t.target.type": "Timestamp"},
+     "transforms.t.field", "name its field"),
+    ({"transforms.t.type": TIMESTAMPS, "transforms.t.field": "f",
+      "transforms.t.target.type": "string"}, "transforms.t.format", "needs format"),
+    ({"transforms.t.type": TIMESTAMPS, "transforms.t.field": "f", "transforms.t.target.type":
+      "Timestamp", "transforms.t.format": "yyyy-QQ"}, "transforms.t.format", "'QQ' is not read"),
+    ({"transforms.t.type": ROUTER, "transforms.t.regex": "(a", "transforms.t.replacement": "x"},
+     "transforms.t.regex", "(a"),
+    ({"transforms.t.type": ROUTER, "transforms.t.regex": "a", "transforms.t.replacement": "x",
+      "pk.mode": "kafka", "insert.mode": "upsert"}, "pk.mode", "RegexRouter renamed"),
+    ({"transforms.t.type": "org.apache.kafka.connect.transforms.Cast$Key",
+      "transforms.t.spec": "int64"}, "transforms.t.type", "no bridge setting does it"),
+    ({"db.timezone": "Mars/Olympus"}, "db.timezone", "not a time zone"),
+    ({"date.timezone": "DB_TIMEZONE", "db.timezone": "Europe/Paris"}, "date.timezone",
+     "as the date it is"),
+])  # fmt: skip
+def test_a_conversion_bridge_would_do_otherwise_is_refused_naming_its_key(
+    more: dict[str, str], key: str, why: str
+) -> None:
+    config = {**BASE, **({"transforms": "t"} if any(k.startswith("transforms.") for k in more)
+                         else {}), **more}  # fmt: skip
+    assert why in _fate(config, key)
