@@ -270,7 +270,7 @@ def _incomplete_epochs(
             return groups
         now = database_now(conn)
         late = [
-            f"epoch incomplete for {age_s(s, now):.0f}s: {s.describe(whole_topic)}"
+            s.held_too_long(whole_topic, age_s(s, now))
             for s in states
             if age_s(s, now) > stall_after.total_seconds()
         ]

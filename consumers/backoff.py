@@ -20,6 +20,10 @@ from tenacity.wait import wait_base
 log = logging.getLogger("bridge.consumer")
 
 _GROWING = wait_exponential(multiplier=1, max=30)  # 1, 2, 4 ... 30 s
+# A hold that goes on for the same reason is logged when it starts, then again after these
+# many seconds, each time twice as long up to the last: an hour-long hold of an epoch whose
+# query is gone writes a dozen lines, not one every few seconds. Each try is at DEBUG.
+_FIRST_REPEAT_S, _LAST_REPEAT_S = 60.0, 3600.0
 
 
 @dataclass
@@ -42,6 +46,8 @@ class HoldBackoff:
     # batch comes to clear it.
     at: dict[tuple[str, int], int] = field(default_factory=dict)
     _since: float = 0.0
+    _logged_at: float = 0.0  # monotonic: when the hold's reason was last logged at `level`
+    _repeat_s: float = _FIRST_REPEAT_S
     _attempt: RetryCallState = field(
         default_factory=lambda: RetryCallState(Retrying(), None, (), {}), repr=False
     )
@@ -51,12 +57,20 @@ class HoldBackoff:
         if self.current is None:
             self._since = now
             self._attempt.attempt_number = 0
+        level = self.level
+        if why != self.current:  # a hold that starts, or a new reason: said at once
+            self._logged_at, self._repeat_s = now, _FIRST_REPEAT_S
+        elif now - self._logged_at >= self._repeat_s:
+            self._logged_at, self._repeat_s = now, min(self._repeat_s * 2, _LAST_REPEAT_S)
+        else:
+            level = logging.DEBUG
         self.current, self.at = why, dict(at or {})
         self._attempt.attempt_number += 1
         delay = self.wait(self._attempt)
         self.retry_at = now + delay
-        log.log(self.level, "%s (%s); %s; retrying in %.1fs", self.what, why, self.consequence,
-                delay)  # fmt: skip
+        held = f"held {now - self._since:.0f}s, try {self._attempt.attempt_number}; "
+        log.log(level, "%s (%s); %s; %sretrying in %.1fs", self.what, why, self.consequence,
+                held if self._attempt.attempt_number > 1 else "", delay)  # fmt: skip
 
     def cleared(self) -> None:
         if self.current is not None and self.recovered is not None:

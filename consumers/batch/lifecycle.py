@@ -421,7 +421,8 @@ class BatchLifecycle:
             except KafkaException as exc:  # revoked meanwhile
                 log.info("held partition %s[%s] not resumed: %s", *key, exc)
                 continue
-            log.info("held partition %s[%s] tried again from offset %s", *key, lease.next_offset)
+            # The hold's own line says when it starts and, at a growing interval, that it goes on.
+            log.debug("held partition %s[%s] tried again from offset %s", *key, lease.next_offset)
 
     def _release_moved_past(self) -> None:
         """Clear each hold whose records are no longer this member's to apply: every partition

@@ -251,6 +251,18 @@ class EpochState:
         what = "; ".join(self.missing(whole_topic)) or "whole"
         return f"query {self.query} epoch {self.epoch} ({self.staged_records} staged): {what}"
 
+    def held_too_long(self, whole_topic: Callable[[str], bool], age: float) -> str:
+        """What `/readyz` and `bridge status` say of an epoch open too long: which, what it
+        lacks, and the commands that settle it, which an operator runs once its query is
+        known to be gone (docs/operations.md, "Operator tools")."""
+        where = f"--group {self.group} --query {self.query} --epoch {self.epoch}"
+        return (
+            f"epoch incomplete for {age:.0f}s: {self.describe(whole_topic)}; if its query "
+            f"will not finish it, settle it: `bridge epochs discard {where} --execute` (its "
+            f"records to the dead letters) or `bridge epochs publish {where} --execute` (as it "
+            "is)"
+        )
+
 
 def judge(
     conn: psycopg.Connection[Any],

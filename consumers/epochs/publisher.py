@@ -391,7 +391,7 @@ class EpochPublisher:
             ages = [age_s(s, now) for s in states]
         self._metrics.oldest_incomplete_epoch.set(max(ages, default=0.0))
         self._incomplete = [
-            f"epoch incomplete for {age:.0f}s: {state.describe(self._whole_topic)}"
+            state.held_too_long(self._whole_topic, age)
             for state, age in zip(states, ages, strict=True)
             if age >= self._incomplete_after_s
         ][:10]

@@ -221,6 +221,71 @@ transforms.when.format=yyyy-MM-dd HH:mm:ss
     assert "field amount: could not convert string to float" in errors[4]
 
 
+PAYMENT = """\
+syntax = "proto3";
+package shop;
+message Payment { int64 id = 1; string label = 2; int64 cents = 3; }
+"""
+
+
+@pytest.mark.timeout(240)
+def test_a_confluent_protobuf_sink_with_auto_create_and_a_cast_runs_as_translated(
+    stack: Endpoints, names: dict[str, str], registry_url: str, tmp_path: Path
+) -> None:
+    """Confluent's JDBC sink of Protobuf records (ProtobufConverter) with `auto.create` and a
+    Cast: the translation passes `--check`, creates the table from the message with the cast
+    field's column of the cast type, and upserts the rows."""
+    from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+    from google.protobuf import message_factory
+
+    from consumers.decoding.proto_schemas import ProtoSchema, compile_schema
+
+    topic, table = names["topic"], f"public.{names['table']}"
+    with SchemaRegistryClient({"url": registry_url}) as client:
+        writer = client.register_schema(f"{topic}-value", Schema(PAYMENT, "PROTOBUF"))
+    payment = message_factory.GetMessageClass(
+        ProtoSchema(compile_schema(PAYMENT, {})).message((0,))
+    )
+    create_topic(stack.bootstrap_servers, topic, partitions=1)
+    framed = b"\x00" + writer.to_bytes(4, "big") + b"\x00"  # [0]: the first message
+    produce(stack, topic, [
+        (None, framed + payment(id=1, label="a", cents=500).SerializeToString()),
+        (None, framed + payment(id=2, label="b", cents=7).SerializeToString()),
+        (None, framed + payment(id=1, label="c", cents=650).SerializeToString()),
+    ])  # fmt: skip
+    name = names["group"]
+    names = {**names, "group": f"connect-{name}"}
+    config = _translated(
+        f"""\
+name={name}
+connector.class=io.confluent.connect.jdbc.JdbcSinkConnector
+topics={topic}
+table.name.format={table}
+connection.url={_jdbc_url(stack.dsn)}
+connection.user=postgres
+insert.mode=upsert
+pk.mode=record_value
+pk.fields=id
+auto.create=true
+value.converter=io.confluent.connect.protobuf.ProtobufConverter
+value.converter.schema.registry.url={registry_url}
+transforms=cast
+transforms.cast.type=org.apache.kafka.connect.transforms.Cast$Value
+transforms.cast.spec=cents:string
+""",
+        tmp_path,
+        stack,
+        names,
+    )
+    _checked_and_run(config, stack, names, tmp_path)
+    types = sql(stack, f"SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute "
+                f"WHERE attrelid = '{table}'::regclass AND attnum > 0 ORDER BY attnum")  # fmt: skip
+    assert types == [("id", "bigint"), ("label", "text"), ("cents", "text")]
+    assert sql(stack, f"SELECT id, label, cents FROM {table} ORDER BY id") == [
+        (1, "c", "650"), (2, "b", "7")
+    ]  # fmt: skip
+
+
 @pytest.mark.timeout(240)
 def test_a_debezium_jdbc_sink_of_json_change_events_with_its_unwrap_runs_as_translated(
     stack: Endpoints, names: dict[str, str], tmp_path: Path
