@@ -35,8 +35,9 @@ def formatter() -> logging.Formatter:
 
 # Libraries that narrate routine work at INFO: Alembic's migration context on every start, an
 # HTTP request line for every schema fetched from the registry (confluent-kafka's registry
-# client runs on httpx2, a fork of httpx with loggers of its own). Their warnings still show.
-_QUIET_AT_INFO = ("alembic", "httpx", "httpcore", "httpx2", "httpcore2")
+# client runs on httpx2, a fork of httpx with loggers of its own), py4j's connections to the
+# Spark driver's JVM (a line each epoch, and on every stop). Their warnings still show.
+_QUIET_AT_INFO = ("alembic", "httpx", "httpcore", "httpx2", "httpcore2", "py4j")
 
 
 def configure(level: str = "INFO") -> None:

@@ -27,6 +27,7 @@ from pyspark.sql.types import StructType
 from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_exponential
 
 from bridge.kafka_admin import TopicError, create_topic
+from bridge.logs import formatter
 from bridge.names import DEFAULT_TRANSACTIONAL_ID_HEAD, SINK_FORMAT
 from spark_jobs.epoch_transaction import EpochOutcome, EpochTransaction, TaskCoordinates
 from spark_jobs.kafka_rows import check_schema, record_chunks
@@ -36,7 +37,6 @@ from spark_jobs.sink_options import Epochs, SinkOptions
 
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
-_FORMAT = logging.Formatter("%(asctime)s bridge-kafka %(levelname)s %(message)s")
 log = logging.getLogger("bridge.sink")
 
 
@@ -157,10 +157,11 @@ def _outcomes(messages: Sequence[WriterCommitMessage | None]) -> list[EpochOutco
 
 
 def _log_to_stderr() -> None:
-    """Python workers start with no logging set up; send the sink's lines to stderr, once."""
+    """Python workers start with no logging set up; send the sink's lines to stderr, once, as
+    the JSON lines the driver's and the consumer's are (one format to collect)."""
     if not log.handlers:
         handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(_FORMAT)
+        handler.setFormatter(formatter())
         log.addHandler(handler)
         log.setLevel(logging.INFO)
         log.propagate = False

@@ -231,6 +231,9 @@ def test_a_deploys_sigterm_mid_epoch_lets_the_epoch_finish_then_stops(
     assert "the query stopped between epochs" in output, output[-3000:]
     assert "Traceback" not in output, output[-3000:]
     assert not re.search(r"^%\d\|", output, re.MULTILINE), output[-3000:]  # raw librdkafka
+    # One format for bridge's own lines, the Python workers' included; py4j's chatter is gone.
+    assert '"logger": "bridge.sink", "message": "epoch 1 committed' in output, output[-3000:]
+    assert "bridge-kafka INFO" not in output and '"logger": "py4j' not in output, output[-3000:]
     assert (producer.checkpoint / "commits" / "1").exists()  # Spark logged epoch 1
     query = _query_of(producer.checkpoint)
     parts, records = manifest_of(stack, DEFAULT_EPOCHS_TOPIC, query)
