@@ -13,7 +13,7 @@ FROM python:3.11-slim-bookworm
 
 # The JRE's directory is named after the architecture; the link gives both one name.
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends openjdk-17-jre-headless curl \
+    && apt-get install -y --no-install-recommends openjdk-17-jre-headless curl tini \
     && rm -rf /var/lib/apt/lists/* \
     && ln -s "/usr/lib/jvm/java-17-openjdk-$(dpkg --print-architecture)" /usr/lib/jvm/java-17
 
@@ -40,12 +40,16 @@ COPY --from=jars /jars/spark-kafka /opt/bridge/jars/spark-kafka
 ENV BRIDGE_SPARK_KAFKA_JARS=/opt/bridge/jars/spark-kafka
 
 # Spark's Python processes import a compiled PySpark (bridge_shell/spark/spark_home.py); it is
-# built here, once, where the unprivileged user can read it.
+# built here, once, in a cache the unprivileged user owns: the driver packs the executors'
+# environment there beside it, and executor pods (`bridge executor`) run from it.
 ENV XDG_CACHE_HOME=/opt/cache
-RUN python -c "from bridge_shell.spark.spark_home import precompiled_spark_home; precompiled_spark_home()"
+RUN python -c "from bridge_shell.spark.spark_home import precompiled_spark_home; precompiled_spark_home()" \
+    && chown -R 1000:1000 /opt/cache
 
 # /data holds the producer's input and checkpoint. A named volume mounted there starts as a
 # copy of this directory, ownership included, so the unprivileged user can write it.
 RUN mkdir -p /data/input /data/checkpoint && chown -R 1000:1000 /data
 USER 1000:1000
+# `bridge <command>`; Spark's Kubernetes scheduler starts executor pods of this image with the
+# argument `executor`, which `bridge executor` runs (bridge_shell/spark/pod_executor.py).
 ENTRYPOINT ["bridge"]

@@ -235,6 +235,20 @@ def executor_env(
     console.print(" ".join(options), highlight=False)
 
 
+def executor() -> None:
+    """An executor pod's command, which Spark's Kubernetes scheduler runs in each executor pod
+    of the image (its one argument `executor`, its settings in the environment): the executor's
+    JVM, from the image's prepared Spark home (docs/deploy.md, "Kubernetes")."""
+    from bridge.errors import StackError
+    from bridge_shell.spark.pod_executor import run_executor
+    from bridge_shell.spark.spark_home import installed_spark_home, precompiled_spark_home
+
+    home = precompiled_spark_home() or installed_spark_home()
+    if home is None:
+        raise StackError("PySpark with its Spark home (jars/) is not installed")
+    run_executor(home)
+
+
 def _key_values(pairs: list[str]) -> dict[str, str]:
     from bridge.errors import ConfigError
 

@@ -4,12 +4,15 @@ and each ConfigMap's bridge.yaml loaded by bridge's own settings with its secret
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +22,7 @@ import yaml
 from bridge.kafka_admin import create_topic
 from bridge.settings import load_settings
 from bridge_shell.stack.process import free_port
+from bridge_shell.stack.spark import DaemonPorts, SparkCluster
 from tests.consumer_helpers import drained, eventually, http_get, produce, sql
 from tests.harness import Endpoints
 from tests.kafka_helpers import read_messages
@@ -133,15 +137,20 @@ def _without(tool: str, mirrors: Path) -> str:
     return os.pathsep.join(kept)
 
 
+@pytest.mark.xdist_group("spark-cluster")  # one Spark cluster on the machine at a time
 def test_the_producers_command_runs_as_its_container_would_with_the_jars_the_image_holds(
     stack: Endpoints, names: dict[str, str], tmp_path: Path
 ) -> None:
     """The image's jars stage is run here (its RUN line, under a scratch root); then the
-    Deployment's own arguments and environment: no Maven on PATH, XDG_CACHE_HOME as the
-    manifest sets it (an empty directory), the jars where the image's ENV says. What only a
-    cluster has is swapped for this machine's: the master (local), the Kubernetes settings, the
-    brokers (the stack's), the paths of the mounts. The job reads its source topic, writes the
-    target topic, and stops on SIGTERM with exit 0."""
+    Deployment's own arguments and environment: no Maven on PATH, the image's cache (empty
+    here), the jars where the image's ENV says, against a real Spark standalone master and
+    worker. What only a cluster has is swapped for this machine's: the master (spark://), the
+    Kubernetes settings, the driver's service name and ports, the brokers (the stack's), the
+    paths of the mounts. Beside the worker's executor, an executor pod's command runs as
+    Kubernetes runs it: the image's entrypoint with Spark's argument `executor` and the
+    environment Spark's scheduler gives the pod; it joins the driver and runs its tasks. The job
+    reads its source topic, writes the target topic, and stops on SIGTERM with exit 0, and the
+    pod's executor with it."""
     jars = tmp_path / "jars"
     jars.mkdir()
     shutil.copy(ROOT / "spark_jobs" / "jars" / "pom.xml", jars / "pom.xml")
@@ -153,43 +162,86 @@ def test_the_producers_command_runs_as_its_container_would_with_the_jars_the_ima
 
     deployment = next(d for d in _documents("producer.yaml") if d["kind"] == "Deployment")
     [container] = deployment["spec"]["template"]["spec"]["containers"]
+    assert {"XDG_CACHE_HOME", "SPARK_HOME"}.isdisjoint(e["name"] for e in container["env"])
+    assert "--spark-conf=spark.kubernetes.driver.pod.name=$(POD_NAME)" in container["args"]
     source, target = f"{names['topic']}-raw", names["topic"]
     create_topic(stack.bootstrap_servers, source, partitions=2)
     create_topic(stack.bootstrap_servers, target, partitions=2)
     produce(stack, source, [(None, {"order_id": i, "amount": i}) for i in range(50)])
     config = tmp_path / "bridge.yaml"
     config.write_text(yaml.safe_dump({"kafka": {"bootstrap_servers": stack.bootstrap_servers}}))
+    cluster = SparkCluster(
+        home=tmp_path / "spark", master=_daemon_ports(), workers=[_daemon_ports()],
+        worker_cores=1, worker_memory="2g",
+    )  # fmt: skip
+    driver_port, block_manager_port = free_port(), free_port()
     swapped = {
-        "--master": "local[2]", "--checkpoint": str(tmp_path / "checkpoint"),
+        "--master": cluster.master_url, "--checkpoint": str(tmp_path / "checkpoint"),
         "--metrics-port": str(free_port()), "--executor-python": sys.executable,
         "--config": str(config), "--source-topic": source, "--topic": target,
     }  # fmt: skip
+    driver_settings = {
+        "spark.driver.host": "127.0.0.1",  # the driver's Service's name, in a cluster
+        "spark.driver.port": str(driver_port),
+        "spark.driver.blockManager.port": str(block_manager_port),
+    }
     argv = []
     for arg in container["args"]:
         name, _, value = arg.partition("=")
-        if name == "--spark-conf" and value.startswith(("spark.kubernetes.", "spark.driver.")):
-            continue  # a cluster's: the pods, the driver's service
+        key = value.partition("=")[0]
+        if name == "--spark-conf" and key.startswith("spark.kubernetes."):
+            continue  # a cluster's: the pods
+        if name == "--spark-conf" and key in driver_settings:
+            arg = f"--spark-conf={key}={driver_settings[key]}"
         argv.append(f"{name}={swapped[name]}" if name in swapped else arg)
-    environment = {e["name"]: e.get("value") for e in container["env"]}
-    [scratch] = [m["mountPath"] for m in container["volumeMounts"] if m["name"] == "tmp"]
-    cache = Path(environment["XDG_CACHE_HOME"].replace(scratch, str(tmp_path / "tmp"), 1))
-    cache.parent.mkdir()  # the manifest's emptyDir
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BRIDGE_")}
+    cache = tmp_path / "cache"  # the image's XDG_CACHE_HOME, empty: its Spark home made here
+    assert _image_env("XDG_CACHE_HOME") == "/opt/cache"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("BRIDGE_", "SPARK_"))}
     env |= {"PATH": _without("mvn", tmp_path / "bin"), "XDG_CACHE_HOME": str(cache),
             "BRIDGE_SPARK_KAFKA_JARS": str(jars / "spark-kafka"),
             "BRIDGE_STACK_DIR": "/nonexistent"}  # fmt: skip
-    log = tmp_path / "producer.log"
-    with log.open("wb") as out:
-        job = subprocess.Popen(
-            [sys.executable, "-m", "bridge_shell.cli", *argv],
-            stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-        )  # fmt: skip
+    entrypoint = str(Path(sys.executable).parent / "bridge")  # the image's ENTRYPOINT
+    log, pod_log = tmp_path / "producer.log", tmp_path / "executor-pod.log"
+    cluster.start()
+    job = pod = None
     try:
+        cluster.wait_ready(timeout=120)
+        with log.open("wb") as out:
+            job = subprocess.Popen([entrypoint, *argv], stdout=out, stderr=subprocess.STDOUT,
+                                   env=env, start_new_session=True)  # fmt: skip
+        eventually(lambda: _listening(driver_port) or job.poll() is not None, timeout=240)
+        assert job.poll() is None, log.read_text()[-4000:]
+        with pod_log.open("wb") as out:
+            pod = subprocess.Popen(
+                [entrypoint, "executor"], stdout=out, stderr=subprocess.STDOUT,
+                env=env | _executor_pod_env(driver_port, tmp_path / "pod-local"),
+                start_new_session=True,
+            )  # fmt: skip
         try:
             eventually(lambda: job.poll() is None and len(read_messages(
                 stack.bootstrap_servers, target, partitions=2)) >= 50, timeout=240)  # fmt: skip
         except AssertionError:
             raise AssertionError(log.read_text()[-4000:]) from None
+        # Records keep coming, 20 every 2 s, until the pod's executor has run tasks of them.
+        more, sent_at = itertools.count(50), [0.0]
+
+        def ran_a_task() -> bool:
+            assert pod.poll() is None, pod_log.read_text()[-4000:]
+            if time.monotonic() - sent_at[0] >= 2.0:
+                produce(stack, source, [(None, {"order_id": i, "amount": i})
+                                        for i in itertools.islice(more, 20)])  # fmt: skip
+                sent_at[0] = time.monotonic()
+            return "Finished task" in pod_log.read_text(errors="replace")
+
+        try:
+            eventually(ran_a_task, timeout=180)
+        except AssertionError:
+            raise AssertionError(pod_log.read_text()[-4000:]) from None
+        # The pod's process is the executor's JVM now, from the prepared Spark home.
+        command = Path(f"/proc/{pod.pid}/cmdline").read_bytes().decode().split("\0")
+        assert "org.apache.spark.scheduler.cluster.k8s.KubernetesExecutorBackend" in command
+        classpath = command[command.index("-cp") + 1]
+        assert classpath.startswith(f"{cache}/bridge/spark-home-"), classpath
         for probe in ("startupProbe", "livenessProbe"):  # on the metrics port, as swapped
             get = container[probe]["httpGet"]
             assert get["port"] == "metrics", get
@@ -197,11 +249,42 @@ def test_the_producers_command_runs_as_its_container_would_with_the_jars_the_ima
             assert http_get(url)[0] == 200, (probe, url)
         job.send_signal(signal.SIGTERM)
         assert job.wait(120) == 0, log.read_text()[-3000:]
+        assert pod.wait(60) is not None  # told to stop by its driver
     finally:
-        if job.poll() is None:
-            os.killpg(job.pid, signal.SIGKILL)
-            job.wait(30)
+        for running in (job, pod):
+            if running is not None and running.poll() is None:
+                os.killpg(running.pid, signal.SIGKILL)
+                running.wait(30)
+        cluster.stop()
     assert "mvn" not in log.read_text(), log.read_text()[-3000:]
+    assert "Successfully registered with driver" in pod_log.read_text(errors="replace")
+
+
+def _daemon_ports() -> DaemonPorts:
+    return DaemonPorts(rpc=free_port(), web_ui=free_port())
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as probe:
+        return probe.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _executor_pod_env(driver_port: int, local: Path) -> dict[str, str]:
+    """What Spark's Kubernetes scheduler puts in an executor pod's environment
+    (BasicExecutorFeatureStep), for one executor of the driver on `driver_port`."""
+    return {
+        "SPARK_DRIVER_URL": f"spark://CoarseGrainedScheduler@127.0.0.1:{driver_port}",
+        "SPARK_EXECUTOR_ID": "100",
+        "SPARK_EXECUTOR_CORES": "1",
+        "SPARK_EXECUTOR_MEMORY": "768m",
+        "SPARK_APPLICATION_ID": "spark-bridge-producer",
+        "SPARK_EXECUTOR_POD_IP": "127.0.0.1",
+        "SPARK_EXECUTOR_POD_NAME": "bridge-producer-exec-100",
+        "SPARK_RESOURCE_PROFILE_ID": "0",
+        "SPARK_JAVA_OPT_0": f"-Dspark.driver.port={driver_port}",
+        "SPARK_LOCAL_DIRS": str(local),
+        "SPARK_USER": "bridge",
+    }
 
 
 def as_the_container(
