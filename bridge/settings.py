@@ -432,6 +432,11 @@ class RouteSettings(_Section):
     # without time zone. A timestamptz column keeps the instant whatever the zone; text is read
     # by PostgreSQL as it is.
     timestamp_zone: str = "UTC"
+    # Whole routes: an epoch of their topics open longer than this many seconds is taken as one
+    # whose query is gone for good (a retired or killed Spark job) and discarded, its records to
+    # the dead letters, by policy; unset, such an epoch holds until an operator settles it
+    # (`bridge epochs discard|publish`). docs/operations.md, "Operator tools".
+    epochs_hold_s: float | None = Field(default=None, gt=0, le=30 * 86_400)
 
     @field_validator("timestamp_zone")
     @classmethod
@@ -675,6 +680,12 @@ class ConsumerSettings(_Section):
         """Whether `topic`'s records wait for their whole epoch."""
         found = self.route_for(topic)
         return found is not None and found[1].epochs == "whole"
+
+    def epochs_hold_s(self, topic: str) -> float | None:
+        """How long an epoch with records of `topic` may stay open before it is discarded by
+        policy (its route's `epochs_hold_s`); None: until an operator settles it."""
+        found = self.route_for(topic)
+        return None if found is None or found[1].epochs != "whole" else found[1].epochs_hold_s
 
     def route_for(self, topic: str) -> tuple[int, RouteSettings] | None:
         """The route that reads `topic` (at most one: `_routes_apart`), as it applies to it.

@@ -352,6 +352,7 @@ class ConsumerService:
             metrics=self.metrics,
             whole_topic=self._config.whole_topic,
             incomplete_after_s=self._config.epochs_incomplete_after_ms / 1000,
+            hold_bound=self._config.epochs_hold_s,
         )
 
     def _serve_http(self) -> None:

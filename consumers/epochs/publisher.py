@@ -41,6 +41,8 @@ from typing import Any, Protocol
 import psycopg
 from psycopg import sql
 
+from bridge.errors import BridgeError
+from bridge.names import DEAD_LETTERS_TABLE
 from consumers.backoff import HoldBackoff
 from consumers.database.db_session import DatabaseSession, is_lost, refusal_of
 from consumers.database.ledger_tables import LedgerNames
@@ -55,6 +57,8 @@ from consumers.epochs.ledger import (
     Manifest,
     age_s,
     database_now,
+    discard,
+    hold,
     knows_epochs,
     manifests,
     open_epochs,
@@ -131,6 +135,7 @@ class EpochPublisher:
         metrics: ConsumerMetrics,
         whole_topic: Callable[[str], bool],
         incomplete_after_s: float,
+        hold_bound: Callable[[str], float | None] = lambda topic: None,
     ) -> None:
         self._db = db
         self._ledger = ledger
@@ -140,6 +145,7 @@ class EpochPublisher:
         self._metrics = metrics
         self._whole_topic = whole_topic
         self._incomplete_after_s = incomplete_after_s
+        self._hold_bound = hold_bound
         # What the look under way found, for its report (`LedgerLook`).
         self._published_now: list[EpochKey] = []
         self._open_now: tuple[frozenset[EpochKey], float] | None = None
@@ -384,17 +390,54 @@ class EpochPublisher:
             states = open_epochs(conn, self._ledger, self._group)
         else:
             states, as_of = current
-        self._open_now = (frozenset(s.key for s in states), as_of)
         ages: list[float] = []
         if states:
             now = database_now(conn)
             ages = [age_s(s, now) for s in states]
+            settled = self._settle_overdue(conn, states, ages)
+            if settled:
+                kept = [(s, a) for s, a in zip(states, ages, strict=True) if s.key not in settled]
+                states, ages = [s for s, _ in kept], [a for _, a in kept]
+        self._open_now = (frozenset(s.key for s in states), as_of)
         self._metrics.oldest_incomplete_epoch.set(max(ages, default=0.0))
         self._incomplete = [
             state.held_too_long(self._whole_topic, age)
             for state, age in zip(states, ages, strict=True)
             if age >= self._incomplete_after_s
         ][:10]
+
+    def _settle_overdue(
+        self, conn: psycopg.Connection[Any], states: list[EpochState], ages: list[float]
+    ) -> set[EpochKey]:
+        """Discard each epoch open longer than its routes' `epochs_hold_s` (the smallest of the
+        routes of the topics it has records of): its query is taken as gone for good, and its
+        records go to the dead letters, kept for `bridge dead-letters replay`, as an operator's
+        `bridge epochs discard` sends them, with an audit row naming the policy. Returns the
+        epochs it discarded; one another member settled meanwhile is left to it."""
+        settled: set[EpochKey] = set()
+        for state, age in zip(states, ages, strict=True):
+            topics = {t for written in state.written.values() for t in written}
+            topics |= {topic for _, topic in state.staged}
+            bounds = [b for b in map(self._hold_bound, sorted(topics)) if b is not None]
+            if not bounds or age < min(bounds):
+                continue
+            policy = f"the policy epochs_hold_s: {min(bounds):g}"
+            try:
+                with conn.transaction():
+                    held = hold(conn, self._ledger, self._group, state.key, self._whole_topic)
+                    dead_letters = sql.Identifier(self._ledger.schema, DEAD_LETTERS_TABLE)
+                    moved = discard(conn, self._ledger, dead_letters, held, requested_by=policy)
+            except BridgeError as exc:  # published or settled by another member meanwhile
+                log.info("epoch %s of query %s not discarded by policy: %s", state.epoch,
+                         state.query, exc)  # fmt: skip
+                continue
+            settled.add(state.key)
+            log.warning(
+                "epoch %s of query %s was open for %.0fs, past %s: discarded, its %d staged "
+                "record(s) moved to the dead letters (bridge dead-letters replay brings them "
+                "back); it lacked: %s", state.epoch, state.query, age, policy, moved, held.lacking,
+            )  # fmt: skip
+        return settled
 
 
 class EpochNotPublished(Exception):
