@@ -12,6 +12,7 @@ import tempfile
 import uuid
 import warnings
 from collections.abc import Callable, Iterator
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +74,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    _refuse_groups_split(config)
     if config.option.basetemp is None:  # under xdist, a worker's is set by the controller
         config.option.basetemp = str(_SESSION_TMP / "pytest")
     leftovers.install(config, markers=[_SESSION_TMP, Path(config.option.basetemp)])
@@ -124,6 +126,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = kept
     if any(item.get_closest_marker("integration") for item in items):
         _refuse_a_full_disk(_SESSION_TMP)
+
+
+def _refuse_groups_split(config: pytest.Config) -> None:
+    """`--dist loadgroup` keeps a group's tests on one worker by adding the group to their
+    ids; pytest-xdist 3.8 does it by setting `item._nodeid`, which pytest 9.2 no longer reads,
+    so a module's Spark or Kafka cluster would run on several workers at once, slowly and
+    flakily, with nothing to say why. Refused at start instead (pyproject.toml pins pytest)."""
+    if getattr(config.option, "dist", "no") != "loadgroup":
+        return
+    pytest_version = tuple(int(p) for p in version("pytest").split(".")[:2])
+    xdist_version = tuple(int(p) for p in version("pytest-xdist").split(".")[:2])
+    if pytest_version >= (9, 2) and xdist_version <= (3, 8):
+        raise pytest.UsageError(
+            f"pytest {version('pytest')} with pytest-xdist {version('pytest-xdist')}: --dist "
+            "loadgroup would not keep an xdist_group on one worker; install the pytest "
+            "pyproject.toml pins (make setup)"
+        )
 
 
 def _start_order(item: pytest.Item) -> int:
