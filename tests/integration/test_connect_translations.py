@@ -263,6 +263,7 @@ topics={topic}
 table.name.format={table}
 connection.url={_jdbc_url(stack.dsn)}
 connection.user=postgres
+connection.password=not-copied
 insert.mode=upsert
 pk.mode=record_value
 pk.fields=id

@@ -8,7 +8,6 @@ import itertools
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -202,20 +201,27 @@ def test_the_producers_command_runs_as_its_container_would_with_the_jars_the_ima
             "BRIDGE_STACK_DIR": "/nonexistent"}  # fmt: skip
     entrypoint = str(Path(sys.executable).parent / "bridge")  # the image's ENTRYPOINT
     log, pod_log = tmp_path / "producer.log", tmp_path / "executor-pod.log"
+    (tmp_path / "pod-local").mkdir()
     cluster.start()
     job = pod = None
     try:
         cluster.wait_ready(timeout=120)
         with log.open("wb") as out:
+            # In a directory of its own, as the image's WORKDIR: a driver on a cluster unpacks
+            # the executors' environment into its working directory (./bridge-env).
             job = subprocess.Popen([entrypoint, *argv], stdout=out, stderr=subprocess.STDOUT,
-                                   env=env, start_new_session=True)  # fmt: skip
-        eventually(lambda: _listening(driver_port) or job.poll() is not None, timeout=240)
+                                   env=env, cwd=tmp_path, start_new_session=True)  # fmt: skip
+        eventually(lambda: bool(cluster.executor_pids()) or job.poll() is not None, timeout=240)
         assert job.poll() is None, log.read_text()[-4000:]
+        # The executor's JVM options the driver decided (Spark's module options among them), as
+        # the scheduler passes them to a pod: read from the worker's executor.
+        [worker_executor, *_] = cluster.executor_pids()
+        options = _jvm_options(worker_executor)
         with pod_log.open("wb") as out:
             pod = subprocess.Popen(
                 [entrypoint, "executor"], stdout=out, stderr=subprocess.STDOUT,
-                env=env | _executor_pod_env(driver_port, tmp_path / "pod-local"),
-                start_new_session=True,
+                env=env | _executor_pod_env(driver_port, tmp_path / "pod-local", options),
+                cwd=tmp_path / "pod-local", start_new_session=True,
             )  # fmt: skip
         try:
             eventually(lambda: job.poll() is None and len(read_messages(
@@ -264,15 +270,22 @@ def _daemon_ports() -> DaemonPorts:
     return DaemonPorts(rpc=free_port(), web_ui=free_port())
 
 
-def _listening(port: int) -> bool:
-    with socket.socket() as probe:
-        return probe.connect_ex(("127.0.0.1", port)) == 0
+def _jvm_options(pid: int) -> list[str]:
+    """The JVM options of a running standalone executor, but its class path and heap."""
+    command = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+    options = command[1 : command.index("org.apache.spark.executor.CoarseGrainedExecutorBackend")]
+    classpath = options.index("-cp")
+    del options[classpath : classpath + 2]
+    return [o for o in options if not o.startswith(("-Xmx", "-Xms"))]
 
 
-def _executor_pod_env(driver_port: int, local: Path) -> dict[str, str]:
+def _executor_pod_env(driver_port: int, local: Path, options: list[str]) -> dict[str, str]:
     """What Spark's Kubernetes scheduler puts in an executor pod's environment
-    (BasicExecutorFeatureStep), for one executor of the driver on `driver_port`."""
+    (BasicExecutorFeatureStep), for one executor of the driver on `driver_port` whose JVM
+    options (`spark.executor.extraJavaOptions` with Spark's own, and the startup settings) are
+    `options`: one SPARK_JAVA_OPT_<n> each."""
     return {
+        **{f"SPARK_JAVA_OPT_{n}": option for n, option in enumerate(options)},
         "SPARK_DRIVER_URL": f"spark://CoarseGrainedScheduler@127.0.0.1:{driver_port}",
         "SPARK_EXECUTOR_ID": "100",
         "SPARK_EXECUTOR_CORES": "1",
@@ -281,7 +294,6 @@ def _executor_pod_env(driver_port: int, local: Path) -> dict[str, str]:
         "SPARK_EXECUTOR_POD_IP": "127.0.0.1",
         "SPARK_EXECUTOR_POD_NAME": "bridge-producer-exec-100",
         "SPARK_RESOURCE_PROFILE_ID": "0",
-        "SPARK_JAVA_OPT_0": f"-Dspark.driver.port={driver_port}",
         "SPARK_LOCAL_DIRS": str(local),
         "SPARK_USER": "bridge",
     }
