@@ -215,7 +215,7 @@ def executor_env(
     ] = None,
 ) -> None:
     """Pack what a cluster's executors need to run the sink (our code, confluent-kafka, pyarrow,
-    tenacity) for a plain spark-submit, and print the options that ship it."""
+    tenacity, python-json-logger) for a plain spark-submit, and print the options that ship it."""
     from bridge_shell.spark.executor_env import (
         ARCHIVE_ALIAS,
         default_executor_python,

@@ -4,7 +4,7 @@ On a cluster the sink runs in Python workers that executors start on other machi
 PySpark itself (each worker's Spark home has it). The rest goes in one archive:
 - our packages `bridge` and `spark_jobs`;
 - the libraries the sink imports there: confluent-kafka (with its bundled librdkafka), pyarrow
-  (the Arrow batches the writer receives) and tenacity.
+  (the Arrow batches the writer receives), tenacity, and python-json-logger (its log lines).
 
 Spark unpacks the archive into each executor's working directory (`spark.archives`, as
 `bridge-env`), and the Python workers find it on their path (`spark.executorEnv.PYTHONPATH`).
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 ARCHIVE_ALIAS = "bridge-env"  # the directory name each executor unpacks the archive as
-EXECUTOR_DISTRIBUTIONS = ("confluent-kafka", "pyarrow", "tenacity")
+EXECUTOR_DISTRIBUTIONS = ("confluent-kafka", "pyarrow", "tenacity", "python-json-logger")
 OUR_PACKAGES = ("bridge", "spark_jobs")
 # Not needed to run the sink. The libraries' bytecode is kept (the executors' Python is the
 # driver's version), ours is left out (it may be older than its source).
