@@ -21,7 +21,7 @@ import pytest
 from bridge_shell.stack.kafka import KafkaPorts, KafkaServer, new_cluster_id
 from bridge_shell.stack.process import ENV_PORT_RANGE, free_port
 from consumers.database.state import StateTables, ensure_state
-from tests import leftovers
+from tests import heavy_slots, leftovers
 from tests.harness import Endpoints, endpoints
 from tests.toxiproxy import Proxy, Toxiproxy, ToxiproxyMissing, toxiproxy_binary
 
@@ -79,11 +79,17 @@ def pytest_configure(config: pytest.Config) -> None:
         config.option.basetemp = str(_SESSION_TMP / "pytest")
     leftovers.install(config, markers=[_SESSION_TMP, Path(config.option.basetemp)])
     config.pluginmanager.register(leftovers, "bridge-leftovers")
+    heavy_slots.install(config)
     if _is_xdist_controller(config):
         _warm_shared_caches()
     config.addinivalue_line("markers", "unit: no I/O, fast")
     config.addinivalue_line("markers", "integration: needs real Kafka and PostgreSQL")
     config.addinivalue_line("markers", "slow: takes more than a few seconds")
+    config.addinivalue_line(
+        "markers",
+        "heavy: starts a cluster of JVMs, several Spark drivers or the whole pipeline; at most "
+        f"{heavy_slots.ENV_SLOTS} (default 2) run at once across the workers",
+    )
     config.addinivalue_line(
         "markers", "quick: an integration test `make check` runs too (a few seconds, no fault)"
     )
@@ -119,7 +125,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(parts[0])
     # The slow tests first, the unit tests last: workers take tests in this order, so the long
     # ones start early and the short ones fill the end instead of one long test running alone.
+    # Among the slow, the heavy ones are spread out: a worker waiting for a heavy-test slot
+    # (tests/heavy_slots.py) holds few other tests, so two heavy ones in a row would idle it.
     items.sort(key=_start_order)
+    items[:] = _heavy_spread(items)
     if config.getoption("--secure"):
         kept = [item for item in items if item.get_closest_marker("secured")]
         config.hook.pytest_deselected(items=[item for item in items if item not in kept])
@@ -143,6 +152,29 @@ def _refuse_groups_split(config: pytest.Config) -> None:
             "loadgroup would not keep an xdist_group on one worker; install the pytest "
             "pyproject.toml pins (make setup)"
         )
+
+
+def _heavy_spread(items: list[pytest.Item]) -> list[pytest.Item]:
+    """The slow block with its heavy units (a test, or a whole xdist_group) evenly among the
+    other slow tests; everything else keeps its place."""
+    slow = [item for item in items if _start_order(item) == 0]
+    rest = items[len(slow) :]
+    units: dict[str, list[pytest.Item]] = {}
+    light: list[pytest.Item] = []
+    for item in slow:
+        if item.get_closest_marker("heavy") is None:
+            light.append(item)
+            continue
+        group = item.get_closest_marker("xdist_group")
+        units.setdefault(str(group.args[0]) if group else item.nodeid, []).append(item)
+    if not units:
+        return items
+    spread: list[pytest.Item] = []
+    step = len(light) / len(units)
+    for n, unit in enumerate(units.values()):
+        spread.extend(light[round(n * step) : round((n + 1) * step)])
+        spread.extend(unit)
+    return spread + rest
 
 
 def _start_order(item: pytest.Item) -> int:

@@ -225,6 +225,7 @@ def _swap(value: str, hosts: dict[str, str]) -> str:
     return value
 
 
+@pytest.mark.heavy
 def test_the_compose_services_run_as_written_give_the_demos_result(
     stack: Endpoints, compose_database: str, tmp_path: Path
 ) -> None:
@@ -241,6 +242,7 @@ def test_the_compose_services_run_as_written_give_the_demos_result(
 
 
 @pytest.mark.secured
+@pytest.mark.heavy
 def test_the_secured_overlays_services_run_as_written_give_the_demos_result(
     stack: Endpoints, compose_database: str, tmp_path: Path
 ) -> None:

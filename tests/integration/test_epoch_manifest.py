@@ -149,6 +149,7 @@ def test_each_epoch_is_named_whole_across_topics_empty_tasks_and_an_empty_epoch(
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 @pytest.mark.parametrize(
     ("rule", "records_of_epoch_1"),
     [

@@ -34,7 +34,7 @@ from tests.kafka_helpers import (
     coordinator_partition,
 )
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("kafka-cluster")]
+pytestmark = [pytest.mark.slow, pytest.mark.heavy, pytest.mark.xdist_group("kafka-cluster")]
 
 
 @pytest.fixture(scope="module")

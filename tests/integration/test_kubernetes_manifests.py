@@ -136,6 +136,7 @@ def _without(tool: str, mirrors: Path) -> str:
     return os.pathsep.join(kept)
 
 
+@pytest.mark.heavy
 @pytest.mark.xdist_group("spark-cluster")  # one Spark cluster on the machine at a time
 def test_the_producers_command_runs_as_its_container_would_with_the_jars_the_image_holds(
     stack: Endpoints, names: dict[str, str], tmp_path: Path

@@ -82,6 +82,7 @@ def test_every_block_of_the_readme_is_one_that_these_tests_run() -> None:
     ], shapes  # fmt: skip
 
 
+@pytest.mark.heavy
 def test_the_two_commands_the_readme_opens_with() -> None:
     """`make demo` runs for real, on a stack of its own that it starts and stops. `make test` is
     what is running now, so it is only expanded (`make -n`): it must still run the tests on the
@@ -111,6 +112,7 @@ def test_the_two_commands_the_readme_opens_with() -> None:
     assert "--secure" in runs[1] and "--secure" not in runs[0], planned
 
 
+@pytest.mark.heavy
 def test_the_readme_walk_through_from_a_pyspark_job_to_a_table_and_its_tools(
     stack: Endpoints, tmp_path: Path
 ) -> None:

@@ -12,7 +12,7 @@ import pytest
 
 from bench.soak import Options, Soak, report
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.heavy]
 
 
 def test_three_minutes_of_random_faults_lose_and_double_nothing(tmp_path: Path) -> None:

@@ -31,7 +31,7 @@ from tests.integration.test_producer_faults import (
 )
 from tests.integration.test_sink import write_orders
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("spark-cluster")]
+pytestmark = [pytest.mark.slow, pytest.mark.heavy, pytest.mark.xdist_group("spark-cluster")]
 
 
 @pytest.fixture(scope="module")

@@ -117,6 +117,7 @@ def _processes_mentioning(path: Path) -> list[int]:
 
 
 @pytest.mark.secured
+@pytest.mark.heavy
 def test_demo_verifies_every_order_exactly_once_and_stops_its_stack(
     data_dir: Path, secure: bool
 ) -> None:
@@ -155,6 +156,7 @@ def _assert_no_password_outside_secrets(data_dir: Path, output: str) -> None:
     assert searched > 20, f"only {searched} files to search: the logs are elsewhere"
 
 
+@pytest.mark.heavy
 def test_a_three_node_cluster_replicates_and_rides_out_a_lost_node(data_dir: Path) -> None:
     """`--brokers 3`: three KRaft nodes, topics and the transaction log with three replicas and
     two in sync; with one node SIGKILLed, transactions still commit and read back."""
@@ -211,6 +213,7 @@ def test_a_three_node_cluster_replicates_and_rides_out_a_lost_node(data_dir: Pat
     assert not any(node.running() for node in nodes)
 
 
+@pytest.mark.heavy
 def test_demo_runs_on_a_kafka_cluster_and_a_spark_cluster_and_stops_both(data_dir: Path) -> None:
     """`bridge demo --brokers 3 --spark-workers 2`: the same verified pipeline with the producer
     on a Spark standalone cluster (a master and two worker JVMs) and three Kafka nodes."""

@@ -100,6 +100,7 @@ def _run(command: list[str], env: dict[str, str]) -> str:
     return ran.stdout + ran.stderr
 
 
+@pytest.mark.heavy
 def test_a_users_own_avro_job_with_a_tombstone_runs_with_and_without_an_activated_virtualenv(
     stack: Endpoints, names: dict[str, str], registry_url: str, tmp_path: Path
 ) -> None:

@@ -18,7 +18,7 @@ import pytest
 from bridge_shell.stack import LocalStack
 from tests.integration.test_readme import block_with, commands, substituted
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.heavy]
 
 ROOT = Path(__file__).resolve().parents[2]
 
