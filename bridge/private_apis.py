@@ -65,4 +65,34 @@ def detach_accumulator_server(spark_context: Any) -> Any:
         )
     server = spark_context._accumulatorServer
     spark_context._accumulatorServer = None  # stop() then leaves it alone
+    if server is not None:
+        # Its request handler reads the JVM's end of the socket until `server_shutdown`; the
+        # JVM closes it in `stop()`, before the caller shuts the server down: set the flag
+        # first, and take the EOFError a read may still meet for what it is (the JVM gone),
+        # instead of socketserver printing its traceback.
+        server.server_shutdown = True
+        server.handle_error = _jvm_gone
     return server
+
+
+def _jvm_gone(request: Any, client_address: Any) -> None:
+    """The detached accumulator server's `handle_error`: nothing to say."""
+
+
+def stop_console_progress_bar(spark_context: Any) -> bool:
+    """Stops the console progress bar of `spark_context`'s JVM, if it has one (PySpark's shell
+    mode turns it on: a plain `python job.py` too); True when there was one. Spark keeps it in
+    `SparkContext.progressBar`, private to Spark in Scala (public in the bytecode, so Py4J
+    reaches it); `ConsoleProgressBar.stop` ends its refresh timer."""
+    try:
+        found = spark_context._jsc.sc().progressBar()
+        if found.isEmpty():
+            return False
+        found.get().stop()
+    except Exception as exc:  # Py4J's error: the member moved
+        version = importlib.metadata.version("pyspark")
+        raise PrivateApiMoved(
+            f"SparkContext.progressBar is not in Spark {version}: bridge/private_apis.py must "
+            "follow where this release keeps it"
+        ) from exc
+    return True

@@ -29,6 +29,8 @@ import time
 from types import FrameType
 from typing import Any
 
+from spark_jobs.jvm_loggers import quieted
+
 log = logging.getLogger("bridge.sink")
 
 # The one bound of a graceful stop: docs/sink.md quotes it, and the grace periods of the
@@ -48,7 +50,8 @@ def stop_gracefully(query: Any, timeout_s: float = DEFAULT_TIMEOUT_S) -> bool:
     while query.isActive:
         status = query.status
         if not status["isTriggerActive"] or _batch_id(query) != in_flight:
-            query.stop()
+            with quieted():  # a deliberate stop, not the faults Spark's lines would say
+                query.stop()
             log.info("the query stopped between epochs")
             return True
         if time.monotonic() >= deadline:

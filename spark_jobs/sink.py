@@ -29,6 +29,7 @@ from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_expone
 from bridge.kafka_admin import TopicError, create_topic
 from bridge.logs import formatter
 from bridge.names import DEFAULT_TRANSACTIONAL_ID_HEAD, SINK_FORMAT
+from bridge.private_apis import PrivateApiMoved, stop_console_progress_bar
 from spark_jobs.epoch_transaction import EpochOutcome, EpochTransaction, TaskCoordinates
 from spark_jobs.kafka_rows import check_schema, record_chunks
 from spark_jobs.manifest_writer import write_epoch
@@ -171,7 +172,20 @@ def register(spark: Any) -> None:
     """Make `format("bridge-kafka")` available in `spark`; in local mode its Python workers run
     the interpreter this sink is installed in (`_local_worker_python`)."""
     _local_worker_python(spark.sparkContext)
+    _no_progress_bar_off_a_terminal(spark.sparkContext)
     spark.dataSource.register(BridgeKafkaSink)
+
+
+def _no_progress_bar_off_a_terminal(context: Any) -> None:
+    """A job run as `python job.py` is a PySpark "shell" to Spark, which then draws its console
+    progress bar on stderr: carriage-returned `[Stage N:===>  (3 + 1) / 4]` lines in a log
+    file or a pod's log. Stopped here unless stderr is a terminal (where it helps)."""
+    if os.isatty(2):
+        return
+    try:
+        stop_console_progress_bar(context)
+    except PrivateApiMoved as exc:  # a progress bar left is not worth a failed job
+        log.debug("%s", exc)
 
 
 def _local_worker_python(context: Any) -> None:

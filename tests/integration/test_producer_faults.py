@@ -221,6 +221,17 @@ def _last_stable_offset(stack: Endpoints, topic: str) -> int:
     return offset_range(stack.bootstrap_servers, [(topic, 0)])[(topic, 0)][1]
 
 
+# A line an operator would have to read: Spark's or Hadoop's WARN or ERROR, a Java stack frame
+# or exception, a Python traceback, or one of bridge's own JSON lines at WARNING or above.
+_NOISE = re.compile(
+    r' (WARN|ERROR) |^\s+at |Exception|Traceback|"level": "(warning|error|critical)"'
+)
+
+
+def noisy_lines(output: str) -> list[str]:
+    return [line for line in output.splitlines() if _NOISE.search(line)]
+
+
 def committed_epochs(checkpoint: Path) -> int:
     """Epochs in Spark's commit log: the job's progress, whatever the machine's speed."""
     commits = checkpoint / "commits"
@@ -261,6 +272,42 @@ def test_driver_killed_at_random_moments_until_done(
     producer.run_to_end(timeout=300)
 
     assert kills >= 2, f"seed {seed}: the run finished before most kills"
+    assert_exactly(stack, topic_name, 3, expected)
+
+
+@pytest.mark.heavy
+def test_sigterms_at_random_moments_each_stop_quietly_and_the_records_land_once(
+    stack: Endpoints, topic_name: str, tmp_path: Path
+) -> None:
+    """A deploy's SIGTERM, four times, each at a random moment of a running query: inside an
+    epoch's tasks, in its commit hook, or between epochs. Each run exits 0, and after its line
+    "stopping the query at its next epoch boundary" says nothing an operator would have to read
+    (no WARN or ERROR, no Java stack trace, no Python traceback); the records land once."""
+    seed = int(os.environ.get("BRIDGE_TEST_SEED", time.time()))
+    chance = random.Random(seed)  # noqa: S311 - test timing, not secrets
+    create_topic(stack.bootstrap_servers, topic_name, partitions=3)
+    expected = write_orders(tmp_path / "in", files=12, rows_per_file=1000)
+    streaming = ("--max-files-per-trigger", "1", *SPLITS)
+    producer = Producer(stack, tmp_path, topic_name, *streaming, "--trigger", "1 second")
+    for stop in range(4):
+        start = producer.log.stat().st_size if producer.log.exists() else 0
+        before = committed_epochs(producer.checkpoint)
+        process = producer.start()
+        deadline = time.monotonic() + 180
+        while committed_epochs(producer.checkpoint) <= before:
+            assert process.poll() is None, producer.log.read_text()[-3000:]
+            assert time.monotonic() < deadline, producer.log.read_text()[-3000:]
+            time.sleep(0.1)
+        time.sleep(chance.uniform(0, 2.5))
+        process.send_signal(signal.SIGTERM)
+        code = process.wait(120)
+        said = producer.log.read_bytes()[start:].decode(errors="replace")
+        where = f"seed {seed}, stop {stop}:\n{said[-4000:]}"
+        assert code == 0, where
+        _, found, stopping = said.partition("stopping the query at its next epoch boundary")
+        assert found, where
+        assert noisy_lines(stopping) == [], where
+    Producer(stack, tmp_path, topic_name, *streaming).run_to_end()
     assert_exactly(stack, topic_name, 3, expected)
 
 

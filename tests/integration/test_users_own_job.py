@@ -21,6 +21,7 @@ import pytest
 
 from tests.consumer_helpers import drained, running, settings_for, sql
 from tests.harness import Endpoints
+from tests.integration.test_producer_faults import noisy_lines
 
 PARTITIONS = 3
 
@@ -142,6 +143,7 @@ def test_a_users_own_avro_job_with_a_tombstone_runs_with_and_without_an_activate
     assert "Spark's Python workers would run python3" in said
     assert said.count("committed:") >= 4, said[-3000:]  # an epoch a file
     assert _repeated_warnings(said, epochs=4) == [], said[-3000:]
+    assert "[Stage " not in said, said[-3000:]  # Spark's console progress bar, in a log
 
     settings = settings_for(stack, names, registry_url=registry_url, value_format="avro",
                             key_format="avro", key_source="record_key", auto_create=True,
@@ -244,5 +246,7 @@ def test_a_users_own_job_stopped_mid_epoch_finishes_the_epoch_first_quietly(
     assert "stopped by a signal" in output, output[-3000:]
     assert "Traceback" not in output, output[-3000:]
     assert "Exception" not in output, output[-3000:]  # a JVM's stack trace names one
+    stopping = output.split("stopping the query at its next epoch boundary", 1)[-1]
+    assert noisy_lines(stopping) == [], output[-3000:]
     parts, records = manifest_of(stack, DEFAULT_EPOCHS_TOPIC, _query_of(checkpoint))
     assert {epoch for epoch, _ in parts} == set(records) == {0, 1}

@@ -73,9 +73,18 @@ def test_psycopg_row_text_formatter_formats_copy_text_as_psycopg_does() -> None:
 
 
 def test_detach_accumulator_server_takes_the_server_off_the_context() -> None:
-    context = SimpleNamespace(_accumulatorServer="server")
-    assert private_apis.detach_accumulator_server(context) == "server"
+    server = SimpleNamespace(server_shutdown=False)
+    context = SimpleNamespace(_accumulatorServer=server)
+    assert private_apis.detach_accumulator_server(context) is server
     assert context._accumulatorServer is None
+    # Its handler stops reading, and the JVM's closed socket prints no traceback.
+    assert server.server_shutdown is True
+    assert server.handle_error(None, ("127.0.0.1", 1)) is None
+
+
+def test_a_context_without_a_progress_bar_member_fails_naming_the_adapter() -> None:
+    with pytest.raises(PrivateApiMoved, match=r"SparkContext\.progressBar is not in Spark"):
+        private_apis.stop_console_progress_bar(SimpleNamespace())
 
 
 def test_a_moved_name_fails_naming_the_library_version_and_the_adapter() -> None:
