@@ -53,8 +53,13 @@ if _WORKER.startswith("gw") and _WORKER[2:].isdigit():
     _first = 20_000 + int(_WORKER[2:]) * _span
     os.environ[ENV_PORT_RANGE] = f"{_first}-{_first + _span - 1}"
 os.environ["TMPDIR"] = str(_CHILDREN_TMP)
+# The tests' JVMs (Spark drivers and executors, brokers, the registry) mostly start, do a
+# little, and stop: C1 alone compiles that for half the CPU (a Spark session and one job: 29-34
+# s of CPU, 18 s with it, measured on two cores), which on two cores is time every other test
+# gets back. What the benchmarks and users run keeps the JVM's default (tiered) compilation.
+_TEST_JVM_OPTIONS = ("-XX:TieredStopAtLevel=1", f"-Djava.io.tmpdir={_CHILDREN_TMP}")
 os.environ["JAVA_TOOL_OPTIONS"] = " ".join(
-    filter(None, [os.environ.get("JAVA_TOOL_OPTIONS"), f"-Djava.io.tmpdir={_CHILDREN_TMP}"])
+    filter(None, [os.environ.get("JAVA_TOOL_OPTIONS"), *_TEST_JVM_OPTIONS])
 )
 
 # The integration tests' peak use of the temporary directory's file system: the session's Kafka
