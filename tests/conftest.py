@@ -58,9 +58,10 @@ os.environ["TMPDIR"] = str(_CHILDREN_TMP)
 # s of CPU, 18 s with it, measured on two cores), which on two cores is time every other test
 # gets back. What the benchmarks and users run keeps the JVM's default (tiered) compilation.
 _TEST_JVM_OPTIONS = ("-XX:TieredStopAtLevel=1", f"-Djava.io.tmpdir={_CHILDREN_TMP}")
-os.environ["JAVA_TOOL_OPTIONS"] = " ".join(
-    filter(None, [os.environ.get("JAVA_TOOL_OPTIONS"), *_TEST_JVM_OPTIONS])
-)
+# An xdist worker inherits its controller's: those are replaced, not repeated.
+_inherited = os.environ.get("JAVA_TOOL_OPTIONS", "").split()
+_kept = [o for o in _inherited if o not in _TEST_JVM_OPTIONS and "java.io.tmpdir=" not in o]
+os.environ["JAVA_TOOL_OPTIONS"] = " ".join([*_kept, *_TEST_JVM_OPTIONS])
 
 # The integration tests' peak use of the temporary directory's file system: the session's Kafka
 # and PostgreSQL, the brokers and clusters single tests start, and Spark's unpacked executor
