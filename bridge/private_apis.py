@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import logging
+import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
@@ -77,6 +79,37 @@ def detach_accumulator_server(spark_context: Any) -> Any:
 
 def _jvm_gone(request: Any, client_address: Any) -> None:
     """The detached accumulator server's `handle_error`: nothing to say."""
+
+
+def quiet_accumulator_eof(spark_context: Any) -> None:
+    """Makes PySpark's accumulator server of `spark_context` take its connection's end for what
+    it is. The JVM writes accumulator updates over a connection it opens again when it finds it
+    closed; when a stopping query closes it (seen on a graceful stop of `bridge produce`), the
+    server's handler meets EOFError mid-read and socketserver prints its traceback with
+    "Exception occurred during processing of request". That error, and a reset connection, are
+    now said at DEBUG; any other still goes to socketserver's own `handle_error`. PySpark keeps
+    the server in the private attribute `_accumulatorServer`."""
+    if not hasattr(spark_context, "_accumulatorServer"):
+        version = importlib.metadata.version("pyspark")
+        raise PrivateApiMoved(
+            f"SparkContext._accumulatorServer is not in pyspark {version}: "
+            "bridge/private_apis.py must follow where this release keeps it"
+        )
+    server = spark_context._accumulatorServer
+    if server is None:
+        return
+    report = server.handle_error
+
+    def handle_error(request: Any, client_address: Any) -> None:
+        error = sys.exc_info()[1]
+        if isinstance(error, EOFError | ConnectionResetError):
+            logging.getLogger("bridge.spark").debug(
+                "the JVM closed its accumulator connection: %r", error
+            )
+            return
+        report(request, client_address)
+
+    server.handle_error = handle_error
 
 
 def stop_console_progress_bar(spark_context: Any) -> bool:

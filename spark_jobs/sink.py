@@ -11,6 +11,7 @@ With `.option("epochs", "whole")` the tasks and the driver also write the epoch 
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import os
@@ -29,7 +30,11 @@ from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_expone
 from bridge.kafka_admin import TopicError, create_topic
 from bridge.logs import formatter
 from bridge.names import DEFAULT_TRANSACTIONAL_ID_HEAD, SINK_FORMAT
-from bridge.private_apis import PrivateApiMoved, stop_console_progress_bar
+from bridge.private_apis import (
+    PrivateApiMoved,
+    quiet_accumulator_eof,
+    stop_console_progress_bar,
+)
 from spark_jobs.epoch_transaction import EpochOutcome, EpochTransaction, TaskCoordinates
 from spark_jobs.kafka_rows import check_schema, record_chunks
 from spark_jobs.manifest_writer import write_epoch
@@ -173,6 +178,8 @@ def register(spark: Any) -> None:
     the interpreter this sink is installed in (`_local_worker_python`)."""
     _local_worker_python(spark.sparkContext)
     _no_progress_bar_off_a_terminal(spark.sparkContext)
+    with contextlib.suppress(PrivateApiMoved):  # a traceback more is not worth a failed job
+        quiet_accumulator_eof(spark.sparkContext)
     spark.dataSource.register(BridgeKafkaSink)
 
 

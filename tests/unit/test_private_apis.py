@@ -82,6 +82,21 @@ def test_detach_accumulator_server_takes_the_server_off_the_context() -> None:
     assert server.handle_error(None, ("127.0.0.1", 1)) is None
 
 
+def test_the_accumulator_server_says_nothing_of_the_jvm_closing_its_connection() -> None:
+    reported: list[object] = []
+    server = SimpleNamespace(handle_error=lambda request, address: reported.append(request))
+    private_apis.quiet_accumulator_eof(SimpleNamespace(_accumulatorServer=server))
+    for error, request in ((EOFError(), "eof"), (ConnectionResetError(), "reset"),
+                           (ValueError("bad token"), "other")):  # fmt: skip
+        try:
+            raise error
+        except Exception:  # noqa: BLE001 - socketserver calls handle_error inside its except
+            server.handle_error(request, ("127.0.0.1", 1))
+    assert reported == ["other"]
+    with pytest.raises(PrivateApiMoved, match=r"SparkContext\._accumulatorServer"):
+        private_apis.quiet_accumulator_eof(SimpleNamespace())
+
+
 def test_a_context_without_a_progress_bar_member_fails_naming_the_adapter() -> None:
     with pytest.raises(PrivateApiMoved, match=r"SparkContext\.progressBar is not in Spark"):
         private_apis.stop_console_progress_bar(SimpleNamespace())
