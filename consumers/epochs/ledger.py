@@ -315,13 +315,19 @@ def open_epochs(conn: psycopg.Connection[Any], names: LedgerNames, group: str) -
     def state(query: str, epoch: int) -> EpochState:
         return states.setdefault((query, epoch), EpochState(group, query, epoch))
 
+    # Two branches, not one OR: each reaches its rows by an index (the open ones by
+    # `epochs_open`, the settled ones records were staged for again by the primary key), where
+    # the OR read every epoch the group ever settled, a sequential scan growing with its age.
     for query, epoch, parts, seen_at, forced, outcome in conn.execute(
         sql.SQL(
-            "SELECT query, epoch, parts, seen_at, forced, outcome FROM {} WHERE group_id = %s "
-            "AND (outcome IS NULL OR (query, epoch) IN "
-            "(SELECT query, epoch FROM {} WHERE group_id = %s))"
-        ).format(names.epochs, names.staged),
-        (group, group),
+            "SELECT query, epoch, parts, seen_at, forced, outcome FROM {epochs} "
+            "WHERE group_id = %(group)s AND outcome IS NULL "
+            "UNION ALL "
+            "SELECT e.query, e.epoch, e.parts, e.seen_at, e.forced, e.outcome FROM {epochs} AS e "
+            "JOIN (SELECT DISTINCT query, epoch FROM {staged} WHERE group_id = %(group)s) AS s "
+            "USING (query, epoch) WHERE e.group_id = %(group)s AND e.outcome IS NOT NULL"
+        ).format(epochs=names.epochs, staged=names.staged),
+        {"group": group},
     ):
         found = state(query, epoch)
         found.parts = None if parts is None else tuple(sorted(parts))
