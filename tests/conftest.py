@@ -21,7 +21,7 @@ import pytest
 from bridge_shell.stack.kafka import KafkaPorts, KafkaServer, new_cluster_id
 from bridge_shell.stack.process import ENV_PORT_RANGE, free_port
 from consumers.database.state import StateTables, ensure_state
-from tests import heavy_slots, leftovers
+from tests import heavy_slots, jvm_archive, leftovers
 from tests.harness import Endpoints, endpoints
 from tests.toxiproxy import Proxy, Toxiproxy, ToxiproxyMissing, toxiproxy_binary
 
@@ -116,7 +116,13 @@ def _warm_shared_caches() -> None:
     from bridge_shell.spark.spark_home import precompiled_spark_home
 
     build_executor_env()
-    precompiled_spark_home()
+    home = precompiled_spark_home()
+    # The workers inherit it, and every driver they start (tests/jvm_archive.py).
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "bridge"
+    options = jvm_archive.driver_options(cache, home)
+    if options is not None:
+        inherited = os.environ.get("SPARK_SUBMIT_OPTS", "")
+        os.environ["SPARK_SUBMIT_OPTS"] = f"{inherited} {options}".strip()
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
