@@ -75,6 +75,14 @@ class ConsumerMetrics:
             ["topic"],
             registry=self.registry,
         ).labels
+        self.records_ahead_of_epochs = Counter(
+            "bridge_consumer_records_ahead_of_epochs_total",
+            "Records of no epoch (another producer's) written ahead of an epoch whose records "
+            "lie before and after them in their partition, which overwrites them for a key "
+            "of both once published.",
+            ["topic"],
+            registry=self.registry,
+        ).labels
         self.records_skipped = Counter(
             "bridge_consumer_records_skipped_total",
             "Records their route's mode leaves unwritten, by design: in insert_if_absent a key "

@@ -36,7 +36,7 @@ from consumers.batch.planner import Planned, by_topic
 from consumers.database.db_session import Refusal, is_lost, refusal_of
 from consumers.database.offsets import Lease, OffsetStore, PartitionKey
 from consumers.decoding.records import Record, RecordStopped, offset_of
-from consumers.epochs.ledger import EpochKey
+from consumers.epochs.ledger import Ahead, EpochKey
 from consumers.epochs.staging import EpochStager
 from consumers.tables.applier import Applier, ApplyCounts, DeadLetterNote, Step, run_steps
 from consumers.tables.table_follower import DRIFT
@@ -113,6 +113,12 @@ class CommitResult:
     # Partitions whose records of no epoch (another producer's) came after records staged of
     # an epoch: committed up to them (or declined), they wait for its publication from there.
     behind: dict[PartitionKey, int] = field(default_factory=dict)
+    # And the epochs staged before them there, which the assembly may not know of (staged
+    # before this member started): it holds their later records back no more.
+    staged_before: dict[PartitionKey, frozenset[EpochKey]] = field(default_factory=dict)
+    # Partitions whose records of no epoch it wrote ahead of epochs staged before them, whose
+    # records lie after them too (`consumers.epochs.ledger.Ahead`), for the log once committed.
+    ahead: dict[PartitionKey, Ahead] = field(default_factory=dict)
 
     @property
     def whole(self) -> bool:
@@ -127,8 +133,11 @@ class CommitResult:
 
 
 class _BehindStaged(BridgeError):
-    def __init__(self, at: dict[PartitionKey, int]) -> None:
+    def __init__(
+        self, at: dict[PartitionKey, int], epochs: dict[PartitionKey, frozenset[EpochKey]]
+    ) -> None:
         self.at = at
+        self.epochs = epochs
         where = ", ".join(f"{t}[{p}]@{o}" for (t, p), o in sorted(at.items()))
         super().__init__(f"{where}: records of no epoch after records of an epoch staged")
 
@@ -208,6 +217,7 @@ class Committer:
                     staged=staged,
                     seconds=time.perf_counter() - sent.started,
                     published=batch.planned.epochs,
+                    ahead=batch.planned.ahead,
                 )
             log.info("batch refused as a whole, writing it statement by statement: %s", refusal)
             sent.conn.execute("ROLLBACK")
@@ -228,13 +238,15 @@ class Committer:
         stopped: RecordStopped | None = None
         declined: list[PartitionKey] = []  # the stopped partition, when nothing is before it
         behind: dict[PartitionKey, int] = {}
+        staged_before: dict[PartitionKey, frozenset[EpochKey]] = {}
         while batch.records:
             started = time.perf_counter()
             applied: dict[str, tuple[int, int, int]] = {}
             staged: dict[str, int] = {}
             dead_letters: list[DeadLetterNote] = []
+            ahead: dict[PartitionKey, Ahead] = {}
             try:
-                self._write_once(conn, batch, applied, staged, dead_letters)
+                self._write_once(conn, batch, applied, staged, dead_letters, ahead)
             except _LeaseRefused as exc:
                 log.warning("offset lease refused", extra={"partitions": exc.keys})
                 refused += exc.keys
@@ -246,6 +258,7 @@ class Committer:
                 declined += [] if key in batch.records else [key]
                 continue
             except _BehindStaged as exc:  # rolled back: written again up to those records
+                staged_before.update(exc.epochs)
                 for key, offset in exc.at.items():
                     behind[key] = offset
                     batch = batch.before(key, offset)
@@ -263,6 +276,7 @@ class Committer:
                         stopped=stopped,
                         drifted=drift is not None,
                         behind=behind,
+                        staged_before=staged_before,
                     )
                 if not is_lost(exc):
                     raise
@@ -278,6 +292,7 @@ class Committer:
                     declined=declined,
                     stopped=stopped,
                     behind=behind,
+                    staged_before=staged_before,
                 )
             return CommitResult(
                 batch=batch,
@@ -290,9 +305,16 @@ class Committer:
                 declined=declined,
                 stopped=stopped,
                 behind=behind,
+                staged_before=staged_before,
+                ahead=ahead,
             )
         return CommitResult(
-            batch=batch, refused=refused, declined=declined, stopped=stopped, behind=behind
+            batch=batch,
+            refused=refused,
+            declined=declined,
+            stopped=stopped,
+            behind=behind,
+            staged_before=staged_before,
         )
 
     def _write_once(
@@ -302,6 +324,7 @@ class Committer:
         applied: dict[str, tuple[int, int, int]],
         staged_counts: dict[str, int],
         dead_letters: list[DeadLetterNote],
+        ahead: dict[PartitionKey, Ahead],
     ) -> None:
         with conn.transaction():
             # Step 1
@@ -319,9 +342,10 @@ class Committer:
                     dead_letters += done.dead_letters
                     counts = ApplyCounts()
                     if done.bare:  # of no epoch: to the table, as the planner planned them
-                        behind = self._stager.behind_staged(conn, done.bare)
-                        if behind:
-                            raise _BehindStaged(behind)  # rolls the transaction back
+                        found = self._stager.behind_staged(conn, done.bare, records)
+                        if found.behind:  # rolls the transaction back
+                            raise _BehindStaged(found.behind, found.before)
+                        ahead.update(found.ahead)
                         target = batch.planned.targets[topic]
                         counts = self._applier.apply(conn, target, done.bare, staged)
                         dead_letters += counts.dead_letters

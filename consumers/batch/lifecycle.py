@@ -338,6 +338,7 @@ class BatchLifecycle:
         if result.committed:
             self._planner.made(result.batch.changes)
             self._settle_epochs(result)
+            self._went_ahead(result)
             self._table.committed(result.committed)
             self.partition_holds.committed(result.committed)
             self._metrics.advanced(result.committed, self._table.caught_up(result.committed))
@@ -353,6 +354,8 @@ class BatchLifecycle:
         if result.stopped is not None:
             self._stopped(result.stopped)
         if result.behind:
+            if self._assembly is not None:
+                self._assembly.staged_before(result.staged_before)
             self._behind(result.behind)
             self._seek_to_leases()
         if (result.refused or result.unknown) and self._resolve(result):
@@ -368,6 +371,21 @@ class BatchLifecycle:
             self._metrics.epochs_published(path="in_batch").inc(len(pending.publishing))
             for query, epoch in pending.publishing:
                 log.info("epoch published", extra={"query": query, "epoch": epoch, "batch": True})
+
+    def _went_ahead(self, result: CommitResult) -> None:
+        """Records of no epoch went ahead of an epoch whose records lie on both sides of them:
+        their order against it is not Kafka's, and a key of both is the epoch's once it is
+        published. Said every time, since an operator may want to know which records."""
+        for (topic, partition), ahead in sorted(result.ahead.items()):
+            self._metrics.records_ahead_of_epochs(topic).inc(ahead.records)
+            epochs = ", ".join(f"query {q} epoch {e}" for q, e in sorted(ahead.epochs))
+            log.warning(
+                "records of no epoch written ahead of an epoch whose records lie before and "
+                "after them in their partition: %s[%s] offsets %s to %s, ahead of %s",
+                topic, partition, ahead.first, ahead.last, epochs,
+                extra={"topic": topic, "partition": partition, "first_offset": ahead.first,
+                       "last_offset": ahead.last, "records": ahead.records},
+            )  # fmt: skip
 
     def _stopped(self, stop: RecordStopped) -> None:
         """Its partition holds at the record; the member's other partitions go on."""

@@ -39,7 +39,7 @@ from consumers.database.offsets import PartitionKey
 from consumers.decoding.records import Record
 from consumers.epochs.assembly import Assembled, PendingEpochs
 from consumers.epochs.chunks import PlannedStep, pack_plan, plan_fingerprint
-from consumers.epochs.ledger import EpochKey
+from consumers.epochs.ledger import Ahead, EpochKey
 from consumers.epochs.staging import EpochPlanner, EpochStager
 from consumers.metrics import ConsumerMetrics
 from consumers.tables.applier import Applier, EveryStage, Step
@@ -84,6 +84,8 @@ class Planned:
     published_rows: dict[str, int] = field(default_factory=dict)
     published_records: list[Record] = field(default_factory=list)
     bare_records: list[Record] = field(default_factory=list)  # of no epoch, in their tables
+    # Where those go ahead of epochs staged before them (`consumers.epochs.ledger.Ahead`).
+    ahead: dict[PartitionKey, Ahead] = field(default_factory=dict)
     guards: list[Step] = field(default_factory=list)
     # What the batch holds pending of whole epochs, settled or dropped with its outcome.
     pending: PendingEpochs | None = None
@@ -212,6 +214,7 @@ class Planner:
             published_rows=rows,
             published_records=[r for of_topic in published.values() for r in of_topic],
             bare_records=assembled.bare_records if assembled is not None else [],
+            ahead=assembled.ahead if assembled is not None else {},
             guards=self._guards(assembled, epochs),
             pending=assembled.pending if assembled is not None else None,
         )
@@ -223,7 +226,7 @@ class Planner:
             return []
         return [
             *(self.stager.publish_steps(epochs, assembled.judged) if epochs else []),
-            *self.stager.bare_steps(assembled.bare_firsts),
+            *self.stager.bare_steps(assembled.bare_firsts, assembled.ahead),
         ]
 
     @property

@@ -45,14 +45,15 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from itertools import chain
+from typing import NamedTuple
 
 from bridge.epoch_manifest import ManifestError, Part, parse
 from consumers.database.offsets import PartitionKey
 from consumers.decoding.records import Record, offset_of
-from consumers.epochs.ledger import EpochKey, EpochState, Judged, Manifest
+from consumers.epochs.ledger import Ahead, EpochKey, EpochState, Judged, Manifest
 from consumers.epochs.placement import Placed as _Run
 from consumers.epochs.placement import Placement
 
@@ -91,6 +92,18 @@ class Assembled:
     # there until the epoch is published (`BatchLifecycle`), and fetches them again then.
     behind: dict[PartitionKey, int] = field(default_factory=dict)
     bare_records: list[Record] = field(default_factory=list)  # of no epoch, for the latency
+    # Partitions whose records of no epoch it writes ahead of epochs staged before them, whose
+    # records lie on both sides of them (`EpochAssembly._cuts`).
+    ahead: dict[PartitionKey, Ahead] = field(default_factory=dict)
+
+
+class _Cuts(NamedTuple):
+    """Where a batch's partitions are cut (`EpochAssembly._cuts`)."""
+
+    at: dict[PartitionKey, int]  # each partition's first run held back
+    publishing: set[EpochKey]
+    stops: set[PartitionKey]
+    ahead: dict[PartitionKey, Ahead]
 
 
 @dataclass
@@ -205,6 +218,17 @@ class EpochAssembly:
                 for part, records in written.items():
                     known.written.setdefault(part, records)
 
+    def staged_before(self, found: Mapping[PartitionKey, Iterable[EpochKey]]) -> None:
+        """The ledger holds these epochs staged before records of no epoch in these partitions
+        (a batch written statement by statement found them): staged by a member before this
+        one, perhaps. Known as staged here, they hold their later records back no more, and
+        the records of no epoch may go ahead of them."""
+        now = self._clock()
+        for key, epochs in found.items():
+            for epoch in epochs:
+                self._staged.setdefault(epoch, now)
+                self._partitions.setdefault(epoch, set()).add(key)
+
     def published(self, key: EpochKey) -> None:
         """The publisher published a staged epoch."""
         self._known.pop(key, None)
@@ -268,11 +292,11 @@ class EpochAssembly:
             and all(self._held_in_full(topic) for _, topic in in_hand[epoch])
             and all(self._held_in_full(t) for t in self._topics(epoch))
         }
-        cuts, kept, stops = self._cuts(found, publishing, may_wait, behind_staged)  # step 4
-        held = sum(_after(found[key], cut) for key, cut in cuts.items() if key not in stops)
+        cut = self._cuts(found, publishing, may_wait, behind_staged)  # step 4
+        held = sum(_after(found[key], at) for key, at in cut.at.items() if key not in cut.stops)
         if held > self._hold_records:  # too many: none held
-            cuts, kept, stops = self._cuts(found, publishing, set(), behind_staged)
-        return self._split(records, found, cuts, kept, in_hand, stops)
+            cut = self._cuts(found, publishing, set(), behind_staged)
+        return self._split(records, found, cut, in_hand)
 
     # -- steps --------------------------------------------------------------------------------
 
@@ -355,17 +379,24 @@ class EpochAssembly:
 
     def _behind_staged(
         self, in_hand: dict[EpochKey, Counter[tuple[int, str]]]
-    ) -> set[PartitionKey]:
-        """The partitions in which an epoch staged here has records: theirs come first there,
-        and the publisher applies them first (`ledger.comes_first`)."""
+    ) -> dict[PartitionKey, set[EpochKey]]:
+        """The partitions in which an epoch staged here has records, and those epochs: theirs
+        come first there, and the publisher applies them first (`ledger.comes_first`)."""
         staged_here = self._staged_or_pending()
         self._partitions = {
             e: keys for e, keys in self._partitions.items() if e in in_hand or e in staged_here
         }
-        return set().union(*(keys for e, keys in self._partitions.items() if e in staged_here))
+        behind: dict[PartitionKey, set[EpochKey]] = {}
+        for epoch, keys in self._partitions.items():
+            if epoch in staged_here:
+                for key in keys:
+                    behind.setdefault(key, set()).add(epoch)
+        return behind
 
     def _publishing(
-        self, in_hand: dict[EpochKey, Counter[tuple[int, str]]], behind_staged: set[PartitionKey]
+        self,
+        in_hand: dict[EpochKey, Counter[tuple[int, str]]],
+        behind_staged: dict[PartitionKey, set[EpochKey]],
     ) -> set[EpochKey]:
         """The epochs this batch can publish: whole in hand, in order within their query, and
         in none of the partitions of an epoch staged here (of any query)."""
@@ -396,33 +427,47 @@ class EpochAssembly:
             return False
         return all(self._held_in_full(topic) for topic in self._topics(epoch))
 
-    @staticmethod
     def _cuts(
+        self,
         found: dict[PartitionKey, list[_Run]],
         publishing: set[EpochKey],
         may_wait: set[EpochKey],
-        behind_staged: set[PartitionKey],
-    ) -> tuple[dict[PartitionKey, int], set[EpochKey], set[PartitionKey]]:
+        behind_staged: dict[PartitionKey, set[EpochKey]],
+    ) -> _Cuts:
         """Per partition, the index of its first run held back (all after it are too), the
         epochs still published (one with a run held back is not, nor are its query's later
         ones, and the cuts are found again), and the partitions cut at records of no epoch
         behind records staged (`stops`): written now, they would be overwritten by the earlier
-        ones at the epoch's publication, so they wait for it, from their partition's hold."""
+        ones at the epoch's publication, so they wait for it, from their partition's hold.
+        Unless each such epoch has records after them in their partition too (in hand, or
+        named by its parts): then the epoch cannot be whole before they are passed, and they
+        go `ahead` of it, as if written before its tasks (an epoch is visible when it commits).
+        """
         publishing, may_wait = set(publishing), set(may_wait)
         while True:
             cuts: dict[PartitionKey, int] = {}
             stops: set[PartitionKey] = set()
+            ahead: dict[PartitionKey, Ahead] = {}
             for key, of_key in found.items():
                 waits = (i for i, run in enumerate(of_key) if run.epoch in may_wait)
                 cut = next(waits, len(of_key))
-                staged_before = key in behind_staged
+                before = set(behind_staged.get(key, ()))  # epochs staged before, unpublished
                 for i, run in enumerate(of_key[:cut]):
-                    if run.bare and staged_before:
-                        cut = i
-                        stops.add(key)
-                        break
+                    if run.bare and before:
+                        last = offset_of(run.records[-1])
+                        if not before <= self._after(key, of_key[i + 1 :], last):
+                            cut = i
+                            stops.add(key)
+                            break
+                        first = offset_of(run.records[0])
+                        was = ahead.get(key)
+                        ahead[key] = Ahead(
+                            was.first if was else first, last,
+                            (was.epochs if was else frozenset()) | before,
+                            (was.records if was else 0) + len(run.records),
+                        )  # fmt: skip
                     if run.epoch is not None and run.epoch not in publishing:
-                        staged_before = True
+                        before.add(run.epoch)
                 cuts[key] = cut
             split = {
                 epoch
@@ -442,25 +487,30 @@ class EpochAssembly:
                     elif staged_before:
                         behind.add(run.epoch)
             if not split and not behind:
-                return cuts, publishing, stops
+                return _Cuts(cuts, publishing, stops, ahead)
             for query in {q for q, _ in split}:  # and its later epochs, which wait for it
-                first = min(n for q, n in split if q == query)
-                later = {(q, n) for q, n in publishing if q == query and n >= first}
+                first_split = min(n for q, n in split if q == query)
+                later = {(q, n) for q, n in publishing if q == query and n >= first_split}
                 publishing -= later
                 may_wait |= later
             for query in {q for q, _ in behind}:
-                first = min(n for q, n in behind if q == query)
-                publishing -= {(q, n) for q, n in publishing if q == query and n >= first}
+                first_behind = min(n for q, n in behind if q == query)
+                publishing -= {(q, n) for q, n in publishing if q == query and n >= first_behind}
+
+    def _after(self, key: PartitionKey, runs: list[_Run], offset: int) -> set[EpochKey]:
+        """The epochs with records in `key` after `offset`: in hand (`runs`), or named by the
+        parts read."""
+        in_hand = {run.epoch for run in runs if run.epoch is not None}
+        return in_hand | self._placement.epochs_after(key, offset)
 
     def _split(
         self,
         records: dict[PartitionKey, list[Record]],
         found: dict[PartitionKey, list[_Run]],
-        cuts: dict[PartitionKey, int],
-        publishing: set[EpochKey],
+        cutting: _Cuts,
         in_hand: dict[EpochKey, Counter[tuple[int, str]]],
-        stops: set[PartitionKey],
     ) -> Assembled:
+        cuts, publishing, stops = cutting.at, cutting.publishing, cutting.stops
         kept = dict(records)
         published: dict[str, list[Record]] = {}
         staged: dict[str, list[Record]] = {}
@@ -525,8 +575,9 @@ class EpochAssembly:
                 firsts=firsts.get(epoch, {}),
             )  # fmt: skip
         return Assembled(
-            kept, published, staged, epochs, judged, pending, bare_firsts, behind, bare_records
-        )
+            kept, published, staged, epochs, judged, pending, bare_firsts, behind, bare_records,
+            cutting.ahead,
+        )  # fmt: skip
 
 
 def _after(of_key: list[_Run], cut: int) -> int:

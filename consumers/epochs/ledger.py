@@ -620,33 +620,67 @@ def comes_first(
 Firsts = dict[tuple[str, int], int]  # (topic, partition): where records begin there
 
 
+class Ahead(NamedTuple):
+    """Records of no epoch in one Kafka partition, from `first` to `last`, that a batch writes
+    ahead of `epochs`: epochs staged before them there, whose records lie after them too. Such
+    an epoch cannot be whole before they are passed, so they cannot wait for it: they go first,
+    as if written before its tasks (an epoch is visible when its driver commits it), and its
+    records written before them overwrite theirs of a key at its publication."""
+
+    first: int
+    last: int
+    epochs: frozenset[EpochKey]
+    records: int  # how many records of no epoch, from `first` to `last`
+
+
 def staged_before(
     conn: psycopg.Connection[Any], names: LedgerNames, group: str, firsts: Firsts
-) -> Firsts:
+) -> dict[tuple[str, int], set[EpochKey]]:
     """Of `firsts`, where records of no epoch (another producer's) begin in their Kafka
-    partitions, those after records staged of an epoch not yet published: written now, they
-    would be overwritten by those earlier ones at the epoch's publication. They wait for it."""
+    partitions, those after records staged of an epoch not yet published, and those epochs:
+    written now, they would be overwritten by those earlier ones at the epoch's publication.
+    They wait for it, unless it has records after them too (`Ahead`)."""
     if not firsts:
         return {}
     rows = conn.execute(
         sql.SQL(
-            "SELECT DISTINCT b.topic, b.partition FROM {staged} AS s JOIN {firsts} "
-            "USING (topic, partition) WHERE s.group_id = %s AND s.first_offset < b.first"
+            "SELECT DISTINCT b.topic, b.partition, s.query, s.epoch FROM {staged} AS s "
+            "JOIN {firsts} USING (topic, partition) "
+            "WHERE s.group_id = %s AND s.first_offset < b.first"
         ).format(staged=names.staged, firsts=_firsts(firsts)),
         (group,),
     ).fetchall()
-    return {(str(topic), int(partition)): firsts[topic, partition] for topic, partition in rows}
+    found: dict[tuple[str, int], set[EpochKey]] = {}
+    for topic, partition, query, epoch in rows:
+        found.setdefault((str(topic), int(partition)), set()).add((str(query), int(epoch)))
+    return found
 
 
-def bare_in_batch(names: LedgerNames, group: str, firsts: Firsts) -> sql.Composed:
+def bare_in_batch(
+    names: LedgerNames, group: str, firsts: Firsts, ahead: Mapping[tuple[str, int], Ahead]
+) -> sql.Composed:
     """For a batch that writes records of no epoch to their tables (`firsts`: where they begin
     in their partitions): a statement that fails the batch's transaction when records of an
-    epoch are staged before them (`staged_before`); the batch is then written statement by
-    statement, and those partitions wait."""
+    epoch are staged before them (`staged_before`), other than of the epochs it writes them
+    `ahead` of; the batch is then written statement by statement, and those partitions wait."""
+    passed = [
+        sql.SQL("({}, {}::integer, {}, {}::bigint)").format(
+            sql.Literal(topic), sql.Literal(partition), sql.Literal(query), sql.Literal(epoch)
+        )
+        for (topic, partition), of_key in sorted(ahead.items())
+        for query, epoch in sorted(of_key.epochs)
+    ]
+    exempt = (
+        sql.SQL(" AND (s.topic, s.partition, s.query, s.epoch) NOT IN (VALUES {})").format(
+            sql.SQL(", ").join(passed)
+        )
+        if passed
+        else sql.SQL("")
+    )
     return sql.SQL(
         "SELECT CASE WHEN count(*) = 0 THEN 1 ELSE ({refusal} || count(*))::integer END "
         "FROM {staged} AS s JOIN {firsts} USING (topic, partition) "
-        "WHERE s.group_id = {group} AND s.first_offset < b.first"
+        "WHERE s.group_id = {group} AND s.first_offset < b.first{exempt}"
     ).format(
         refusal=sql.Literal(
             "records of no epoch cannot be written by their batch: records of an epoch are "
@@ -655,6 +689,7 @@ def bare_in_batch(names: LedgerNames, group: str, firsts: Firsts) -> sql.Compose
         staged=names.staged,
         firsts=_firsts(firsts),
         group=sql.Literal(group),
+        exempt=exempt,
     )
 
 

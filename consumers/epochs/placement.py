@@ -73,6 +73,10 @@ class Placement:
                     insort(spans, _Span(first, last, part.query, part.epoch, part.partition))
                 del spans[:-_MAX_SPANS]
 
+    def epochs_after(self, key: PartitionKey, offset: int) -> set[EpochKey]:
+        """The epochs whose parts name records of `key` after `offset`, read or not yet."""
+        return {(s.query, s.epoch) for s in self._spans.get(key, ()) if s.last > offset}
+
     def runs(self, key: PartitionKey, records: list[Record]) -> Iterator[Placed]:
         """`records` (a partition's, in offset order) as runs of one task's records each."""
         spans = self._spans.get(key)

@@ -56,6 +56,7 @@ from consumers.epochs.chunks import (
     sample_stamps,
 )
 from consumers.epochs.ledger import (
+    Ahead,
     EpochKey,
     Judged,
     bare_in_batch,
@@ -120,6 +121,17 @@ def other_headers(headers: Headers) -> Headers:
     return [(n, v) for n, v in headers if n not in _BRIDGE_HEADERS]
 
 
+def epochs_after(records: Sequence[Record], key: PartitionKey, offset: int) -> set[EpochKey]:
+    """The epochs named by the provenance of `records` in partition `key` after `offset`."""
+    later = [
+        record
+        for record in records
+        if (record.topic(), record.partition()) == key and offset_of(record) > offset
+    ]
+    found = (provenance_of(headers) for headers, _ in runs(later))
+    return {(o.query, o.epoch) for o in found if isinstance(o, Provenance)}
+
+
 def runs(records: Sequence[Record]) -> Iterator[tuple[Headers, list[Record]]]:
     """The records in runs that carry the same headers, as a task's records come: the headers
     are read once a run, and compared in C."""
@@ -135,6 +147,15 @@ class Staged:
     dead_letters: list[DeadLetterNote] = field(default_factory=list)
     # Records without the sink's provenance: not of an epoch, written as any batch's are.
     bare: list[Record] = field(default_factory=list)
+
+
+@dataclass
+class BareOrder:
+    """Where a batch's records of no epoch go against the epochs staged before them."""
+
+    behind: dict[PartitionKey, int] = field(default_factory=dict)  # they wait, from there
+    before: dict[PartitionKey, frozenset[EpochKey]] = field(default_factory=dict)  # for these
+    ahead: dict[PartitionKey, Ahead] = field(default_factory=dict)  # they go ahead of these
 
 
 class EpochStager:
@@ -270,22 +291,38 @@ class EpochStager:
             for statement in publish_in_batch(self._ledger, self._group, epoch, judged[epoch])
         ]
 
-    def bare_steps(self, firsts: dict[PartitionKey, int]) -> list[Step]:
+    def bare_steps(
+        self, firsts: dict[PartitionKey, int], ahead: Mapping[PartitionKey, Ahead]
+    ) -> list[Step]:
         """The statement that refuses a batch writing records of no epoch after records staged
-        in their partitions (`consumers.epochs.ledger.bare_in_batch`); none without such
-        records."""
-        return [Step(bare_in_batch(self._ledger, self._group, firsts))] if firsts else []
+        in their partitions, other than those it writes them `ahead` of
+        (`consumers.epochs.ledger.bare_in_batch`); none without such records."""
+        if not firsts:
+            return []
+        return [Step(bare_in_batch(self._ledger, self._group, firsts, ahead))]
 
     def behind_staged(
-        self, conn: psycopg.Connection[Any], bare: Sequence[Record]
-    ) -> dict[PartitionKey, int]:
-        """Where `bare` (records of no epoch, `Staged.bare`) begin in the partitions in which
-        records of an epoch are staged before them: those wait for its publication."""
-        firsts: dict[PartitionKey, int] = {}
+        self, conn: psycopg.Connection[Any], bare: Sequence[Record], records: Sequence[Record]
+    ) -> BareOrder:
+        """Where `bare` (records of no epoch among `records`, `Staged.bare`) begin in the
+        partitions in which records of an epoch are staged before them: those wait for its
+        publication. Unless every such epoch has records after them in `records` too: those
+        go ahead of it (`Ahead`), as the assembly has them go."""
+        spans: dict[PartitionKey, tuple[int, int, int]] = {}
         for record in bare:
             key = cast(PartitionKey, (record.topic(), record.partition()))
-            firsts.setdefault(key, offset_of(record))
-        return staged_before(conn, self._ledger, self._group, firsts)
+            first, _, n = spans.get(key, (offset_of(record), 0, 0))
+            spans[key] = (first, offset_of(record), n + 1)
+        firsts = {key: first for key, (first, _, _) in spans.items()}
+        found = BareOrder()
+        for key, before in staged_before(conn, self._ledger, self._group, firsts).items():
+            first, last, n = spans[key]
+            if before <= epochs_after(records, key, last):
+                found.ahead[key] = Ahead(first, last, frozenset(before), n)
+            else:
+                found.behind[key] = first
+                found.before[key] = frozenset(before)
+        return found
 
     def _manifest_steps(self, documents: list[Part | Epoch]) -> list[Step]:
         """The ledger's rows of the manifest's records. Other queries, and other groups', share

@@ -19,7 +19,7 @@ from bridge.names import (
 )
 from consumers.database.offsets import PartitionKey
 from consumers.epochs.assembly import Assembled, EpochAssembly, LedgerLook, PendingEpochs
-from consumers.epochs.ledger import Judged
+from consumers.epochs.ledger import Ahead, Judged
 
 TOPIC, MANIFEST = "orders", "bridge-epochs"
 QUERY = "q-1"
@@ -252,6 +252,83 @@ def test_a_record_without_provenance_in_the_partition_of_an_epoch_staged_before_
     found.looked(LedgerLook(published=((QUERY, 0),)))
     again = batch(found, [after])
     assert again.behind == {} and again.published[TOPIC] == [after]
+
+
+def bare(log: Log, partition: int = 0) -> Message:
+    """Another producer's record: no provenance headers."""
+    return log._message(TOPIC, partition, b"{}", [])
+
+
+def test_a_record_of_no_epoch_between_two_tasks_of_a_staged_epoch_goes_ahead_of_it() -> None:
+    """What the soak met: epoch 0's task 0 staged in partition 0, then another producer's
+    record, then task 1's. The epoch cannot be whole before the record is passed: it goes
+    ahead of the epoch instead of holding its partition for ever."""
+    log, found = Log(), assembly(hold_records=0)
+    first = batch(found, log.task(0, 0, {0: 1}))
+    found.settled(first.pending, published=False)
+    between = bare(log)
+    later = log.task(0, 1, {0: 1})
+    done = batch(found, [between, *later])
+    assert done.behind == {} and done.published[TOPIC] == [between]
+    assert done.staged[TOPIC] == later
+    assert done.ahead == {(TOPIC, 0): Ahead(2, 2, frozenset({(QUERY, 0)}), 1)}
+    assert done.bare_firsts == {(TOPIC, 0): 2}
+
+
+def test_a_record_of_no_epoch_goes_ahead_of_an_epoch_whose_part_names_records_after_it() -> None:
+    """Task 1's records are not in hand (the partition held at the record of no epoch), but
+    its part, read from the manifest, names them after it."""
+    log, found = Log(), assembly(hold_records=0)
+    first = batch(found, log.task(0, 0, {0: 1}))
+    found.settled(first.pending, published=False)
+    between = bare(log)
+    assert batch(found, [between]).behind == {(TOPIC, 0): 2}
+    part = Part(
+        query=QUERY, epoch=0, partition=1, records={TOPIC: 1}, offsets={TOPIC: {0: ((4, 4),)}}
+    )
+    manifest = Message(MANIFEST, 0, 0, None, part.encode(), None, None, (1, 0))
+    done = batch(found, [manifest, between])
+    assert done.behind == {} and done.published[TOPIC] == [between]
+    assert done.ahead[TOPIC, 0].epochs == {(QUERY, 0)}
+
+
+def test_an_epoch_the_ledger_found_staged_before_no_longer_holds_its_later_records() -> None:
+    """A member that never saw epoch 0 stage holds task 1's records for the epoch, and writes
+    the record of no epoch before them; the ledger refuses that (`staged_before`). Told, it
+    stages task 1's records and writes the record ahead of the epoch."""
+    log, found = Log(), assembly()
+    log.next[TOPIC, 0] = 2  # task 0's record, at 0, was staged by a member before this one
+    between, later = bare(log), log.task(0, 1, {0: 1})
+    first = batch(found, [between, *later])
+    assert first.published[TOPIC] == [between] and first.ahead == {}  # refused, as it knew
+    assert found.holding() == 1
+    found.drop()  # the refused batch's partition goes back to its stored offset
+    found.staged_before({(TOPIC, 0): [(QUERY, 0)]})
+    done = batch(found, [between, *later])
+    assert done.published[TOPIC] == [between] and done.staged[TOPIC] == later
+    assert done.ahead[TOPIC, 0].epochs == {(QUERY, 0)} and found.holding() == 0
+
+
+def test_a_record_of_no_epoch_waits_for_a_staged_epoch_whose_records_are_all_before_it() -> None:
+    """Epoch 0 is all before the record, epoch 1 on both sides of it: it waits for epoch 0."""
+    log, found = Log(), assembly(hold_records=0)
+    first = batch(found, [*log.task(0, 0, {0: 1}), *log.task(1, 0, {0: 1})])
+    found.settled(first.pending, published=False)
+    between = bare(log)
+    done = batch(found, [between, *log.task(1, 1, {0: 1})])
+    assert done.behind == {(TOPIC, 0): 4} and done.ahead == {}
+    assert TOPIC not in done.published
+
+
+def test_a_record_of_no_epoch_inside_an_epoch_in_one_batch_goes_ahead_once_it_is_staged() -> None:
+    """Task 0, another producer's record and task 1 in one batch, the epoch's record not yet
+    read and nothing held: the epoch is staged and the record goes ahead of it."""
+    log, found = Log(), assembly(hold_records=0)
+    task0, between, task1 = log.task(0, 0, {0: 1}), bare(log), log.task(0, 1, {0: 1})
+    done = batch(found, [*task0, between, *task1])
+    assert done.behind == {} and done.published[TOPIC] == [between]
+    assert done.staged[TOPIC] == [*task0, *task1]
+    assert done.ahead == {(TOPIC, 0): Ahead(2, 2, frozenset({(QUERY, 0)}), 1)}
 
 
 def test_held_records_are_dropped_when_their_partition_is_fetched_again() -> None:
