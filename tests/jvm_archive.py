@@ -60,7 +60,8 @@ def driver_options(cache: Path, spark_home: Path | None) -> str | None:
 def _key(spark_home: Path) -> str:
     """The JDK and the jars the archive is for: another of either is another archive."""
     java = shutil.which("java") or "java"
-    parts = [str(spark_home), os.path.realpath(java), str(Path(os.path.realpath(java)).stat())]
+    binary = Path(os.path.realpath(java)).stat()  # size and mtime: its atime moves every run
+    parts = [str(spark_home), os.path.realpath(java), f"{binary.st_size}|{binary.st_mtime_ns}"]
     for jar in sorted((spark_home / "jars").glob("*.jar")):
         stat = jar.stat()
         parts.append(f"{jar.name}|{stat.st_size}|{stat.st_mtime_ns}")
@@ -69,8 +70,8 @@ def _key(spark_home: Path) -> str:
 
 def _dump(archive: Path, spark_home: Path) -> bool:
     archive.parent.mkdir(parents=True, exist_ok=True)
-    for stale in archive.parent.glob("cds-spark-driver-*.jsa"):
-        stale.unlink(missing_ok=True)  # another JDK's or Spark's: 150 MB each
+    for stale in archive.parent.glob("cds-spark-driver-*.*"):
+        stale.unlink(missing_ok=True)  # another JDK's or Spark's, or a dump cut short: 150 MB
     with tempfile.TemporaryDirectory(prefix="bridge-cds-") as work:
         dumped = Path(work) / "driver.jsa"
         env = {
