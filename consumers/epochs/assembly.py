@@ -268,17 +268,22 @@ class EpochAssembly:
                 continue
             found.setdefault(key, []).extend(self._placement.runs(key, of_key))
         in_hand: dict[EpochKey, Counter[tuple[int, str]]] = {}
+        seen_in: dict[EpochKey, set[PartitionKey]] = {}
         for key, of_epochs in found.items():
             for found_run in of_epochs:
                 if found_run.epoch is not None:
                     self.saw_epochs = True
                     counts = in_hand.setdefault(found_run.epoch, Counter())
                     counts[found_run.spark_partition, key[0]] += len(found_run.records)
-                    self._partitions.setdefault(found_run.epoch, set()).add(key)
+                    seen_in.setdefault(found_run.epoch, set()).add(key)
         if not found:
             return Assembled(records, {}, {})
         self._consult(in_hand, now)
+        # From the batches before this one only: what this one brings of a staged epoch is
+        # after them, not before, and `_cuts` orders the batch's own runs.
         behind_staged = self._behind_staged(in_hand)
+        for epoch, keys in seen_in.items():
+            self._partitions.setdefault(epoch, set()).update(keys)
         publishing = self._publishing(in_hand, behind_staged)
         for epoch in in_hand:
             self._waiting.setdefault(epoch, now)

@@ -309,6 +309,17 @@ def test_an_epoch_the_ledger_found_staged_before_no_longer_holds_its_later_recor
     assert done.ahead[TOPIC, 0].epochs == {(QUERY, 0)} and found.holding() == 0
 
 
+def test_a_record_of_no_epoch_before_a_staged_epochs_records_in_its_partition_goes_first() -> None:
+    """Epoch 0 is staged from partition 1; in partition 0 all of its records come after the
+    record of no epoch: nothing to wait for, nothing ahead of it."""
+    log, found = Log(), assembly(hold_records=0)
+    first = batch(found, log.task(0, 0, {1: 1}))
+    found.settled(first.pending, published=False)
+    before = bare(log)
+    done = batch(found, [before, *log.task(0, 1, {0: 1})])
+    assert done.published[TOPIC] == [before] and done.behind == {} and done.ahead == {}
+
+
 def test_a_record_of_no_epoch_waits_for_a_staged_epoch_whose_records_are_all_before_it() -> None:
     """Epoch 0 is all before the record, epoch 1 on both sides of it: it waits for epoch 0."""
     log, found = Log(), assembly(hold_records=0)
