@@ -53,6 +53,7 @@ from consumers.epochs.assembly import LedgerLook
 from consumers.epochs.chunks import stamps_of, unpack_plan, unpack_records
 from consumers.epochs.ledger import (
     EpochKey,
+    EpochPhase,
     EpochState,
     Manifest,
     age_s,
@@ -410,21 +411,26 @@ class EpochPublisher:
         self, conn: psycopg.Connection[Any], states: list[EpochState], ages: list[float]
     ) -> set[EpochKey]:
         """Discard each epoch open longer than its routes' `epochs_hold_s` (the smallest of the
-        routes of the topics it has records of): its query is taken as gone for good, and its
-        records go to the dead letters, kept for `bridge dead-letters replay`, as an operator's
-        `bridge epochs discard` sends them, with an audit row naming the policy. Returns the
+        routes of the topics it has records of) that lacks something: its query is taken as
+        gone for good, and its records go to the dead letters, kept for `bridge dead-letters
+        replay`, as an operator's `bridge epochs discard` sends them, with an audit row naming
+        the policy. One whole (or forced) is left to wait (for an earlier epoch, or another
+        query's before it in a partition), and publishes once that is settled. Returns the
         epochs it discarded; one another member settled meanwhile is left to it."""
         settled: set[EpochKey] = set()
         for state, age in zip(states, ages, strict=True):
             topics = {t for written in state.written.values() for t in written}
             topics |= {topic for _, topic in state.staged}
             bounds = [b for b in map(self._hold_bound, sorted(topics)) if b is not None]
-            if not bounds or age < min(bounds):
+            ready = state.phase(state.lacks(self._whole_topic)) in _PUBLISHABLE
+            if not bounds or age < min(bounds) or ready:
                 continue
             policy = f"the policy epochs_hold_s: {min(bounds):g}"
             try:
                 with conn.transaction():
                     held = hold(conn, self._ledger, self._group, state.key, self._whole_topic)
+                    if held.phase in _PUBLISHABLE:  # whole after all, under the lock
+                        continue
                     dead_letters = sql.Identifier(self._ledger.schema, DEAD_LETTERS_TABLE)
                     moved = discard(conn, self._ledger, dead_letters, held, requested_by=policy)
             except BridgeError as exc:  # published or settled by another member meanwhile
@@ -438,6 +444,9 @@ class EpochPublisher:
                 "back); it lacked: %s", state.epoch, state.query, age, policy, moved, held.lacking,
             )  # fmt: skip
         return settled
+
+
+_PUBLISHABLE = (EpochPhase.WHOLE, EpochPhase.FORCED)  # waits for nothing of its own
 
 
 class EpochNotPublished(Exception):

@@ -501,19 +501,23 @@ def test_an_epoch_open_past_its_routes_hold_bound_is_discarded_by_policy(
     """`epochs_hold_s` on the routes: epoch 1, whose query stopped for good after two of its
     three tasks committed, is discarded by the member once it has been open that long, with no
     operator: its records go to the dead letters naming the policy, an audit row says so, and
-    epoch 2, held behind it, publishes."""
+    epoch 2, held behind it, publishes. Epoch 2 (of both topics, the bound of the first: 2 s)
+    is open past its bound too while it waits behind epoch 1 (of the second only: 6 s), but
+    lacks nothing: its query is not gone, and it is never discarded."""
     query = f"q-{uuid.uuid4()}"
     sink = HandSink(stack, manifest_topic=pipeline["manifest"], query=query)
     per_task = 10
     routes = [
-        {"topic": topic, "table": table, "epochs": "whole", "epochs_hold_s": 3}
-        for topic, table in zip(pipeline["topics"], pipeline["tables"], strict=True)
+        {"topic": topic, "table": table, "epochs": "whole", "epochs_hold_s": bound}
+        for topic, table, bound in zip(pipeline["topics"], pipeline["tables"], (2, 6), strict=True)
     ]
     config = settings_for(stack, names, consumer={
         "routes": routes, "epochs_topic": pipeline["manifest"]})  # fmt: skip
+    second = pipeline["topics"][1]
     with running(config):
         for task in range(2):
-            sink.task(1, task, epoch_records(pipeline, 1, task, per_task))
+            records = epoch_records(pipeline, 1, task, per_task)
+            sink.task(1, task, [(second, p, k, v) for _, p, k, v in records])
         for task in range(TASKS):
             sink.task(2, task, epoch_records(pipeline, 2, task, per_task))
         sink.commit(2, list(range(TASKS)))
@@ -521,10 +525,10 @@ def test_an_epoch_open_past_its_routes_hold_bound_is_discarded_by_policy(
         assert visible(stack, pipeline, 1) == 0
     dead = sql(stack, f"SELECT count(*), min(error) FROM {names['schema']}.dead_letters")
     assert dead[0][0] == 2 * per_task
-    assert f"epoch 1 of query {query} discarded by the policy epochs_hold_s: 3" in dead[0][1]
+    assert f"epoch 1 of query {query} discarded by the policy epochs_hold_s: 6" in dead[0][1]
     actions = sql(stack, f"SELECT epoch, action, records, requested_by FROM "
                   f"{names['schema']}.epoch_actions ORDER BY id")  # fmt: skip
-    assert actions == [(1, "discard", 2 * per_task, "the policy epochs_hold_s: 3")]
+    assert actions == [(1, "discard", 2 * per_task, "the policy epochs_hold_s: 6")]
 
 
 def member_config(
