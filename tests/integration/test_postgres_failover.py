@@ -12,6 +12,7 @@ COMMIT until the primary dies: it was never acknowledged, and nothing acknowledg
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import signal
@@ -149,11 +150,15 @@ def test_whole_epochs_through_a_failover_lose_double_and_show_nothing_partial(
     names: dict[str, str],
     replicated: tuple[PostgresServer, PostgresServer],
     synchronous: bool,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Epochs of 3 tasks over two topics, with whole epochs: the primary is killed with epoch 4
     committed by it alone (asynchronous) or waiting for its standby (synchronous). A reader of
     whichever server is primary never sees part of an epoch; on the promoted standby the epoch
     the old primary lost is published again, from Kafka, and every id is in its table once."""
+    # The member's INFO lines in the report of a failure: once, on a loaded machine, epochs 5
+    # to 7 were not published within 180 s after the failover, and its WARNINGs said nothing.
+    caplog.set_level(logging.INFO, logger="bridge.consumer")
     primary, standby = replicated
     primary.replicate_synchronously(synchronous)
     expected_sync = "sync" if synchronous else "async"
