@@ -72,7 +72,13 @@ from bridge.names import (
 
 
 def fill_epochs(
-    stack: Endpoints, topic: str, *, epochs: int, tasks: int, rows_per_task: int
+    stack: Endpoints,
+    topic: str,
+    *,
+    epochs: int,
+    tasks: int,
+    rows_per_task: int,
+    first_epoch: int = 0,  # a query that ran before: its epochs go on from there
 ) -> str:
     """The topic and the manifest as the sink writes them with whole epochs (each part naming
     its records' offsets, from their delivery reports); the query id."""
@@ -86,7 +92,7 @@ def fill_epochs(
     producer.init_transactions(30)
     now_ms = int(time.time() * 1000)
     record_id = 0
-    for epoch in range(epochs):
+    for epoch in range(first_epoch, first_epoch + epochs):
         for task in range(tasks):
             headers: list[tuple[str, str | bytes | None]] = [
                 (PROVENANCE_QUERY, query.encode()),

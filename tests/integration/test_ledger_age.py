@@ -13,7 +13,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from bridge.names import EPOCHS_TABLE
+from bench.ledger_age import epochs_read
 from consumers.database.ledger_tables import LedgerNames
 from consumers.database.state import ensure_state
 from consumers.epochs.ledger import EpochPhase, Judged, open_epochs
@@ -56,19 +56,6 @@ def aged(stack: Endpoints) -> Iterator[tuple[psycopg.Connection[Any], LedgerName
         conn.execute(sql.SQL("ANALYZE {}").format(names.epochs))
         yield conn, names
         conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
-
-
-def epochs_read(conn: psycopg.Connection[Any], names: LedgerNames) -> tuple[int, int]:
-    """(sequential scans, rows read) of the epochs table so far, this session's included."""
-    conn.execute("SELECT pg_stat_force_next_flush()")  # this backend's counts, when idle
-    conn.execute("SELECT pg_stat_clear_snapshot()")
-    row = conn.execute(
-        "SELECT seq_scan, seq_tup_read + coalesce(idx_tup_fetch, 0) FROM pg_stat_user_tables "
-        "WHERE schemaname = %s AND relname = %s",
-        (names.schema, EPOCHS_TABLE),
-    ).fetchone()
-    assert row is not None
-    return int(row[0]), int(row[1])
 
 
 def test_a_group_that_settled_100000_epochs_stages_looks_and_publishes_without_reading_them(
