@@ -1,6 +1,7 @@
 """Capacity figures for docs/capacity.md, measured on the cluster stack (three Kafka nodes).
 
-    .venv/bin/python -m bench.capacity [--epochs 20] [--tasks 4] [--records 200000]
+    .venv/bin/python -m bench.capacity [--epochs 1000] [--tasks 4] [--records 200000]
+        [--namings pooled,per-epoch,per-partition]
 
 (a) The producer's transactional ids under each naming: `bridge produce` over --epochs files,
     one per epoch, each split in --tasks write tasks. Counted on the brokers (Kafka's own
@@ -136,7 +137,7 @@ def produce_run(
     ]  # fmt: skip
     command += ["--transactional-id-naming", naming]
     result = subprocess.run(
-        command, capture_output=True, text=True, timeout=1800, check=False, env=_environment()
+        command, capture_output=True, text=True, timeout=3600, check=False, env=_environment()
     )
     if result.returncode != 0:
         raise RuntimeError(result.stdout[-2000:] + result.stderr[-3000:])
@@ -231,7 +232,8 @@ def _environment() -> dict[str, str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--epochs", type=int, default=20)
+    parser.add_argument("--epochs", type=int, default=1000)
+    parser.add_argument("--namings", default="pooled,per-epoch,per-partition")
     parser.add_argument("--tasks", type=int, default=4)
     parser.add_argument("--records", type=int, default=200_000)
     args = parser.parse_args()
@@ -243,7 +245,7 @@ def main() -> None:
             endpoints = Endpoints(status.bootstrap_servers, status.dsn)
             nodes = stack.kafka_nodes(stack.state())
             producer = [produce_run(endpoints, scratch, nodes, naming, args)
-                        for naming in ("per-epoch", "per-partition")]  # fmt: skip
+                        for naming in args.namings.split(",")]  # fmt: skip
             consumer = consumer_run(endpoints, scratch, args.records)
         finally:
             stack.down()

@@ -54,7 +54,7 @@ from bridge.names import (
 from spark_jobs.epoch_markers import MarkerReader, marker_position
 from spark_jobs.faults import TaskFaults
 from spark_jobs.kafka_rows import KafkaRow, RecordChunk
-from spark_jobs.sink_options import Epochs, IdNaming, SinkOptions
+from spark_jobs.sink_options import ID_POOL_SIZE, Epochs, IdNaming, SinkOptions
 
 log = logging.getLogger("bridge.sink")
 RDKAFKA_LOG = logging.getLogger("bridge.sink.rdkafka")
@@ -144,6 +144,8 @@ class TaskCoordinates:
     def transactional_id(self, naming: IdNaming) -> str:
         if naming is IdNaming.PER_PARTITION:
             return f"{self.prefix}-p{self.partition}"
+        if naming is IdNaming.POOLED:
+            return f"{self.prefix}-p{self.partition}-s{self.epoch % ID_POOL_SIZE}"
         return f"{self.prefix}-p{self.partition}-e{self.epoch}"
 
     def provenance(self, *, whole: bool = False) -> list[tuple[str, bytes]]:

@@ -63,6 +63,11 @@ MAX_TOPICS = 1_000  # of a `topic` column, each registered at `encode` and a bra
 class IdNaming(StrEnum):
     """How a write task's transactional id is named.
 
+    `pooled` (the default): `<prefix>-p<P>-s<E mod ID_POOL_SIZE>`, a pool of ids per partition
+    indexed by the epoch. Every attempt of one (partition, epoch) has the same id, so a retry or a
+    replay fences the attempt it replaces, as with `per-epoch`; the brokers hold partitions x
+    pool ids for the life of the query, whatever its age.
+
     `per-epoch`: `<prefix>-p<P>-e<E>`, a new id for every (partition, epoch). A replay of an epoch
     uses exactly the id of the attempt it replaces, so it fences that attempt whatever happened.
     The broker keeps every id for `transactional.id.expiration.ms` (7 days by default), so the
@@ -72,8 +77,15 @@ class IdNaming(StrEnum):
     epoch lives only in the marker. Bounded broker state, for many partitions and short triggers.
     """
 
+    POOLED = "pooled"
     PER_EPOCH = "per-epoch"
     PER_PARTITION = "per-partition"
+
+
+# Two ids per partition, not one: consecutive epochs of a partition never share an id, so an
+# epoch's task never initialises an id whose last transaction (the epoch before's, or one of
+# its stragglers) may still be finishing, and `bridge txn abort --epoch E` fences only E's.
+ID_POOL_SIZE = 2
 
 
 class ValueFormat(StrEnum):
@@ -118,7 +130,7 @@ class SinkOptions:
     kafka: dict[str, str] = field(repr=False)  # may hold secrets (sasl.password, ...)
     topic: str | None
     prefix: str | None  # None: derived from the query id in each task
-    naming: IdNaming = IdNaming.PER_EPOCH
+    naming: IdNaming = IdNaming.POOLED
     transaction_timeout_ms: int = DEFAULT_TRANSACTION_TIMEOUT_MS
     marker_topic: str = DEFAULT_MARKER_TOPIC
     progress_path: str | None = None
@@ -186,7 +198,7 @@ class SinkOptions:
         if epochs_topic in (marker_topic, lowered.get("topic")):
             problems.append(("epochs.topic", f"{epochs_topic!r} must be a topic of its own"))
 
-        naming = _choice(lowered, "transactional.id.naming", IdNaming.PER_EPOCH, problems)
+        naming = _choice(lowered, "transactional.id.naming", IdNaming.POOLED, problems)
 
         timeout_ms = DEFAULT_TRANSACTION_TIMEOUT_MS
         raw_timeout = lowered.get("transaction.timeout.ms")

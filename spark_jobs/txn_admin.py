@@ -13,7 +13,7 @@ from bridge.kafka_client_log import ClientLog
 from bridge.names import MARKER_GROUP_INFIX
 from spark_jobs.epoch_markers import Marker, partition_of_marker_group
 from spark_jobs.epoch_transaction import TaskCoordinates
-from spark_jobs.sink_options import IdNaming
+from spark_jobs.sink_options import ID_POOL_SIZE, IdNaming
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,13 +51,17 @@ def committed_epochs(admin: KafkaAdmin, prefix: str, marker_topic: str) -> list[
 def transactional_ids(
     prefix: str, partitions: list[int], epoch: int | None, naming: IdNaming
 ) -> list[str]:
+    """The ids the sink's tasks of `partitions` use for `epoch` under `naming`; with no epoch,
+    under `pooled`, every id of each partition's pool."""
     if naming is IdNaming.PER_EPOCH and epoch is None:
         raise ValueError("per-epoch ids need the epoch")
+    epochs = range(ID_POOL_SIZE) if naming is IdNaming.POOLED and epoch is None else [epoch or 0]
     return [
         TaskCoordinates(
-            query_id="", prefix=prefix, partition=p, epoch=epoch or 0, attempt=0
+            query_id="", prefix=prefix, partition=p, epoch=e, attempt=0
         ).transactional_id(naming)
         for p in partitions
+        for e in epochs
     ]
 
 

@@ -61,8 +61,9 @@ def produce(
         str | None,
         typer.Option(
             "--transactional-id-naming",
-            help="per-epoch (the default: one id per partition and epoch) or per-partition "
-            "(one id per partition for the query's life); see docs/capacity.md.",
+            help="pooled (the default: two ids per partition, taken in turn by its epochs), "
+            "per-epoch (one id per partition and epoch) or per-partition (one id per "
+            "partition); see docs/capacity.md.",
         ),
     ] = None,
     epochs: Annotated[

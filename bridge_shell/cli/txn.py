@@ -64,11 +64,17 @@ def abort(
         str, typer.Option("--partitions", help="Spark partitions, comma-separated: 0,1,5.")
     ],
     epoch: Annotated[
-        int | None, typer.Option("--epoch", help="The epoch (per-epoch naming).")
+        int | None,
+        typer.Option(
+            "--epoch",
+            help="The epoch: required with per-epoch naming; with pooled, without it every id "
+            "of each partition's pool is fenced.",
+        ),
     ] = None,
     naming: Annotated[
-        str, typer.Option("--naming", help="per-epoch or per-partition, as the sink's option.")
-    ] = "per-epoch",
+        str,
+        typer.Option("--naming", help="pooled, per-epoch or per-partition, as the sink's option."),
+    ] = "pooled",
     config: ConfigFile = None,
     stack_dir: StackDir = Path(DEFAULT_STACK_DIR),
 ) -> None:
@@ -82,8 +88,8 @@ def abort(
         numbers = sorted({int(p) for p in partitions.split(",") if p.strip()})
     except ValueError:
         raise BridgeError(
-            f"--naming {naming!r} / --partitions {partitions!r}: expected per-epoch or "
-            "per-partition, and partition numbers such as 0,1,5"
+            f"--naming {naming!r} / --partitions {partitions!r}: expected pooled, per-epoch "
+            "or per-partition, and partition numbers such as 0,1,5"
         ) from None
     if id_naming is IdNaming.PER_EPOCH and epoch is None:
         raise BridgeError("--epoch is required with per-epoch naming")

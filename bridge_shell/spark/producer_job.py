@@ -72,7 +72,7 @@ class ProducerJob:
     trigger: str = AVAILABLE_NOW
     max_files_per_trigger: int | None = None
     transactional_id_prefix: str | None = None
-    transactional_id_naming: str | None = None  # the sink's default (per-epoch) when not set
+    transactional_id_naming: str | None = None  # the sink's default (pooled) when not set
     epochs: str | None = None  # the sink's default (per-partition) when not set
     transaction_timeout_ms: int | None = None
     master: str | None = None

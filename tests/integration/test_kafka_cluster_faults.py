@@ -23,6 +23,8 @@ from bridge.names import MARKER_GROUP_INFIX
 from bridge_shell.stack.kafka import KafkaServer, new_cluster_id, stop_kafka_nodes
 from bridge_shell.stack.local import LocalStack, StackState
 from bridge_shell.stack.process import free_port
+from spark_jobs.sink_options import IdNaming
+from spark_jobs.txn_admin import transactional_ids
 from tests.consumer_helpers import drained, eventually, produce, running, settings_for, sql
 from tests.harness import Endpoints
 from tests.integration.test_consumer_operations import stream_through_fault
@@ -105,7 +107,9 @@ def kill_mid_epoch(
     try:
         producer.wait_fired(job)
         if victim == "coordinator":
-            node_id = coordinator_of(cluster, f"{prefix}-p0-e1")
+            # The id of partition 0's task of epoch 1, as the sink's default naming has it.
+            [task_id] = transactional_ids(prefix, [0], 1, IdNaming.POOLED)
+            node_id = coordinator_of(cluster, task_id)
         elif victim == "group coordinator":
             node_id = coordinator_of(cluster, f"{prefix}{MARKER_GROUP_INFIX}0", group=True)
         else:

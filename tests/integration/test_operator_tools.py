@@ -16,6 +16,8 @@ from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 
 from bridge.kafka_admin import KafkaAdmin, create_topic, offset_range
 from spark_jobs.epoch_markers import MarkerReader, marker_position
+from spark_jobs.epoch_transaction import TaskCoordinates
+from spark_jobs.sink_options import IdNaming
 from tests.cli import run_bridge
 from tests.consumer_helpers import (
     drained,
@@ -236,10 +238,16 @@ def test_txn_show_reads_committed_epochs_and_abort_fences_a_lingering_transactio
     create_topic(stack.bootstrap_servers, markers, config=stack.properties())
     create_topic(stack.bootstrap_servers, data, config=stack.properties())
     kafka = stack.client("producer")
+
+    def sink_id(partition: int, epoch: int) -> str:  # as the sink's default naming has it
+        where = TaskCoordinates(query_id="q", prefix=prefix, partition=partition, epoch=epoch,
+                                attempt=0)  # fmt: skip
+        return where.transactional_id(IdNaming.POOLED)
+
     for partition, epoch in ((0, 0), (0, 1), (1, 0)):
         producer = transactional_producer(
             stack.bootstrap_servers,
-            f"{prefix}-p{partition}-e{epoch}",
+            sink_id(partition, epoch),
             config=stack.properties("producer"),
         )
         reader = MarkerReader(kafka, prefix=prefix, partition=partition, marker_topic=markers)
@@ -261,7 +269,7 @@ def test_txn_show_reads_committed_epochs_and_abort_fences_a_lingering_transactio
     ]
 
     lingering = transactional_producer(
-        stack.bootstrap_servers, f"{prefix}-p1-e1", config=stack.properties("producer")
+        stack.bootstrap_servers, sink_id(1, 1), config=stack.properties("producer")
     )
     lingering.begin_transaction()
     lingering.produce(data, value=b"never")
@@ -273,7 +281,7 @@ def test_txn_show_reads_committed_epochs_and_abort_fences_a_lingering_transactio
     aborted = bridge(stack, "txn", "abort", "--prefix", prefix, "--epoch", "1",
                      "--partitions", "1")  # fmt: skip
     assert aborted.returncode == 0, aborted.stderr
-    assert f"{prefix}-p1-e1" in aborted.stdout
+    assert f"fenced {prefix}-p1-s1" in aborted.stdout and f"{prefix}-p1-s0" not in aborted.stdout
     eventually(lambda: admin.log_ranges([(data, 0)])[(data, 0)].last_stable > held.last_stable)
     assert sorted(read_all(stack.bootstrap_servers, data, config=stack.properties())) == [
         b"0/0", b"0/1", b"1/0"
@@ -281,7 +289,11 @@ def test_txn_show_reads_committed_epochs_and_abort_fences_a_lingering_transactio
     with pytest.raises(KafkaException):
         lingering.commit_transaction(30)  # fenced: the zombie cannot commit any more
 
-    refused = bridge(stack, "txn", "abort", "--prefix", prefix, "--partitions", "1")
+    pool = bridge(stack, "txn", "abort", "--prefix", prefix, "--partitions", "1")
+    assert pool.returncode == 0, pool.stderr  # no epoch: each id of the partition's pool
+    assert f"fenced {prefix}-p1-s0" in pool.stdout and f"fenced {prefix}-p1-s1" in pool.stdout
+    refused = bridge(stack, "txn", "abort", "--prefix", prefix, "--partitions", "1",
+                     "--naming", "per-epoch")  # fmt: skip
     assert refused.returncode == 2 and "--epoch is required" in refused.stderr
 
 

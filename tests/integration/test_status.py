@@ -13,6 +13,8 @@ import pytest
 from bridge.kafka_admin import create_topic
 from bridge_shell.stack.process import free_port
 from spark_jobs.epoch_markers import MarkerReader, marker_position
+from spark_jobs.sink_options import IdNaming
+from spark_jobs.txn_admin import transactional_ids
 from tests.cli import run_bridge
 from tests.consumer_helpers import eventually, produce, running, settings_for, sql
 from tests.harness import Endpoints
@@ -31,7 +33,8 @@ def status(stack: Endpoints, *args: str) -> tuple[int, dict[str, Any]]:
 def commit_epoch_marker(stack: Endpoints, prefix: str, marker_topic: str, data: str) -> None:
     """What a write task of the sink commits for Spark partition 0, epoch 3: a record and the
     epoch's marker in one transaction."""
-    producer = transactional_producer(stack.bootstrap_servers, f"{prefix}-p0-e3")
+    [task_id] = transactional_ids(prefix, [0], 3, IdNaming.POOLED)
+    producer = transactional_producer(stack.bootstrap_servers, task_id)
     reader = MarkerReader(
         {"bootstrap.servers": stack.bootstrap_servers}, prefix=prefix, partition=0,
         marker_topic=marker_topic,

@@ -33,8 +33,9 @@ from spark_jobs.epoch_transaction import EpochOutcome, TaskCoordinates, call_wit
 from spark_jobs.faults import ENV_FAULTS, InjectedFault, TaskFaults
 from spark_jobs.kafka_rows import RecordChunk, RowError, check_schema, record_chunks
 from spark_jobs.progress import EpochSummary, SinkCounters
-from spark_jobs.sink_options import IdNaming, SinkOptions
+from spark_jobs.sink_options import ID_POOL_SIZE, IdNaming, SinkOptions
 from spark_jobs.spark_kafka_options import java_client_options
+from spark_jobs.txn_admin import transactional_ids
 
 BASE = {"kafka.bootstrap.servers": "127.0.0.1:9092", "topic": "orders"}
 
@@ -48,7 +49,7 @@ def refused(options: dict[str, str]) -> dict[str, str]:
 def test_options_pass_kafka_properties_through_and_default_the_rest() -> None:
     options = SinkOptions.parse({**BASE, "kafka.Linger.MS": "20", "checkpointLocation": "/c"})
     assert options.kafka == {"bootstrap.servers": "127.0.0.1:9092", "linger.ms": "20"}
-    assert options.naming is IdNaming.PER_EPOCH
+    assert options.naming is IdNaming.POOLED
     assert options.prefix is None and options.transaction_timeout_ms == 60_000
 
 
@@ -187,6 +188,28 @@ def test_transactional_ids_by_naming() -> None:
     where = TaskCoordinates(query_id="q", prefix="orders", partition=4, epoch=17, attempt=1)
     assert where.transactional_id(IdNaming.PER_EPOCH) == "orders-p4-e17"
     assert where.transactional_id(IdNaming.PER_PARTITION) == "orders-p4"
+    assert where.transactional_id(IdNaming.POOLED) == "orders-p4-s1"
+
+
+def test_pooled_ids_are_bounded_by_partitions_and_shared_by_every_attempt_of_an_epoch() -> None:
+    def pooled(partition: int, epoch: int, attempt: int = 0) -> str:
+        return TaskCoordinates(
+            query_id="q", prefix="orders", partition=partition, epoch=epoch, attempt=attempt
+        ).transactional_id(IdNaming.POOLED)
+
+    ids = {pooled(p, e) for p in range(8) for e in range(1_000)}
+    assert len(ids) == 8 * ID_POOL_SIZE  # what the brokers hold, whatever the query's age
+    # A retry, a replay after a crash and a speculative twin of an epoch share its id: each
+    # fences the attempt it replaces. Consecutive epochs of a partition never share one.
+    assert {pooled(3, 41, attempt) for attempt in range(4)} == {pooled(3, 41)}
+    assert all(pooled(3, e) != pooled(3, e + 1) for e in range(100))
+    assert transactional_ids("orders", [0, 2], None, IdNaming.POOLED) == [
+        "orders-p0-s0",
+        "orders-p0-s1",
+        "orders-p2-s0",
+        "orders-p2-s1",
+    ]
+    assert transactional_ids("orders", [2], 7, IdNaming.POOLED) == ["orders-p2-s1"]
 
 
 def test_marker_round_trip() -> None:
