@@ -342,7 +342,9 @@ class Committer:
                     dead_letters += done.dead_letters
                     counts = ApplyCounts()
                     if done.bare:  # of no epoch: to the table, as the planner planned them
-                        found = self._stager.behind_staged(conn, done.bare, records)
+                        found = self._stager.behind_staged(
+                            conn, done.bare, records, batch.planned.ahead
+                        )
                         if found.behind:  # rolls the transaction back
                             raise _BehindStaged(found.behind, found.before)
                         ahead.update(found.ahead)

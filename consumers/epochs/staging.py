@@ -302,12 +302,17 @@ class EpochStager:
         return [Step(bare_in_batch(self._ledger, self._group, firsts, ahead))]
 
     def behind_staged(
-        self, conn: psycopg.Connection[Any], bare: Sequence[Record], records: Sequence[Record]
+        self,
+        conn: psycopg.Connection[Any],
+        bare: Sequence[Record],
+        records: Sequence[Record],
+        planned: Mapping[PartitionKey, Ahead] | None = None,
     ) -> BareOrder:
         """Where `bare` (records of no epoch among `records`, `Staged.bare`) begin in the
         partitions in which records of an epoch are staged before them: those wait for its
-        publication. Unless every such epoch has records after them in `records` too: those
-        go ahead of it (`Ahead`), as the assembly has them go."""
+        publication. Unless every such epoch has records after them, in `records` or by the
+        assembly's plan for the batch (`planned`: it knew them from the parts' offset ranges,
+        past the batch's end): those go ahead of it (`Ahead`), as the assembly has them go."""
         spans: dict[PartitionKey, tuple[int, int, int]] = {}
         for record in bare:
             key = cast(PartitionKey, (record.topic(), record.partition()))
@@ -317,7 +322,9 @@ class EpochStager:
         found = BareOrder()
         for key, before in staged_before(conn, self._ledger, self._group, firsts).items():
             first, last, n = spans[key]
-            if before <= epochs_after(records, key, last):
+            # The plan's `Ahead` spans the batch's records of no epoch there, these among them.
+            known = planned[key].epochs if planned and key in planned else frozenset()
+            if before <= epochs_after(records, key, last) | known:
                 found.ahead[key] = Ahead(first, last, frozenset(before), n)
             else:
                 found.behind[key] = first

@@ -79,11 +79,20 @@ class EpochOwnerElection:
         while not self._done.is_set():
             try:
                 self._turn()
-                self._problem = None
             except psycopg.Error as exc:
                 self._lost(str(exc).strip() or type(exc).__name__)
+            else:
+                self._tried_again()
             self._turned.set()
             self._done.wait(self._every_s)
+
+    def _tried_again(self) -> None:
+        if self._problem is not None:
+            log.info(
+                "the whole routes' owner can be elected again (this member %s the lock)",
+                "holds" if self._holds else "stands by without",
+            )
+        self._problem = None
 
     def _turn(self) -> None:
         conn = self._db.open_connection()
@@ -102,7 +111,13 @@ class EpochOwnerElection:
             log.info("this member reads the whole routes' topics now", extra={"lock": self._name})
 
     def _lost(self, why: str) -> None:
+        """Once per outage, not per turn: `/readyz` names it meanwhile."""
         self._db.close()
+        if self._problem is None:
+            log.warning(
+                "the whole routes' owner cannot be elected: the lock cannot be tried (%s); "
+                "trying every %.0fs", why, self._every_s,
+            )  # fmt: skip
         self._problem = why
         if self._holds:
             self._holds = False
