@@ -39,6 +39,9 @@ EPOCH_CHUNKS_TABLE: Final = "epoch_chunks"
 EPOCH_JUDGE_FUNCTION: Final = "epoch_lacks"
 EPOCH_STAGED_TABLE: Final = "epoch_staged"
 EPOCH_ACTIONS_TABLE: Final = "epoch_actions"
+# Per (group, query), the epoch through which every epoch the group knows is settled
+# (migration 0006): what tells a replayed epoch once its settled rows are pruned.
+EPOCH_WATERMARKS_TABLE: Final = "epoch_watermarks"
 # Alembic's version table for the tables above: which version of their shape the schema holds.
 STATE_VERSION_TABLE: Final = "state_version"
 ADVANCE_OFFSETS_FUNCTION: Final = "advance_offsets"

@@ -83,6 +83,14 @@ class ConsumerMetrics:
             ["topic"],
             registry=self.registry,
         ).labels
+        self.replayed_epoch_records = Counter(
+            "bridge_consumer_replayed_epoch_records_total",
+            "Records staged of an epoch its group had settled (a driver replaying an epoch it "
+            "had committed, its markers expired; an offsets reset below them): never written "
+            "to their tables, which hold them already.",
+            ["query"],
+            registry=self.registry,
+        ).labels
         self.records_skipped = Counter(
             "bridge_consumer_records_skipped_total",
             "Records their route's mode leaves unwritten, by design: in insert_if_absent a key "

@@ -30,6 +30,7 @@ from bridge.names import (
     EPOCH_JUDGE_FUNCTION,
     EPOCH_PARTS_TABLE,
     EPOCH_STAGED_TABLE,
+    EPOCH_WATERMARKS_TABLE,
     EPOCHS_TABLE,
 )
 
@@ -110,7 +111,18 @@ def define_tables(metadata: MetaData) -> list[Table]:
         Column("requested_by", Text, nullable=False),
         Column("acted_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     )
-    return [epochs, parts, chunks, staged, actions]
+    watermarks = Table(
+        EPOCH_WATERMARKS_TABLE,
+        metadata,
+        Column("group_id", Text, nullable=False),
+        Column("query", Text, nullable=False),
+        # Every epoch of the query at or below it that the group kept is settled, and no
+        # epoch at or below it can open again: its parts and records are a replay's.
+        Column("settled_through", BigInteger, nullable=False),
+        Column("moved_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+        PrimaryKeyConstraint("group_id", "query"),
+    )
+    return [epochs, parts, chunks, staged, actions, watermarks]
 
 
 @dataclass(frozen=True)
@@ -126,6 +138,7 @@ class LedgerNames:
             "chunks": EPOCH_CHUNKS_TABLE,
             "staged": EPOCH_STAGED_TABLE,
             "actions": EPOCH_ACTIONS_TABLE,
+            "watermarks": EPOCH_WATERMARKS_TABLE,
             "judge": EPOCH_JUDGE_FUNCTION,  # a function: `consumers.epochs.ledger.judge`
         }
         if name not in tables:

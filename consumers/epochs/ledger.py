@@ -300,10 +300,13 @@ def _counted_json(counted: Counted | None) -> str | None:
 
 def knows_epochs(conn: psycopg.Connection[Any], names: LedgerNames, group: str) -> bool:
     """Whether the ledger holds an epoch of `group`, open or settled: a part of it was read, or
-    records of it staged (rows stay after publication)."""
+    records of it staged, or its watermark says it settled some (their rows pruned)."""
     found = conn.execute(
-        sql.SQL("SELECT EXISTS (SELECT FROM {} WHERE group_id = %s)").format(names.epochs),
-        (group,),
+        sql.SQL(
+            "SELECT EXISTS (SELECT FROM {} WHERE group_id = %(group)s) "
+            "OR EXISTS (SELECT FROM {} WHERE group_id = %(group)s)"
+        ).format(names.epochs, names.watermarks),
+        {"group": group},
     ).fetchone()
     return found is not None and bool(found[0])
 
@@ -516,6 +519,112 @@ def _settle(
         ).format(names.epochs),
         (outcome, group, *key),
     )
+    conn.execute(advance_watermark(names, group, key[0]))
+
+
+_NO_EPOCH = 2**63 - 1  # above every epoch: a query with no open epoch
+
+
+def advance_watermark(names: LedgerNames, group: str, query: str) -> sql.Composed:
+    """For the transaction that settles an epoch of `query`: its watermark moved to the highest
+    settled epoch below which the group holds none open (migration 0006), never back. Sound
+    because a query's epochs publish in order and the manifest names an epoch's parts before
+    the next epoch's: no epoch at or below it can open again."""
+    return sql.SQL(
+        # max() alone, so that PostgreSQL reads it from the primary key's end backwards
+        # (an aggregate beside it would read every settled epoch below the open ones).
+        "INSERT INTO {marks} AS w (group_id, query, settled_through) "
+        "SELECT {group}, {query}, x.top FROM (SELECT max(e.epoch) AS top FROM {epochs} AS e "
+        "WHERE e.group_id = {group} AND e.query = {query} AND e.outcome IS NOT NULL "
+        "AND e.epoch < coalesce((SELECT min(o.epoch) FROM {epochs} AS o WHERE o.group_id = "
+        "{group} AND o.query = {query} AND o.outcome IS NULL), {none})) AS x "
+        "WHERE x.top IS NOT NULL "
+        "ON CONFLICT (group_id, query) DO UPDATE SET settled_through = "
+        "greatest(w.settled_through, EXCLUDED.settled_through), moved_at = now()"
+    ).format(
+        marks=names.watermarks,
+        epochs=names.epochs,
+        group=sql.Literal(group),
+        query=sql.Literal(query),
+        none=sql.Literal(_NO_EPOCH),
+    )
+
+
+# Settled epochs kept per query below its watermark: the recent history `bridge status` and an
+# operator read (which epochs were published, and when; 17 minutes at a 1 s trigger); the
+# watermark holds what the older ones said. A count, not an age, so that the prune's search is
+# a range of the primary key holding only what it deletes: its cost does not grow with the
+# history, and the ledger holds the open epochs plus this many rows per query.
+KEEP_SETTLED = 1_000
+
+
+def prune_settled(
+    conn: psycopg.Connection[Any],
+    names: LedgerNames,
+    group: str,
+    *,
+    limit: int = 1_000,
+    keep: int = KEEP_SETTLED,
+) -> int:
+    """Up to `limit` settled epochs more than `keep` below their query's watermark deleted,
+    with parts a replay left of epochs at or below it, in the caller's transaction: the
+    watermark says all they said. An epoch holding staged records (overstaged) stays until
+    they are settled. Returns how many epochs went."""
+    gone = conn.execute(
+        sql.SQL(
+            # Per query, its oldest settled epochs from the primary key's start, in order:
+            # an index range holding only what goes (and overstaged epochs, which stay).
+            "DELETE FROM {epochs} WHERE ctid = ANY(ARRAY(SELECT d.ctid FROM {marks} AS w "
+            "CROSS JOIN LATERAL (SELECT e.ctid FROM {epochs} AS e WHERE e.group_id = w.group_id "
+            "AND e.query = w.query AND e.epoch <= w.settled_through - %(keep)s "
+            "AND e.outcome IS NOT NULL AND NOT EXISTS (SELECT FROM {staged} AS s "
+            "WHERE s.group_id = e.group_id AND s.query = e.query AND s.epoch = e.epoch) "
+            "ORDER BY e.epoch LIMIT %(limit)s) AS d WHERE w.group_id = %(group)s "
+            "LIMIT %(limit)s))"
+        ).format(epochs=names.epochs, marks=names.watermarks, staged=names.staged),
+        {"group": group, "limit": limit, "keep": keep},
+    ).rowcount
+    conn.execute(
+        sql.SQL(
+            "DELETE FROM {parts} AS p USING {marks} AS w WHERE p.group_id = %(group)s "
+            "AND w.group_id = p.group_id AND w.query = p.query AND p.epoch <= w.settled_through "
+            "AND NOT EXISTS (SELECT FROM {epochs} AS e WHERE e.group_id = p.group_id "
+            "AND e.query = p.query AND e.epoch = p.epoch AND e.outcome IS NULL)"
+        ).format(parts=names.parts, marks=names.watermarks, epochs=names.epochs),
+        {"group": group},
+    )
+    return max(0, gone)
+
+
+def replayed(conn: psycopg.Connection[Any], names: LedgerNames, group: str) -> dict[EpochKey, int]:
+    """Epochs at or below their query's watermark with records staged: a replay's (a driver
+    restarted from an older checkpoint after its markers expired, an offsets reset below
+    them), and how many records. Their tables have them already."""
+    return {
+        (str(query), int(epoch)): int(records)
+        for query, epoch, records in conn.execute(
+            sql.SQL(
+                "SELECT s.query, s.epoch, sum(s.records) FROM {staged} AS s "
+                "JOIN {marks} AS w USING (group_id, query) WHERE s.group_id = %s "
+                "AND s.epoch <= w.settled_through GROUP BY s.query, s.epoch"
+            ).format(staged=names.staged, marks=names.watermarks),
+            (group,),
+        )
+    }
+
+
+def skip_replayed(
+    conn: psycopg.Connection[Any], names: LedgerNames, group: str, key: EpochKey
+) -> None:
+    """In the caller's transaction: the staged records of a replayed epoch (`replayed`) go,
+    never to a table: each is the copy of one its table has."""
+    for table in (names.chunks, names.staged):
+        conn.execute(
+            sql.SQL("DELETE FROM {} WHERE group_id = %s AND query = %s AND epoch = %s").format(
+                table
+            ),
+            (group, *key),
+        )
 
 
 def _audit(
@@ -778,7 +887,7 @@ def publish_in_batch(
         firsts=_firsts(judged.firsts),
     )
     clear = sql.SQL("DELETE FROM {} WHERE {}").format(names.parts, this)
-    return [settle, clear]
+    return [settle, clear, advance_watermark(names, group, query)]
 
 
 Manifest = tuple[tuple[int, ...] | None, dict[int, dict[str, int]]]  # parts, written per part

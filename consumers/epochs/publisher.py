@@ -63,8 +63,11 @@ from consumers.epochs.ledger import (
     knows_epochs,
     manifests,
     open_epochs,
+    prune_settled,
     publishable,
     published,
+    replayed,
+    skip_replayed,
     take,
 )
 from consumers.metrics import ConsumerMetrics
@@ -76,6 +79,12 @@ log = logging.getLogger("bridge.consumer")
 
 _LOOK_EVERY_S = 0.2  # what whole epochs add to the end-to-end latency, at most, besides the work
 _PUBLISH_BUDGET_S = 2.0  # publications in one look: the poll loop turns in between
+# Settled epochs are pruned this often, a batch at a time; while batches come full (a ledger
+# upgraded with its history) every second: 1,000 epochs a second, well above any trigger's
+# rate, and a small share of PostgreSQL's time beside the batches.
+_PRUNE_EVERY_S = 10.0
+_PRUNE_AGAIN_S = 1.0
+_PRUNE_BATCH = 1_000
 _CHUNK_IDS = sql.SQL(
     "SELECT id FROM {} WHERE group_id = %s AND query = %s AND epoch = %s ORDER BY id"
 )
@@ -151,6 +160,7 @@ class EpochPublisher:
         self._published_now: list[EpochKey] = []
         self._open_now: tuple[frozenset[EpochKey], float] | None = None
         self._next_look = 0.0
+        self._next_prune = 0.0
         self._failures = HoldBackoff(
             what="an epoch cannot be published",
             consequence="none of it is visible, its records stay staged",
@@ -228,13 +238,42 @@ class EpochPublisher:
     def _read_and_publish(
         self, conn: psycopg.Connection[Any], *, until: float
     ) -> tuple[list[EpochState], float] | None:
+        # Replays first: a replayed epoch's staged records read as an open epoch of its query,
+        # ahead of the query's next ones, which would wait for it.
+        self._skip_replays(conn)
         current = self._publish_whole(conn, until=until)
+        self._prune(conn)
         if not self.knows_epochs:
             # None: it published until its budget ran out.
             self.knows_epochs = (
                 current is None or bool(current[0]) or knows_epochs(conn, self._ledger, self._group)
             )
         return current
+
+    def _prune(self, conn: psycopg.Connection[Any]) -> None:
+        """Settled epochs past their keep deleted (`ledger.prune_settled`), every
+        `_PRUNE_EVERY_S` rather than at each look: an epoch a second settles at a 1 s trigger.
+        Sooner while a batch of them comes full (a ledger upgraded with its history)."""
+        now = time.monotonic()
+        if now < self._next_prune:
+            return
+        with conn.transaction():
+            gone = prune_settled(conn, self._ledger, self._group, limit=_PRUNE_BATCH)
+        self._next_prune = now + (_PRUNE_AGAIN_S if gone >= _PRUNE_BATCH else _PRUNE_EVERY_S)
+
+    def _skip_replays(self, conn: psycopg.Connection[Any]) -> None:
+        """Records staged of an epoch at or below its query's watermark are a replay's: their
+        tables hold them already. They go, counted and named, never to a table."""
+        for key, records in sorted(replayed(conn, self._ledger, self._group).items()):
+            with conn.transaction():
+                skip_replayed(conn, self._ledger, self._group, key)
+            self._metrics.replayed_epoch_records(key[0]).inc(records)
+            log.warning(
+                "epoch %s of query %s came again after it was settled (%d records: its driver "
+                "replayed an epoch it had committed, its markers expired, or an offsets reset "
+                "read them again); its tables hold it already: skipped", key[1], key[0],
+                records,
+            )  # fmt: skip
 
     def _manifests(self, keys: list[EpochKey]) -> dict[EpochKey, Manifest] | None:
         """The ledger's manifest of each open epoch of `keys` (`ledger.manifests`), for the

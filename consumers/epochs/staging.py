@@ -342,19 +342,31 @@ class EpochStager:
             where = sql.SQL("group_id = {} AND query = {} AND epoch = {}").format(
                 group, sql.Literal(document.query), sql.Literal(document.epoch)
             )
+            # A part of an epoch at or below its query's watermark is a replay's (the epoch is
+            # settled, its row perhaps pruned): it would open the epoch again, for ever.
+            unsettled = sql.SQL(
+                "WHERE NOT EXISTS (SELECT FROM {} WHERE group_id = {} AND query = {} "
+                "AND settled_through >= {})"
+            ).format(
+                self._ledger.watermarks,
+                group,
+                sql.Literal(document.query),
+                sql.Literal(document.epoch),
+            )
             if isinstance(document, Part):
-                steps.append(self._part_step(document))
+                steps.append(self._part_step(document, unsettled))
                 if any(n and self._whole_topic(t) for t, n in document.records.items()):
                     steps.append(
                         Step(
                             sql.SQL(
-                                "INSERT INTO {} (group_id, query, epoch) VALUES ({}, {}, {}) "
+                                "INSERT INTO {} (group_id, query, epoch) SELECT {}, {}, {} {} "
                                 "ON CONFLICT DO NOTHING"
                             ).format(
                                 self._ledger.epochs,
                                 group,
                                 sql.Literal(document.query),
                                 sql.Literal(document.epoch),
+                                unsettled,
                             )
                         )
                     )
@@ -381,11 +393,11 @@ class EpochStager:
             )
         return steps
 
-    def _part_step(self, part: Part) -> Step:
+    def _part_step(self, part: Part, unsettled: sql.Composable) -> Step:
         return Step(
             sql.SQL(
                 "INSERT INTO {} (group_id, query, epoch, spark_partition, records) "
-                "VALUES ({}, {}, {}, {}, {}::jsonb) ON CONFLICT DO NOTHING"
+                "SELECT {}, {}, {}, {}, {}::jsonb {} ON CONFLICT DO NOTHING"
             ).format(
                 self._ledger.parts,
                 sql.Literal(self._group),
@@ -393,5 +405,6 @@ class EpochStager:
                 sql.Literal(part.epoch),
                 sql.Literal(part.partition),
                 sql.Literal(json.dumps(dict(part.records))),
+                unsettled,
             )
         )

@@ -1,6 +1,7 @@
 """The ledger grown old: a group that settled 100,000 epochs (28 hours of a query with a 1 s
 trigger) stages an epoch, looks for its open epochs, and publishes, through the publisher and in
-a batch, without reading the epochs it settled long ago. Counted by PostgreSQL itself
+a batch, and prunes the epochs its watermark passed, without reading the epochs it settled long
+ago. Counted by PostgreSQL itself
 (`pg_stat_user_tables`), so that whatever plan the statements get, a read of the history fails."""
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from psycopg import sql
 from bench.ledger_age import epochs_read
 from consumers.database.ledger_tables import LedgerNames
 from consumers.database.state import ensure_state
-from consumers.epochs.ledger import EpochPhase, Judged, open_epochs
+from consumers.epochs.ledger import EpochPhase, Judged, open_epochs, prune_settled
 from tests.harness import Endpoints
 from tests.integration.test_epoch_judge import (
     GROUP,
@@ -36,6 +37,7 @@ HISTORY = 100_000
 # What the statements may read of the epochs table for the whole walk below: a few rows per
 # statement, through indexes. Reading the history is 100,000 rows a statement.
 FEW = 200
+PRUNED = 500
 
 
 @pytest.fixture
@@ -81,3 +83,9 @@ def test_a_group_that_settled_100000_epochs_stages_looks_and_publishes_without_r
     assert rows_after - rows <= FEW, f"read {rows_after - rows} rows of the epochs table"
     for key in (("q", first), ("q", second)):
         assert phase(conn, names, key) is EpochPhase.PUBLISHED
+    # The publisher's prune reads what it deletes, from the watermark down, not the history.
+    with conn.transaction():
+        assert prune_settled(conn, names, GROUP, limit=PRUNED) == PRUNED
+    scans_pruned, rows_pruned = epochs_read(conn, names)
+    assert scans_pruned == scans, "the prune scanned the whole epochs table"
+    assert rows_pruned - rows_after <= PRUNED + FEW, f"read {rows_pruned - rows_after} rows"

@@ -1018,3 +1018,56 @@ def test_one_member_holding_every_partition_publishes_epochs_in_their_batches_th
     assert reader.partial == [], f"part of an epoch seen: {reader.partial[:5]}"
     assert any("cannot be published by its batch" in log.read_text() for log in logs[2:3])
     assert counts(stack, pipeline) == ((epochs + 1) * TASKS * per_task,) * 2
+
+
+@pytest.mark.parametrize("member", ["same", "restarted"])
+def test_an_epoch_written_again_after_it_was_published_lands_nothing_twice(
+    stack: Endpoints, names: dict[str, str], member: str
+) -> None:
+    """What a driver restarted from a checkpoint that lacks an epoch's commit writes once its
+    markers expired (issue 68: "markers expired"): the epoch's tasks again, records and parts,
+    and its record again. The group published it already: its watermark says so, whether or
+    not its row is still kept, and the copy is skipped, counted and named; the next epoch is
+    not held behind it. Tables without a key, so that a row twice shows."""
+    suffix = uuid.uuid4().hex[:8]
+    lines: dict[str, Any] = {"topics": [f"wr-a-{suffix}", f"wr-b-{suffix}"],
+             "tables": [f"public.wr_a_{suffix}", f"public.wr_b_{suffix}"],
+             "manifest": f"wr-epochs-{suffix}"}  # fmt: skip
+    for topic in lines["topics"]:
+        create_topic(stack.bootstrap_servers, topic, partitions=PARTITIONS)
+    create_topic(stack.bootstrap_servers, lines["manifest"], partitions=1)
+    with psycopg.connect(stack.dsn, autocommit=True) as conn:
+        for table in lines["tables"]:
+            conn.execute(f"CREATE TABLE {table} (id bigint, epoch_no int)")
+            conn.execute(f"GRANT ALL ON {table} TO PUBLIC")
+    query = f"q-{suffix}"
+    sink = HandSink(stack, manifest_topic=lines["manifest"], query=query)
+    config = settings(stack, names, lines, "whole")
+    per_task = 50
+
+    def epoch(number: int) -> None:
+        for task in range(TASKS):
+            sink.task(number, task, epoch_records(lines, number, task, per_task))
+        sink.commit(number, list(range(TASKS)))
+
+    def landed(epochs: int) -> bool:
+        return counts(stack, lines) == (epochs * TASKS * per_task,) * 2
+
+    replayed = "bridge_consumer_replayed_epoch_records_total"
+    with running(config) as service:
+        epoch(0)
+        epoch(1)
+        eventually(lambda: landed(2), timeout=60)
+        if member == "same":
+            epoch(1)  # the replay
+            epoch(2)
+            eventually(lambda: landed(3), timeout=60)
+            eventually(lambda: sample(service, replayed, query=query) == TASKS * per_task)
+    if member == "restarted":
+        epoch(1)
+        epoch(2)
+        with running(config) as service:
+            eventually(lambda: landed(3), timeout=60)
+            eventually(lambda: sample(service, replayed, query=query) == TASKS * per_task)
+    assert counts(stack, lines) == (3 * TASKS * per_task,) * 2
+    assert dead_letters(stack, names) == 0
