@@ -6,13 +6,18 @@ epochs costs the member that drains, and PostgreSQL while it idles.
 
 One topic of 4 partitions and the manifest, written before any clock as bridge's sink writes them
 with whole epochs (`bench.epochs.fill_epochs`): `--epochs` epochs of one query, numbered after
-`--history`. Each round runs two new groups, each first in every other round:
+`--history`. Each round runs three new groups, in an order turned by one each round:
 
 - fresh: nothing in its ledger;
 - aged: its ledger already holds `--history` settled epochs of the same query, numbered before
-  the topic's (a 1 s trigger settles 86,400 a day: 1,000,000 is 12 days), written into the
-  project's own tables (`consumers.database.state.ensure_state`) and ANALYZEd, as autovacuum
-  does to a table that grew. Deleted again after the round.
+  the topic's (a 1 s trigger settles 86,400 a day: 1,000,000 is 12 days), as a release before
+  the watermark (state schema 0006) kept them: the member prunes them while it runs, the
+  upgrade's cost;
+- pruned: the same history as this release leaves it: the query's watermark at its last epoch
+  and its last `KEEP_SETTLED` settled epochs kept;
+
+written into the project's own tables (`consumers.database.state.ensure_state`) and ANALYZEd,
+as autovacuum does to a table that grew; deleted again after the round.
 
 For each group: the service (`python -m consumers`, one member, a whole route) drains the
 topic, timed from its claim of the partitions to the ledger showing the last epoch published
@@ -20,7 +25,8 @@ topic, timed from its claim of the partitions to the ledger showing the last epo
 the epochs table read meanwhile (`pg_stat_user_tables`) while its publisher looks every 0.2 s;
 then, the service stopped, `--looks` looks (`consumers.epochs.ledger.open_epochs`, what the
 publisher runs) timed from here, and the plan and time of a look's first statement (EXPLAIN
-ANALYZE). The figures are the medians of each round's aged / fresh ratio. Writes
+ANALYZE). The figures are the medians of each round's aged / fresh and pruned / fresh ratios,
+and the group's rows left in the epochs table at the end. Writes
 bench/results/ledger-age-*.json.
 """
 
@@ -43,7 +49,9 @@ from bench.epochs import fill_epochs
 from bridge.names import DEFAULT_STATE_SCHEMA, EPOCHS_TABLE
 from consumers.database.ledger_tables import LedgerNames
 from consumers.database.state import ensure_state
-from consumers.epochs.ledger import open_epochs
+from consumers.epochs.ledger import KEEP_SETTLED, open_epochs
+
+KINDS = ("fresh", "aged", "pruned")
 
 
 class _FirstStatement:
@@ -59,17 +67,33 @@ class _FirstStatement:
         return self._conn.execute(query, params)
 
 
-def seed(conn: psycopg.Connection[Any], names: LedgerNames, group: str, query: str, n: int) -> None:
+def seed(
+    conn: psycopg.Connection[Any],
+    names: LedgerNames,
+    group: str,
+    query: str,
+    n: int,
+    *,
+    pruned: bool = False,
+) -> None:
     """`n` epochs of `query` settled by `group`, as publication leaves them (parts, chunks and
-    counts are cleared at settlement: only the epochs' rows stay)."""
+    counts are cleared at settlement: only the epochs' rows stay); `pruned`: as this release
+    leaves them, the watermark at the last and only the last `KEEP_SETTLED` rows kept."""
     conn.execute(
         sql.SQL(
             "INSERT INTO {} (group_id, query, epoch, parts, manifest_at, outcome, settled_at) "
             "SELECT %s, %s, n, '{{0,1,2,3}}', now(), 'published', now() "
-            "FROM generate_series(0, %s) AS n"
+            "FROM generate_series(%s, %s) AS n"
         ).format(names.epochs),
-        (group, query, n - 1),
+        (group, query, max(0, n - KEEP_SETTLED) if pruned else 0, n - 1),
     )
+    if pruned:
+        conn.execute(
+            sql.SQL("INSERT INTO {} (group_id, query, settled_through) VALUES (%s, %s, %s)").format(
+                names.watermarks
+            ),
+            (group, query, n - 1),
+        )
     conn.execute(sql.SQL("ANALYZE {}").format(names.epochs))
 
 
@@ -152,7 +176,7 @@ def group_run(
     topic: str,
     query: str,
     args: argparse.Namespace,
-    aged: bool,
+    kind: str,
     scratch: Path,
 ) -> dict[str, Any]:
     names = LedgerNames(DEFAULT_STATE_SCHEMA)
@@ -162,9 +186,9 @@ def group_run(
     records = args.epochs * args.tasks * args.rows_per_task
     with psycopg.connect(stack.dsn, autocommit=True) as conn:
         grown = 0
-        if aged:
+        if kind != "fresh":
             before_seed = table_bytes(conn)
-            seed(conn, names, group, query, args.history)
+            seed(conn, names, group, query, args.history, pruned=kind == "pruned")
             grown = table_bytes(conn) - before_seed
         checkpoint(stack.dsn)
         service = Service(stack, topic, table, "insert", scratch, group=group,
@@ -190,16 +214,19 @@ def group_run(
             service.stop()
         looked = looks(conn, names, group, args.looks)
         rows = conn.execute(f"SELECT count(*), count(DISTINCT id) FROM public.{table}").fetchone()
-        if aged:
-            conn.execute(
-                sql.SQL("DELETE FROM {} WHERE group_id = %s").format(names.epochs), (group,)
-            )
-            conn.execute(sql.SQL("VACUUM {}").format(names.epochs))  # for the next round's
+        left = conn.execute(
+            sql.SQL("SELECT count(*) FROM {} WHERE group_id = %s").format(names.epochs), (group,)
+        ).fetchone()
+        for kept in (names.epochs, names.watermarks):
+            conn.execute(sql.SQL("DELETE FROM {} WHERE group_id = %s").format(kept), (group,))
+        conn.execute(sql.SQL("VACUUM {}").format(names.epochs))  # for the next round's
     if rows is None or tuple(rows) != (records, records):
         raise RuntimeError(f"{table}: {rows} rows and distinct ids, {records} written")
     return {
-        "group": "aged" if aged else "fresh",
-        "history": args.history if aged else 0,
+        "group": kind,
+        "history": args.history if kind != "fresh" else 0,
+        # The group's rows in the epochs table at the end: what pruning left.
+        "epochs_rows_left": int(left[0]) if left else 0,
         # What the history added to the epochs table, its indexes included.
         "history_bytes": grown,
         "seconds": round(seconds, 2),
@@ -234,36 +261,40 @@ def main() -> None:
                             first_epoch=args.history)  # fmt: skip
         rounds: list[list[dict[str, Any]]] = []
         for number in range(args.rounds):
-            order = (False, True) if number % 2 == 0 else (True, False)
-            runs = [group_run(stack, topic, query, args, aged, scratch) for aged in order]
+            order = KINDS[number % 3 :] + KINDS[: number % 3]
+            runs = [group_run(stack, topic, query, args, kind, scratch) for kind in order]
             rounds.append(runs)
             for r in runs:
                 print(f"{r['group']}: drained {r['rows_per_second']:,} rows/s; "
                       f"{cpu_line(r['cpu'])}; idle {args.idle_seconds:g} s: PostgreSQL "
                       f"{r['idle_cpu']['postgres_cpu_s']} CPU s, {r['idle_epochs_rows_read']:,} "
                       f"ledger rows read; a look {r['look_ms_median']} ms, its first statement "
-                      f"{r['first_statement_ms']} ms ({', '.join(r['first_statement_nodes'])})",
+                      f"{r['first_statement_ms']} ms ({', '.join(r['first_statement_nodes'])}); "
+                      f"{r['epochs_rows_left']:,} epochs rows left",
                       flush=True)  # fmt: skip
         figures["rounds"] = rounds
 
-        def ratios(of: Any) -> list[float]:
+        def ratios(of: Any, kind: str) -> list[float]:
             found = []
             for runs in rounds:
                 by = {r["group"]: of(r) for r in runs}
-                found.append(round(by["aged"] / by["fresh"], 3) if by["fresh"] else float("inf"))
+                found.append(round(by[kind] / by["fresh"], 3) if by["fresh"] else float("inf"))
             return found
 
         def figure(name: str, of: Any) -> None:
-            each = ratios(of)
-            figures[f"{name}_ratio"] = median(each)
-            figures[f"{name}_ratios"] = each
-            for kind in ("fresh", "aged"):
+            for kind in KINDS:
                 figures[f"{name}_{kind}"] = median(
                     of(r) for runs in rounds for r in runs if r["group"] == kind
                 )
-            print(f"{name}: aged {figures[f'{name}_aged']} against fresh "
-                  f"{figures[f'{name}_fresh']}: {figures[f'{name}_ratio']}x (rounds {each})",
-                  flush=True)  # fmt: skip
+            for kind in KINDS[1:]:
+                # "aged" keeps the name it had before "pruned" came: `<name>_ratio`.
+                suffix = "" if kind == "aged" else f"_{kind}"
+                each = ratios(of, kind)
+                figures[f"{name}_ratio{suffix}"] = median(each)
+                figures[f"{name}_ratios{suffix}"] = each
+                print(f"{name}: {kind} {figures[f'{name}_{kind}']} against fresh "
+                      f"{figures[f'{name}_fresh']}: {median(each)}x (rounds {each})",
+                      flush=True)  # fmt: skip
 
         figure("drain_rows_per_second", lambda r: r["rows_per_second"])
         figure("idle_postgres_cpu_s", lambda r: r["idle_cpu"]["postgres_cpu_s"])
@@ -276,7 +307,8 @@ def main() -> None:
             each = figures["bytes_per_settled_epoch"]
             print(f"the epochs table, its indexes included: {each} bytes per settled epoch",
                   flush=True)  # fmt: skip
-        for kind in ("fresh", "aged"):  # a fresh group's few rows are read whole, rightly
+        figure("epochs_rows_left", lambda r: r["epochs_rows_left"])
+        for kind in KINDS:  # a fresh group's few rows are read whole, rightly
             figures[f"first_statement_seq_scan_{kind}"] = any(
                 r["first_statement_seq_scan"] for runs in rounds for r in runs if r["group"] == kind
             )
