@@ -58,6 +58,9 @@ MARKER_GROUP_INFIX: Final = ".marker.p"
 PROVENANCE_QUERY: Final = "bridge.query"
 PROVENANCE_PARTITION: Final = "bridge.partition"
 PROVENANCE_EPOCH: Final = "bridge.epoch"
+# A random id of the task attempt that wrote the record: two committed attempts of one
+# (query, partition, epoch) (a replay once the markers expired) differ in it.
+PROVENANCE_ATTEMPT: Final = "bridge.attempt"
 # Beside the provenance, on a record of a sink that writes the epoch manifest (`epochs=whole`):
 # its epoch is published whole. A record with provenance and without it (a sink with
 # `epochs=per-partition`, or of a release before whole epochs) is applied per partition.

@@ -23,12 +23,12 @@ what to pause, where to seek and what to report.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from bridge.errors import BridgeError
-from consumers.database.offsets import Lease, PartitionKey, StoredRow
+from consumers.database.offsets import Lease, PartitionKey, Runs, StoredRow
 
 
 class PartitionState(StrEnum):
@@ -153,11 +153,17 @@ class PartitionTable:
         self._partitions[lease.key] = Partition(lease, state, now, now, reason=reason)
         return state
 
-    def committed(self, advanced: dict[PartitionKey, int]) -> None:
+    def committed(
+        self, advanced: dict[PartitionKey, int], runs: Mapping[PartitionKey, Runs] | None = None
+    ) -> None:
+        """`runs`: of the partitions whose runs the batch stored with its offsets."""
         now = time.monotonic()
         for key, next_offset in advanced.items():
             partition = self._move(key, PartitionEvent.COMMITTED)
-            partition.lease = replace(partition.lease, next_offset=next_offset)
+            lease = replace(partition.lease, next_offset=next_offset)
+            if runs and key in runs:
+                lease = replace(lease, runs=runs[key])
+            partition.lease = lease
             partition.progressed = now
 
     def lost(self, keys: list[PartitionKey], why: str) -> None:
@@ -174,7 +180,7 @@ class PartitionTable:
         partition = self._partitions[key]
         if row is not None and row.owner_epoch == partition.lease.epoch:
             self._move(key, PartitionEvent.RESOLVED_OURS)
-            partition.lease = replace(partition.lease, next_offset=row.next_offset)
+            partition.lease = replace(partition.lease, next_offset=row.next_offset, runs=row.runs)
             partition.progressed = time.monotonic()
         else:
             self._move(key, PartitionEvent.RESOLVED_TAKEN, _taken_reason(row))

@@ -206,6 +206,7 @@ class ConsumerService:
             ),
             mirror_offsets=self._config.mirror_offsets_to_kafka,
             assembly=self._assembly(sizes),
+            whole_topic=self._config.whole_topic,
         )
         leases = LeaseKeeper(
             table=self._partitions,

@@ -21,13 +21,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import secrets
 import sys
 import threading
 import time
 import warnings
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any, TypeVar
 
@@ -45,6 +46,7 @@ from bridge.epoch_manifest import Part, key_of
 from bridge.errors import BridgeError
 from bridge.kafka_refusal import RefusalWatch
 from bridge.names import (
+    PROVENANCE_ATTEMPT,
     PROVENANCE_EPOCH,
     PROVENANCE_PARTITION,
     PROVENANCE_QUERY,
@@ -140,6 +142,9 @@ class TaskCoordinates:
     partition: int
     epoch: int
     attempt: int
+    # Random, one per write of the task: Spark's attempt number starts again at 0 in a
+    # restarted driver, so it cannot tell a replay's write from the first one.
+    attempt_id: str = field(default_factory=lambda: secrets.token_hex(4), compare=False)
 
     def transactional_id(self, naming: IdNaming) -> str:
         if naming is IdNaming.PER_PARTITION:
@@ -156,6 +161,9 @@ class TaskCoordinates:
             (PROVENANCE_QUERY, self.query_id.encode()),
             (PROVENANCE_PARTITION, str(self.partition).encode()),
             (PROVENANCE_EPOCH, str(self.epoch).encode()),
+            # A consumer applying per partition tells a second committed write of the epoch
+            # by it (its markers expired before a replay): `consumers.batch.replays`.
+            (PROVENANCE_ATTEMPT, self.attempt_id.encode()),
             *marked,
         ]
 

@@ -33,6 +33,7 @@ import psycopg
 from bridge.errors import BridgeError
 from consumers.batch.pipelined import PipelinedTransaction
 from consumers.batch.planner import Planned, by_topic
+from consumers.batch.replays import Split
 from consumers.database.db_session import Refusal, is_lost, refusal_of
 from consumers.database.offsets import Lease, OffsetStore, PartitionKey
 from consumers.decoding.records import Record, RecordStopped, offset_of
@@ -51,6 +52,9 @@ class Batch:
     records: dict[PartitionKey, list[Record]]
     leases: dict[PartitionKey, Lease]
     planned: Planned  # its tables, statements and table changes (consumers.batch.planner)
+    # Records of task attempts written before, left out of its rows but not of its offsets,
+    # and the runs it stores (consumers.batch.replays); planned without them.
+    replays: Split = field(default_factory=lambda: Split({}))
 
     @property
     def plans(self) -> dict[str, list[Step]] | None:
@@ -70,14 +74,30 @@ class Batch:
         kept = [r for r in self.records[key] if offset_of(r) < offset]
         if not kept:
             return self.without([key])
-        return Batch({**self.records, key: kept}, self.leases, replace(self.planned, plans=None))
+        return Batch(
+            {**self.records, key: kept},
+            self.leases,
+            replace(self.planned, plans=None),
+            self.replays.up_to(key, offset),
+        )
 
     def without(self, keys: list[PartitionKey]) -> Batch:
         return Batch(
             {k: v for k, v in self.records.items() if k not in keys},
             {k: v for k, v in self.leases.items() if k not in keys},
             replace(self.planned, plans=None),
+            self.replays.without(keys),
         )
+
+    def applied_records(self) -> dict[PartitionKey, list[Record]]:
+        """Its records without the replays', which its offsets pass but its tables never get."""
+        skipped = self.replays.skipped
+        if not skipped:
+            return self.records
+        return {
+            key: [r for r in of_key if (key[0], key[1], offset_of(r)) not in skipped]
+            for key, of_key in self.records.items()
+        }
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -181,6 +201,7 @@ class Committer:
         # Step 1, 2 and 3 go in one message, in this order.
         advance = self._store.advance_statement(self._advances(batch), strict=True)
         steps = [
+            *self._runs(batch),
             *batch.changes,
             *self._replays(batch),
             *chain.from_iterable(batch.plans.values()),
@@ -331,10 +352,10 @@ class Committer:
             refused = self._store.advance(conn, self._advances(batch))
             if refused:
                 raise _LeaseRefused(refused)  # rolls the transaction back
-            run_steps(conn, [*batch.changes, *self._replays(batch)])
+            run_steps(conn, [*self._runs(batch), *batch.changes, *self._replays(batch)])
             # Step 2
             staged: set[str] = set()
-            for topic, records in by_topic(batch.records).items():
+            for topic, records in by_topic(batch.applied_records()).items():
                 if topic in batch.planned.staging:
                     assert self._stager is not None  # noqa: S101 - it staged them
                     done = self._stager.apply(conn, topic, records)
@@ -362,6 +383,11 @@ class Committer:
                 applied[topic] = (counts.applied + counts.deleted, counts.dead, counts.skipped)
                 dead_letters += counts.dead_letters
         # Step 3: the block above committed on leaving it.
+
+    def _runs(self, batch: Batch) -> list[Step]:
+        """The runs the batch's records leave in its partitions, stored with its offsets."""
+        runs = [(batch.leases[k], r) for k, r in batch.replays.runs.items() if k in batch.leases]
+        return [Step(self._store.runs_statement(runs))] if runs else []
 
     def _replays(self, batch: Batch) -> list[Step]:
         """For each partition whose records start below its last dead letter: clearing the

@@ -46,6 +46,7 @@ from consumers.backoff import HoldBackoff
 from consumers.batch.committer import Batch, CommitResult, Committer, InFlight
 from consumers.batch.partition_holds import PartitionHolds
 from consumers.batch.planner import Planned, Planner
+from consumers.batch.replays import ReplayFilter
 from consumers.batch.work_log import WorkLog
 from consumers.database.db_session import DatabaseSession, refusal_backoff
 from consumers.database.offsets import OffsetStore, PartitionKey, StoredRow
@@ -109,8 +110,11 @@ class BatchLifecycle:
         work_log: WorkLog,
         mirror_offsets: bool,
         assembly: EpochAssembly | None = None,
+        whole_topic: Callable[[str], bool] = lambda topic: False,
     ) -> None:
         self._planner = planner
+        # Routes applied per partition: records of a task written again are left out.
+        self._replays = ReplayFilter(applies_whole=whole_topic)
         # Whole epochs: which records a batch publishes, stages or holds back for the next.
         self._assembly = assembly
         self._committer = committer
@@ -196,8 +200,10 @@ class BatchLifecycle:
                 # All held back for their epochs: nothing to send, so the batch in flight is
                 # not waited for, and PostgreSQL writes it while the next poll is read.
                 return
+        # Chained on the batch in flight: a batch that fails rewinds, and the runs with it.
+        replays = self._replays.split(ours, self._table.lease)
         try:
-            planned = self._plan(ours, assembled)
+            planned = self._plan(replays.kept, assembled)
         except RegistryUnavailable as exc:
             # An infrastructure fault, never a record's: these records are fetched again once
             # the wait is over, and nothing of them is written or dead-lettered meanwhile.
@@ -233,7 +239,7 @@ class BatchLifecycle:
             return
         # Step 3, with the leases as the batch before left them: this advance starts where
         # that one ended.
-        sent = self._committer.send(self._db.connection(), Batch(ours, leases, planned))
+        sent = self._committer.send(self._db.connection(), Batch(ours, leases, planned, replays))
         if isinstance(sent, InFlight):
             self._move(StageEvent.SENT, sent)
             self._settled = None  # PostgreSQL is busy with this batch while the last one is freed
@@ -339,7 +345,8 @@ class BatchLifecycle:
             self._planner.made(result.batch.changes)
             self._settle_epochs(result)
             self._went_ahead(result)
-            self._table.committed(result.committed)
+            self._replayed(result)
+            self._table.committed(result.committed, result.batch.replays.runs)
             self.partition_holds.committed(result.committed)
             self._metrics.advanced(result.committed, self._table.caught_up(result.committed))
             self.refusals.cleared()
@@ -371,6 +378,23 @@ class BatchLifecycle:
             self._metrics.epochs_published(path="in_batch").inc(len(pending.publishing))
             for query, epoch in pending.publishing:
                 log.info("epoch published", extra={"query": query, "epoch": epoch, "batch": True})
+
+    def _replayed(self, result: CommitResult) -> None:
+        """Records of a task attempt after an earlier attempt of the same epoch, or of an
+        epoch before the last, left out of the tables: said every time, with where they are."""
+        for replay in result.batch.replays.replayed:
+            if replay.last_offset >= result.committed.get((replay.topic, replay.partition), 0):
+                continue  # not committed: fetched again, and counted then
+            self._metrics.replayed_epoch_records(replay.query).inc(replay.records)
+            log.warning(
+                "records of epoch %s of query %s (Spark partition %s) came again after its "
+                "first write was applied (a driver replayed an epoch its markers no longer "
+                "said was committed): %s[%s] offsets %s to %s, %d records, skipped",
+                replay.epoch, replay.query, replay.spark_partition, replay.topic,
+                replay.partition, replay.first_offset, replay.last_offset, replay.records,
+                extra={"query": replay.query, "epoch": replay.epoch, "topic": replay.topic,
+                       "partition": replay.partition, "records": replay.records},
+            )  # fmt: skip
 
     def _went_ahead(self, result: CommitResult) -> None:
         """Records of no epoch went ahead of an epoch whose records lie on both sides of them:
@@ -501,6 +525,7 @@ class BatchLifecycle:
     def _seek_to_leases(self) -> None:
         """Fetch again from what the offsets table says is committed."""
         self._move(StageEvent.REWOUND)
+        self._replays.rewound()
         if self._assembly is not None:
             self._assembly.drop()  # held back: fetched again too
             self._metrics.epoch_records_held.set(0)

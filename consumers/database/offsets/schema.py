@@ -21,6 +21,7 @@ from sqlalchemy import (
     func,
     text,
 )
+from sqlalchemy.dialects.postgresql import JSONB
 
 from bridge.names import OFFSET_RESETS_TABLE, OFFSETS_TABLE
 
@@ -37,6 +38,9 @@ def define_tables(metadata: MetaData) -> tuple[Table, Table]:
         Column("owner", Text),
         Column("owner_epoch", BigInteger, nullable=False, server_default=text("0")),
         Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+        # Per (query, Spark partition), the last task attempt whose records the partition
+        # applied, at `next_offset` (migration 0007, `consumers.batch.replays`).
+        Column("runs", JSONB),
         PrimaryKeyConstraint("group_id", "topic", "partition"),
     )
     resets = Table(

@@ -10,10 +10,11 @@ the owner epoch (`_TAKE_OVER`).
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 import psycopg
 from psycopg import sql
@@ -33,6 +34,30 @@ PartitionKey = tuple[str, int]
 """(topic, partition)."""
 
 
+class Run(NamedTuple):
+    """The last task attempt of a (query, Spark partition) a partition's records came from
+    (`consumers.batch.replays`)."""
+
+    query: str
+    spark_partition: int
+    epoch: int
+    attempt: str
+
+
+Runs = tuple[Run, ...]
+
+
+def _runs_of(stored: Any) -> Runs:
+    """The `runs` column as read (jsonb: a list of [query, partition, epoch, attempt]); a value
+    not of that shape (written by hand) reads as none."""
+    if not isinstance(stored, list):
+        return ()
+    try:
+        return tuple(Run(str(q), int(p), int(e), str(a)) for q, p, e, a in stored)
+    except (TypeError, ValueError):
+        return ()
+
+
 @dataclass(frozen=True, kw_only=True)
 class Lease:
     """This member's claim on one partition: writes are valid only while `epoch` is current."""
@@ -44,6 +69,8 @@ class Lease:
     # The offset after the group's last dead letter of this partition, read at the claim: a
     # batch that starts below it applies a range again (an offset reset, a restart after one).
     dead_letters_end: int = 0
+    # The partition's runs as its row holds them at `next_offset` (`consumers.batch.replays`).
+    runs: Runs = ()
 
     @property
     def key(self) -> PartitionKey:
@@ -57,6 +84,7 @@ class StoredRow:
     next_offset: int
     owner: str | None
     owner_epoch: int
+    runs: Runs = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -83,15 +111,17 @@ class ResetMove:
 
 # Takes partitions over: a new row starts at its given offset; an existing one gets the new
 # owner (NULL after a reset) and a bumped epoch, which fences whoever held it, and keeps its
-# offset unless the caller moves it (a reset does, a claim never).
+# offset unless the caller moves it (a reset does, a claim never). A move clears the runs, so
+# that the range it moves back to is applied again, as a reset asks.
 _TAKE_OVER = """
 INSERT INTO {table} AS o (group_id, topic, partition, next_offset, owner, owner_epoch)
 SELECT %(group)s, t, p, n, %(owner)s, 1 FROM unnest(%(topics)s::text[], %(partitions)s::int[],
     %(offsets)s::bigint[]) AS x(t, p, n)
 ON CONFLICT (group_id, topic, partition) DO UPDATE
 SET owner = EXCLUDED.owner, owner_epoch = o.owner_epoch + 1, updated_at = now(),
-    next_offset = CASE WHEN %(move)s THEN EXCLUDED.next_offset ELSE o.next_offset END
-RETURNING topic, partition, owner_epoch, next_offset"""
+    next_offset = CASE WHEN %(move)s THEN EXCLUDED.next_offset ELSE o.next_offset END,
+    runs = CASE WHEN %(move)s THEN NULL ELSE o.runs END
+RETURNING topic, partition, owner_epoch, next_offset, runs"""
 
 _KEYS = sql.SQL(
     "(topic, partition) IN (SELECT * FROM unnest(%(topics)s::text[], %(partitions)s::int[]))"
@@ -122,14 +152,16 @@ class OffsetStore:
         """The rows of those partitions that have one."""
         found = conn.execute(
             sql.SQL(
-                "SELECT topic, partition, next_offset, owner, owner_epoch FROM {} "
+                "SELECT topic, partition, next_offset, owner, owner_epoch, runs FROM {} "
                 "WHERE group_id = %(group)s AND {}"
             ).format(self._table, _KEYS),
             self._keys(keys),
         ).fetchall()
         return {
-            (topic, partition): StoredRow(next_offset=offset, owner=owner, owner_epoch=epoch)
-            for topic, partition, offset, owner, epoch in found
+            (topic, partition): StoredRow(
+                next_offset=offset, owner=owner, owner_epoch=epoch, runs=_runs_of(runs)
+            )
+            for topic, partition, offset, owner, epoch, runs in found
         }
 
     def stored(self, conn: psycopg.Connection, keys: list[PartitionKey]) -> dict[PartitionKey, int]:
@@ -164,9 +196,12 @@ class OffsetStore:
             conn.execute("SELECT set_config('lock_timeout', %s, true)", (f"{lock_wait_ms}ms",))
             rows = self._take_over(conn, start_offsets, owner=self._owner, move=False)
         return [
-            Lease(topic=topic, partition=partition, epoch=epoch, next_offset=offset)
-            for topic, partition, epoch, offset in rows
-        ]
+            Lease(
+                topic=topic, partition=partition, epoch=epoch, next_offset=offset,
+                runs=_runs_of(runs),
+            )
+            for topic, partition, epoch, offset, runs in rows
+        ]  # fmt: skip
 
     def _take_over(
         self,
@@ -223,6 +258,23 @@ class OffsetStore:
             sql.Literal(strict),
         )
 
+    def runs_statement(self, runs: list[tuple[Lease, Runs]]) -> sql.Composed:
+        """For a batch's transaction, after its advance: the runs of its partitions as its
+        records leave them (`consumers.batch.replays`), stored with their offsets; only while
+        each lease holds (a fenced batch's transaction fails at its advance anyway)."""
+        return sql.SQL(
+            "UPDATE {} AS o SET runs = x.r::jsonb FROM unnest({}::text[], {}::int[], "
+            "{}::bigint[], {}::text[]) AS x(t, p, e, r) WHERE o.group_id = {} AND o.topic = x.t "
+            "AND o.partition = x.p AND o.owner_epoch = x.e"
+        ).format(
+            self._table,
+            sql.Literal([lease.topic for lease, _ in runs]),
+            sql.Literal([lease.partition for lease, _ in runs]),
+            sql.Literal([lease.epoch for lease, _ in runs]),
+            sql.Literal([json.dumps([list(run) for run in of_lease]) for _, of_lease in runs]),
+            sql.Literal(self._group),
+        )
+
     def release(self, conn: psycopg.Connection, leases: list[Lease]) -> None:
         """Mark partitions as unowned after a clean revoke; a newer owner's row is left alone."""
         conn.execute(
@@ -267,7 +319,7 @@ class OffsetStore:
                 conn, {key: move.new_offset for key, move in zip(keys, moves, strict=True)},
                 owner=None, move=True,
             )  # fmt: skip
-            epochs = {(topic, partition): epoch for topic, partition, epoch, _ in taken}
+            epochs = {(topic, partition): epoch for topic, partition, epoch, _, _ in taken}
             with conn.cursor() as cursor:
                 cursor.executemany(
                     sql.SQL(
