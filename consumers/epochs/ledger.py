@@ -321,14 +321,18 @@ def open_epochs(conn: psycopg.Connection[Any], names: LedgerNames, group: str) -
     # Two branches, not one OR: each reaches its rows by an index (the open ones by
     # `epochs_open`, the settled ones records were staged for again by the primary key), where
     # the OR read every epoch the group ever settled, a sequential scan growing with its age.
+    # The second looks each staged epoch up (LATERAL ... LIMIT 1, which the planner cannot
+    # turn into a join): as a join, a small table's statistics chose a hash join over a
+    # sequential scan, which reads every page of a table that held a long history once.
     for query, epoch, parts, seen_at, forced, outcome in conn.execute(
         sql.SQL(
             "SELECT query, epoch, parts, seen_at, forced, outcome FROM {epochs} "
             "WHERE group_id = %(group)s AND outcome IS NULL "
             "UNION ALL "
-            "SELECT e.query, e.epoch, e.parts, e.seen_at, e.forced, e.outcome FROM {epochs} AS e "
-            "JOIN (SELECT DISTINCT query, epoch FROM {staged} WHERE group_id = %(group)s) AS s "
-            "USING (query, epoch) WHERE e.group_id = %(group)s AND e.outcome IS NOT NULL"
+            "SELECT e.query, e.epoch, e.parts, e.seen_at, e.forced, e.outcome "
+            "FROM (SELECT DISTINCT query, epoch FROM {staged} WHERE group_id = %(group)s) AS s "
+            "CROSS JOIN LATERAL (SELECT * FROM {epochs} AS x WHERE x.group_id = %(group)s "
+            "AND x.query = s.query AND x.epoch = s.epoch AND x.outcome IS NOT NULL LIMIT 1) AS e"
         ).format(epochs=names.epochs, staged=names.staged),
         {"group": group},
     ):
@@ -337,10 +341,13 @@ def open_epochs(conn: psycopg.Connection[Any], names: LedgerNames, group: str) -
         found.seen_at, found.forced, found.outcome = seen_at, forced, outcome
     for query, epoch, part, records in conn.execute(
         sql.SQL(
-            "SELECT p.query, p.epoch, p.spark_partition, p.records FROM {} AS p JOIN {} AS e "
-            "USING (group_id, query, epoch) WHERE p.group_id = %s AND e.outcome IS NULL"
-        ).format(names.parts, names.epochs),
-        (group,),
+            # Each part's epoch looked up by the primary key, as above.
+            "SELECT p.query, p.epoch, p.spark_partition, p.records FROM {parts} AS p "
+            "CROSS JOIN LATERAL (SELECT FROM {epochs} AS e WHERE e.group_id = %(group)s "
+            "AND e.query = p.query AND e.epoch = p.epoch AND e.outcome IS NULL LIMIT 1) AS e "
+            "WHERE p.group_id = %(group)s"
+        ).format(parts=names.parts, epochs=names.epochs),
+        {"group": group},
     ):
         state(query, epoch).written[part] = dict(records)
     for query, epoch, part, topic, records, first in conn.execute(
