@@ -52,7 +52,7 @@ class Grant:
 
     resource: Literal["topic", "group", "transactional_id", "cluster"]
     name: str
-    operation: Literal["read", "write", "create", "describe"]
+    operation: Literal["read", "write", "create", "describe", "describe_configs"]
     why: str
 
 
@@ -89,6 +89,7 @@ def grants(
                 Grant("topic", epochs_topic, "write", "the epoch manifest (epochs=whole)"),
                 Grant("topic", epochs_topic, "describe", "the manifest topic's partition"),
                 Grant("topic", epochs_topic, "create", "the sink creates the manifest topic"),
+                Grant("topic", epochs_topic, "describe_configs", "the sink checks its retention"),
             ]
         return tuple(dict.fromkeys(found))
     if role == "consumer":
@@ -123,6 +124,7 @@ _OPERATIONS: Final = {
     "write": AclOperation.WRITE,
     "create": AclOperation.CREATE,
     "describe": AclOperation.DESCRIBE,
+    "describe_configs": AclOperation.DESCRIBE_CONFIGS,
 }
 
 

@@ -19,7 +19,7 @@ from confluent_kafka import (
     TopicCollection,
     TopicPartition,
 )
-from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, OffsetSpec, ResourceType
 
 from bridge.errors import BridgeError
 from bridge.kafka_client_log import ClientLog
@@ -43,15 +43,22 @@ def create_topic(
     replication_factor: int = -1,
     timeout: float = 30.0,
     config: Mapping[str, str | int | float | bool] | None = None,
+    topic_config: Mapping[str, str] | None = None,
 ) -> None:
     """Create `name` and wait until it exists; an existing topic is left as it is.
 
     `replication_factor`: -1 takes the cluster's `default.replication.factor` (1 on a single
     node, 3 on a replicated cluster).
 
-    `config`: extra client properties (security settings and the like)."""
+    `config`: extra client properties (security settings and the like).
+    `topic_config`: the topic's own settings, when this call creates it."""
     admin = KafkaAdmin({**(config or {}), "bootstrap.servers": bootstrap_servers}, timeout=timeout)
-    admin.create_topic(name, partitions=partitions, replication_factor=replication_factor)
+    admin.create_topic(
+        name,
+        partitions=partitions,
+        replication_factor=replication_factor,
+        topic_config=topic_config,
+    )
 
 
 def offset_range(
@@ -168,6 +175,18 @@ class KafkaAdmin:
         except concurrent.futures.TimeoutError as exc:
             raise self._error(f"cannot create topic {name!r}", exc) from None
         return True
+
+    def topic_configs(self, name: str) -> dict[str, str]:
+        """The topic's effective settings (its own, or the brokers' defaults it takes), by
+        name. Raises TopicError, naming the refusal when the principal may not describe them
+        (`DescribeConfigs` on the topic)."""
+        resource = ConfigResource(ResourceType.TOPIC, name)
+        futures = self._admin.describe_configs([resource], request_timeout=self._timeout)
+        try:
+            entries = self._result(futures[resource])
+        except (KafkaException, concurrent.futures.TimeoutError) as exc:
+            raise self._error(f"cannot describe topic {name!r}'s settings", exc) from None
+        return {key: entry.value for key, entry in entries.items() if entry.value is not None}
 
     def partitions(self, topic: str) -> list[int]:
         # describe_topics, unlike a metadata request, never creates the topic it asks about.

@@ -27,7 +27,8 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, Writ
 from pyspark.sql.types import StructType
 from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_exponential
 
-from bridge.kafka_admin import TopicError, create_topic
+from bridge.errors import BridgeError
+from bridge.kafka_admin import KafkaAdmin, TopicError
 from bridge.logs import formatter
 from bridge.names import DEFAULT_TRANSACTIONAL_ID_HEAD, SINK_FORMAT
 from bridge.private_apis import (
@@ -66,7 +67,7 @@ class BridgeKafkaSink(DataSource):
         check_schema(schema, default_topic=options.topic, typed=typed)
         _ensure_topic(options, options.marker_topic)
         if options.epochs is Epochs.WHOLE:
-            _ensure_topic(options, options.epochs_topic)
+            _ensure_topic(options, options.epochs_topic, _manifest_settings(options))
         return BridgeKafkaStreamWriter(options)
 
 
@@ -76,15 +77,58 @@ _anchored: set[tuple[str, str]] = set()
 _TOPIC_BUDGET_S = 120.0  # a broker restarting, or a leader moving, takes less
 
 
-def _ensure_topic(options: SinkOptions, topic: str) -> None:
+def _manifest_settings(options: SinkOptions) -> dict[str, str]:
+    """The manifest topic's own settings: deleted by age, never compacted (its records are
+    keyed by query: compaction would keep each query's last one only)."""
+    return {"cleanup.policy": "delete", "retention.ms": str(options.epochs_retention_ms)}
+
+
+class ManifestRetentionTooShort(BridgeError):
+    """The manifest topic exists and keeps its records for less than `epochs.retention.ms`."""
+
+
+def _check_manifest(options: SinkOptions) -> None:
+    """An existing manifest topic keeps parts at least `epochs.retention.ms`, and by age: a
+    consumer group lagging or starting behind that would find the parts of epochs whose
+    records it reads deleted, and hold them (it names them on `/readyz`). Refused at start,
+    with the command that mends it; not checked, with a WARNING, where the principal may not
+    describe the topic's settings."""
+    topic, wanted = options.epochs_topic, options.epochs_retention_ms
+    try:
+        found = KafkaAdmin(options.kafka).topic_configs(topic)
+    except TopicError as exc:
+        log.warning(
+            "the epoch manifest's retention was not checked (%s): grant DescribeConfigs on "
+            "topic %s to the sink's principal, and make sure it keeps records at least "
+            "epochs.retention.ms=%s", exc, topic, wanted,
+        )  # fmt: skip
+        return
+    kept = int(found.get("retention.ms", "-1"))
+    policy = found.get("cleanup.policy", "delete")
+    shorter = kept != -1 and (wanted == -1 or kept < wanted)
+    if shorter or "compact" in policy:
+        raise ManifestRetentionTooShort(
+            f"the epoch manifest topic {topic!r} keeps its records with cleanup.policy="
+            f"{policy} and retention.ms={kept}, where the sink's epochs.retention.ms is "
+            f"{wanted}: a consumer group behind that would lose the parts of epochs whose "
+            "records it reads. Mend the topic (kafka-configs.sh --alter --entity-type topics "
+            f"--entity-name {topic} --add-config cleanup.policy=delete,retention.ms={wanted}), "
+            "or set the sink option epochs.retention.ms to at most what the topic keeps, no "
+            "less than the records' topics keep theirs"
+        )
+
+
+def _ensure_topic(options: SinkOptions, topic: str, settings: dict[str, str] | None = None) -> None:
     """The sink's own one-partition topics: the marker topic, which only anchors the marker
-    groups' offsets (nothing is produced to it), and the epoch manifest's. A cluster that does
-    not answer is given a bounded while (a broker restart) before the epoch, and with it the
-    query, fails with the error."""
+    groups' offsets (nothing is produced to it), and the epoch manifest's (`settings`: its
+    own, when the sink creates it; checked when it exists). A cluster that does not answer is
+    given a bounded while (a broker restart) before the epoch, and with it the query, fails
+    with the error."""
     key = (options.bootstrap_servers, topic)
     if key in _anchored:
         return
     _log_to_stderr()
+    created = False
     for attempt in Retrying(
         retry=retry_if_exception(lambda e: isinstance(e, TopicError) and e.retriable),
         stop=stop_after_delay(_TOPIC_BUDGET_S),
@@ -97,7 +141,11 @@ def _ensure_topic(options: SinkOptions, topic: str) -> None:
         reraise=True,
     ):
         with attempt:
-            create_topic(options.bootstrap_servers, topic, config=options.kafka)
+            created = KafkaAdmin(options.kafka).create_topic(
+                topic, partitions=1, replication_factor=-1, topic_config=settings
+            )
+    if settings is not None and not created:
+        _check_manifest(options)
     _anchored.add(key)
 
 

@@ -27,6 +27,11 @@ _RESERVED_KAFKA = {
     "enable.idempotence": "always on for transactional producers",
     "transaction.timeout.ms": "set the sink option transaction.timeout.ms instead",
 }
+# The manifest's retention when the sink creates its topic: Kafka's default for every topic
+# (`log.retention.hours`: 7 days), which the records' topics take unless told otherwise.
+DEFAULT_EPOCHS_RETENTION_MS = 7 * 24 * 3600 * 1000
+_MIN_EPOCHS_RETENTION_MS = 3600 * 1000
+
 _KNOWN = {
     "topic",
     "topics",
@@ -37,6 +42,7 @@ _KNOWN = {
     "progress.path",
     "epochs",
     "epochs.topic",
+    "epochs.retention.ms",
     # Spark passes the query's own settings to its sink as options as well: refusing them would
     # refuse every query that names itself (`.queryName(...)`) or checkpoints by option.
     "checkpointlocation",
@@ -136,6 +142,9 @@ class SinkOptions:
     progress_path: str | None = None
     epochs: Epochs = Epochs.WHOLE
     epochs_topic: str = DEFAULT_EPOCHS_TOPIC
+    # How long the manifest keeps an epoch's parts: what a consumer group lagging, or started
+    # from the earliest records, still needs of epochs whose records it reads. -1: for ever.
+    epochs_retention_ms: int = DEFAULT_EPOCHS_RETENTION_MS
     value_format: ValueFormat = ValueFormat.JSON
     key_format: ValueFormat = ValueFormat.JSON
     registry: dict[str, str] = field(default_factory=dict, repr=False)  # may hold credentials
@@ -199,6 +208,23 @@ class SinkOptions:
             problems.append(("epochs.topic", f"{epochs_topic!r} must be a topic of its own"))
 
         naming = _choice(lowered, "transactional.id.naming", IdNaming.POOLED, problems)
+        retention_ms = DEFAULT_EPOCHS_RETENTION_MS
+        raw_retention = lowered.get("epochs.retention.ms")
+        if raw_retention is not None:
+            try:
+                retention_ms = int(raw_retention)
+            except ValueError:
+                problems.append(("epochs.retention.ms", f"{raw_retention!r} is not an integer"))
+            else:
+                if retention_ms != -1 and retention_ms < _MIN_EPOCHS_RETENTION_MS:
+                    problems.append(
+                        (
+                            "epochs.retention.ms",
+                            f"{retention_ms} must be -1 (for ever) or at least "
+                            f"{_MIN_EPOCHS_RETENTION_MS} (an hour), and at least as long as "
+                            "the records' topics keep theirs",
+                        )
+                    )
 
         timeout_ms = DEFAULT_TRANSACTION_TIMEOUT_MS
         raw_timeout = lowered.get("transaction.timeout.ms")
@@ -275,6 +301,7 @@ class SinkOptions:
             marker_topic=marker_topic,
             epochs=epochs,
             epochs_topic=epochs_topic,
+            epochs_retention_ms=retention_ms,
             progress_path=lowered.get("progress.path") or None,
             value_format=formats["value.format"],
             key_format=formats["key.format"],

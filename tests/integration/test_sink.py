@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from pyspark.errors import StreamingQueryException
 
-from bridge.kafka_admin import create_topic
+from bridge.kafka_admin import KafkaAdmin, create_topic
 from bridge_shell.spark.producer_job import ProducerJob, Source, run
 from spark_jobs.epoch_markers import MarkerReader
 from spark_jobs.epoch_transaction import (
@@ -410,3 +410,44 @@ spark.stop()
     assert sorted(json.loads(v)["id"] for v in written) == sorted(
         json.loads(line)["id"] for line in expected
     )
+
+
+def test_the_manifest_topic_keeps_its_parts_as_long_as_the_sink_says(
+    spark: Any, stack: Endpoints, topic: str, tmp_path: Path
+) -> None:
+    """Created by the sink with `epochs.retention.ms` (7 days, Kafka's default for every topic)
+    and deleted by age; one that exists and keeps them less, or compacts them, refuses the
+    query at start, naming the option and the command that mends the topic."""
+    write_orders(tmp_path / "in", files=1, rows_per_file=10)
+
+    def started(epochs_topic: str, run_name: str, **options: str) -> None:
+        writer = (
+            spark.readStream.text(str(tmp_path / "in"))
+            .writeStream.format("bridge-kafka")
+            .option("kafka.bootstrap.servers", stack.bootstrap_servers)
+            .option("topic", topic)
+            .option("epochs.topic", epochs_topic)
+            .option("checkpointLocation", str(tmp_path / run_name))
+        )
+        for name, value in {**stack.properties("producer"), **options}.items():
+            writer = writer.option(name if name.startswith("epochs.") else f"kafka.{name}", value)
+        writer.trigger(availableNow=True).start().awaitTermination(120)
+
+    admin = KafkaAdmin({"bootstrap.servers": stack.bootstrap_servers, **stack.properties()})
+    created = f"{topic}-epochs"
+    started(created, "created")
+    settings = admin.topic_configs(created)
+    assert (settings["cleanup.policy"], settings["retention.ms"]) == ("delete", str(7 * 86_400_000))
+
+    hour = f"{topic}-hour"
+    create_topic(stack.bootstrap_servers, hour, config=stack.properties(),
+                 topic_config={"retention.ms": "3600000"})  # fmt: skip
+    with pytest.raises(StreamingQueryException) as refused:
+        started(hour, "refused")
+    message = str(refused.value)
+    assert "epochs.retention.ms" in message and "retention.ms=3600000" in message, message
+    assert f"--entity-name {hour}" in message, message
+    # Told to take what the topic keeps, the query runs.
+    started(hour, "told", **{"epochs.retention.ms": "3600000"})
+    assert len(read_all(stack.bootstrap_servers, topic, partitions=PARTITIONS,
+                        config=stack.properties())) == 20  # fmt: skip

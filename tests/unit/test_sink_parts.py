@@ -51,6 +51,8 @@ def test_options_pass_kafka_properties_through_and_default_the_rest() -> None:
     assert options.kafka == {"bootstrap.servers": "127.0.0.1:9092", "linger.ms": "20"}
     assert options.naming is IdNaming.POOLED
     assert options.prefix is None and options.transaction_timeout_ms == 60_000
+    assert options.epochs_retention_ms == 7 * 24 * 3600 * 1000  # Kafka's own default
+    assert SinkOptions.parse({**BASE, "epochs.retention.ms": "-1"}).epochs_retention_ms == -1
 
 
 @pytest.mark.parametrize(
@@ -66,6 +68,9 @@ def test_options_pass_kafka_properties_through_and_default_the_rest() -> None:
         ({"epochs": "all"}, "epochs"),
         ({"epochs.topic": "has space"}, "epochs.topic"),
         ({"epochs.topic": "orders"}, "epochs.topic"),  # the records' own topic
+        ({"epochs.retention.ms": "a week"}, "epochs.retention.ms"),
+        ({"epochs.retention.ms": "60000"}, "epochs.retention.ms"),  # under an hour
+        ({"epochs.retention.ms": "-2"}, "epochs.retention.ms"),
     ],
 )
 def test_bad_options_are_refused_by_name(extra: dict[str, str], key: str) -> None:
