@@ -7,7 +7,7 @@ librdkafka property names are lower case too, so `kafka.*` options pass through 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TypeVar
@@ -208,42 +208,20 @@ class SinkOptions:
             problems.append(("epochs.topic", f"{epochs_topic!r} must be a topic of its own"))
 
         naming = _choice(lowered, "transactional.id.naming", IdNaming.POOLED, problems)
-        retention_ms = DEFAULT_EPOCHS_RETENTION_MS
-        raw_retention = lowered.get("epochs.retention.ms")
-        if raw_retention is not None:
-            try:
-                retention_ms = int(raw_retention)
-            except ValueError:
-                problems.append(("epochs.retention.ms", f"{raw_retention!r} is not an integer"))
-            else:
-                if retention_ms != -1 and retention_ms < _MIN_EPOCHS_RETENTION_MS:
-                    problems.append(
-                        (
-                            "epochs.retention.ms",
-                            f"{retention_ms} must be -1 (for ever) or at least "
-                            f"{_MIN_EPOCHS_RETENTION_MS} (an hour), and at least as long as "
-                            "the records' topics keep theirs",
-                        )
-                    )
+        retention_ms = _integer(
+            lowered, "epochs.retention.ms", DEFAULT_EPOCHS_RETENTION_MS, problems,
+            allowed=lambda ms: ms == -1 or ms >= _MIN_EPOCHS_RETENTION_MS,
+            rule=f"must be -1 (for ever) or at least {_MIN_EPOCHS_RETENTION_MS} (an hour), and "
+            "at least as long as the records' topics keep theirs",
+        )  # fmt: skip
 
-        timeout_ms = DEFAULT_TRANSACTION_TIMEOUT_MS
-        raw_timeout = lowered.get("transaction.timeout.ms")
-        if raw_timeout is not None:
-            try:
-                timeout_ms = int(raw_timeout)
-            except ValueError:
-                problems.append(("transaction.timeout.ms", f"{raw_timeout!r} is not an integer"))
-            else:
-                if not 1_000 <= timeout_ms <= BROKER_DEFAULT_MAX_TRANSACTION_TIMEOUT_MS:
-                    problems.append(
-                        (
-                            "transaction.timeout.ms",
-                            f"{timeout_ms} must be between 1000 and the broker's"
-                            " transaction.max.timeout.ms"
-                            f" ({BROKER_DEFAULT_MAX_TRANSACTION_TIMEOUT_MS} by default),"
-                            " and above the longest write task",
-                        )
-                    )
+        timeout_ms = _integer(
+            lowered, "transaction.timeout.ms", DEFAULT_TRANSACTION_TIMEOUT_MS, problems,
+            allowed=lambda ms: 1_000 <= ms <= BROKER_DEFAULT_MAX_TRANSACTION_TIMEOUT_MS,
+            rule="must be between 1000 and the broker's transaction.max.timeout.ms "
+            f"({BROKER_DEFAULT_MAX_TRANSACTION_TIMEOUT_MS} by default), and above the longest "
+            "write task",
+        )  # fmt: skip
         formats = {}
         for name in ("value.format", "key.format"):
             raw_format = lowered.get(name, ValueFormat.JSON.value)
@@ -342,6 +320,30 @@ def _topics_problems(
             "subject.name.strategy=record",
         ))  # fmt: skip
     return problems
+
+
+def _integer(
+    lowered: Mapping[str, str],
+    name: str,
+    default: int,
+    problems: list[tuple[str, str]],
+    *,
+    allowed: Callable[[int], bool],
+    rule: str,
+) -> int:
+    """Option `name` as an integer that `allowed` takes, or `default` with the problem noted
+    (the value and `rule`)."""
+    raw = lowered.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        problems.append((name, f"{raw!r} is not an integer"))
+        return default
+    if not allowed(value):
+        problems.append((name, f"{value} {rule}"))
+    return value
 
 
 def _choice(
