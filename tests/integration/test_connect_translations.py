@@ -243,7 +243,7 @@ def test_a_confluent_protobuf_sink_with_auto_create_and_a_cast_runs_as_translate
     topic, table = names["topic"], f"public.{names['table']}"
     with SchemaRegistryClient({"url": registry_url}) as client:
         writer = client.register_schema(f"{topic}-value", Schema(PAYMENT, "PROTOBUF"))
-    payment = message_factory.GetMessageClass(
+    payment: Any = message_factory.GetMessageClass(
         ProtoSchema(compile_schema(PAYMENT, {})).message((0,))
     )
     create_topic(stack.bootstrap_servers, topic, partitions=1)

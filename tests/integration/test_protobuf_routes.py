@@ -160,7 +160,8 @@ def test_protobuf_keys_upsert_by_the_key_and_a_tombstone_deletes_by_it(
     schema_id, order = order_schema
     with SchemaRegistryClient({"url": registry_url}) as client:
         key_id = client.register_schema(f"{names['topic']}-key", Schema(KEY, "PROTOBUF"))
-    key = message_factory.GetMessageClass(ProtoSchema(compile_schema(KEY, {})).message((0,)))
+    # The generated class takes its fields as keywords, which the runtime's stubs cannot know.
+    key: Any = message_factory.GetMessageClass(ProtoSchema(compile_schema(KEY, {})).message((0,)))
     table = f"public.{names['table']}"
     sql(stack, TABLE.format(table=table))
     create_topic(stack.bootstrap_servers, names["topic"], partitions=PARTITIONS)
@@ -203,7 +204,7 @@ def test_a_protobuf_route_creates_its_table_and_gains_a_column_mid_stream(
         v2_id = client.register_schema(
             f"{names['topic']}-value", Schema(ORDER_V2, "PROTOBUF", [reference])
         )
-    order_v2 = message_factory.GetMessageClass(
+    order_v2: Any = message_factory.GetMessageClass(
         ProtoSchema(compile_schema(ORDER_V2, {"shop/common.proto": COMMON})).message((0,))
     )
     table = f"public.{names['table']}"
