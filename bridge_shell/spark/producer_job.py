@@ -31,6 +31,7 @@ from typing import Any
 
 from bridge.errors import ConfigError
 from bridge.names import SINK_FORMAT
+from bridge_shell.spark.epoch_splits import FILE_SPLIT_SETTINGS, settled_parallelism
 from bridge_shell.spark.locations import local_path, progress_path, spark_location
 from bridge_shell.spark.spark_session import build_session, stop_session
 from spark_jobs.graceful_stop import stop_on_signal
@@ -281,6 +282,12 @@ def _typed(rows: Any, job: ProducerJob, options: dict[str, str]) -> Any:
     return framed.select(value.alias("value"), *keys)
 
 
+def _settled_parallelism(spark: Any) -> int:
+    """`epoch_splits.settled_parallelism` of the session's settings."""
+    context = spark.sparkContext
+    return settled_parallelism(dict(context.getConf().getAll()), context.master)
+
+
 def _read(spark: Any, job: ProducerJob) -> Any:
     from pyspark.sql import functions as F
 
@@ -289,10 +296,21 @@ def _read(spark: Any, job: ProducerJob) -> Any:
         if job.max_files_per_trigger is not None:
             reader = reader.option("maxFilesPerTrigger", job.max_files_per_trigger)
         assert job.input is not None  # noqa: S101 - check() refuses a files job without one
+        if not any(spark.conf.get(key, None) for key in FILE_SPLIT_SETTINGS):
+            # Before the query starts, which takes the session's settings with it.
+            splits = _settled_parallelism(spark)
+            spark.conf.set(FILE_SPLIT_SETTINGS[0], str(splits))
+            log.info("each epoch's files split for %d cores (%s), the same when replayed",
+                     splits, FILE_SPLIT_SETTINGS[0])  # fmt: skip
         lines = reader.text(spark_location(job.input))
         return lines.where(F.length(F.trim(F.col("value"))) > 0)
     if job.source is Source.RATE:
-        return reader.format("rate").option("rowsPerSecond", job.rows_per_second).load()
+        return (
+            reader.format("rate")
+            .option("rowsPerSecond", job.rows_per_second)
+            .option("numPartitions", _settled_parallelism(spark))
+            .load()
+        )
     reader = (
         reader.format("kafka")
         .option("kafka.bootstrap.servers", job.bootstrap_servers)
