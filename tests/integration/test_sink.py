@@ -31,11 +31,14 @@ from tests.kafka_helpers import header_map, read_all, read_messages, transaction
 PARTITIONS = 3
 
 
-def write_orders(directory: Path, files: int, rows_per_file: int) -> list[bytes]:
-    """JSON-lines files of orders with unique ids; returns the lines the sink should write."""
+def write_orders(
+    directory: Path, files: int, rows_per_file: int, *, first_file: int = 0
+) -> list[bytes]:
+    """JSON-lines files of orders with unique ids; returns the lines the sink should write.
+    `first_file`: the number of the first file, for files added to a directory later."""
     directory.mkdir(parents=True, exist_ok=True)
     lines: list[bytes] = []
-    for f in range(files):
+    for f in range(first_file, first_file + files):
         chunk = [
             json.dumps({"id": f * rows_per_file + i, "amount": i % 97, "note": "x" * 20})
             for i in range(rows_per_file)
