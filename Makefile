@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml setup.py consumers/decoding/_avro_body.c consumers/decoding/_proto_body.c | cksum | cut -d' ' -f1)
 PACKAGES := bridge bridge_shell spark_jobs consumers tests bench
 
-.PHONY: setup demo test check lint unit integration fuzz model stack-up stack-down clean
+.PHONY: setup demo test test-archive check lint unit integration fuzz model stack-up stack-down clean
 
 # The tests run on TEST_WORKERS pytest-xdist workers, each with its own Kafka, PostgreSQL,
 # registry and Spark driver on free ports; tests that share a module's cluster stay on one worker
@@ -54,9 +54,15 @@ demo: setup
 
 # Everything on the plain stack, then the tests marked `secured` again on the secured one
 # (TLS, SASL/SCRAM and ACLs on Kafka; TLS and SCRAM on PostgreSQL; a principal per role).
-test: setup lint
+test: setup
+	@$(MAKE) --no-print-directory -j2 lint test-archive
 	$(PYTEST) tests
 	$(PYTEST) --secure tests/integration
+
+# The tests' Spark drivers map a class archive, dumped once per Spark home (tests/jvm_archive.py);
+# `make test` dumps it beside the lint, each on a core of its own.
+test-archive: $(STAMP)
+	@$(BIN)/python -m tests.jvm_archive
 
 # The C readers built under ASan and UBSan, fuzzed for longer than `make test` does
 # (FUZZ_EXAMPLES per property): Avro against fastavro, Protobuf against the protobuf runtime;

@@ -119,3 +119,27 @@ def _kill_listed(pids: Path) -> None:
             psutil.Process(int(line)).wait(10)
         except (ProcessLookupError, psutil.Error):
             pass  # the fixture stopped it already
+
+
+def test_a_kafka_client_left_open_is_found_and_one_only_in_a_dropped_cycle_is_not() -> None:
+    """The check each integration test ends with (tests/conftest.py): it looks through the heap
+    before it collects, so both answers are checked here."""
+    from confluent_kafka import Producer
+
+    from tests.conftest import _open_clients
+
+    quiet = {"bootstrap.servers": "127.0.0.1:1", "log_level": 0}
+    left = Producer(quiet)
+    cycle: list[object] = [Producer(quiet)]
+    cycle.append(cycle)
+    dropped = id(cycle[0])
+    del cycle
+    try:
+        found = _open_clients()
+        assert any(client is left for client in found), found
+        assert not any(id(client) == dropped for client in found), found
+        kept = _open_clients(but=lambda client: client is left)
+        assert not any(client is left for client in kept), kept
+    finally:
+        left.close()
+    assert not any(client is left for client in _open_clients())
