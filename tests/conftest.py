@@ -257,7 +257,7 @@ def _open_clients(*, but: Callable[[Any], bool] = lambda client: False) -> list[
 
 
 def _clients_in_heap(but: Callable[[Any], bool]) -> list[Any]:
-    from confluent_kafka import Consumer, Producer
+    from confluent_kafka import Consumer, KafkaException, Producer
 
     found = []
     for client in [o for o in gc.get_objects() if isinstance(o, (Consumer, Producer))]:
@@ -267,6 +267,8 @@ def _clients_in_heap(but: Callable[[Any], bool]) -> list[Any]:
             client.assignment() if isinstance(client, Consumer) else client.flush(0)
         except RuntimeError:
             continue  # closed already
+        except KafkaException:
+            pass  # open, in a fatal state (a fenced transactional producer): still left open
         found.append(client)
     return found
 
