@@ -62,6 +62,7 @@ from bridge.epoch_manifest import Epoch, Part, key_of
 from bridge.names import (
     DEFAULT_EPOCHS_TOPIC,
     DEFAULT_STATE_SCHEMA,
+    EPOCH_WATERMARKS_TABLE,
     EPOCHS_TABLE,
     PROVENANCE_EPOCH,
     PROVENANCE_PARTITION,
@@ -126,20 +127,26 @@ def fill_epochs(
 
 
 def published(service: Service) -> int:
-    """The group's epochs published; 0 before the service has made its state tables."""
+    """The group's epochs published: how many through the highest one, which the ledger's rows
+    or its query's watermark show (it keeps the latest settled epochs of a query, 1,000, and
+    the watermark says the older ones: a count of its rows stops there). The epochs here are
+    numbered from 0 and all publish. 0 before the service has made its state tables."""
     try:
         rows = (
             service.watcher()
             .execute(
-                f"SELECT count(*) FROM {DEFAULT_STATE_SCHEMA}.{EPOCHS_TABLE} "
-                "WHERE group_id = %s AND outcome = 'published'",
-                (service.group,),
+                f"SELECT greatest((SELECT max(settled_through) FROM {DEFAULT_STATE_SCHEMA}."
+                f"{EPOCH_WATERMARKS_TABLE} WHERE group_id = %(group)s), (SELECT max(epoch) FROM "
+                f"{DEFAULT_STATE_SCHEMA}.{EPOCHS_TABLE} WHERE group_id = %(group)s AND "
+                "outcome = 'published'))",
+                {"group": service.group},
             )
             .fetchall()
         )
     except psycopg.errors.UndefinedTable:
         return 0
-    return int(rows[0][0])
+    highest = rows[0][0]
+    return 0 if highest is None else int(highest) + 1
 
 
 def throughput_run(
