@@ -38,6 +38,10 @@ _NODE = {
     "group.consumer.min.heartbeat.interval.ms": "1000",
     "group.consumer.heartbeat.interval.ms": "2000",
     "auto.create.topics.enable": "true",
+    # The active controller's no-op record, which tells brokers the quorum is alive, every 5 s
+    # rather than 0.5 s: an idle node's CPU went from 1.37 to 1.01 s a minute (two cores), and a
+    # three-node cluster was ready as fast (6 s). Liveness and fencing are the heartbeats'.
+    "metadata.max.idle.interval.ms": "5000",
 }
 
 
