@@ -21,6 +21,8 @@ from bridge_shell.spark.producer_job import ProducerJob, Source, run
 from bridge_shell.stack.tls import CertificateAuthority
 from consumers.membership.kafka_health import KafkaAccessDenied, KafkaRefused, KafkaUnavailable
 from consumers.service import ConsumerService
+from spark_jobs.epoch_transaction import EpochTransaction, EpochWriteError, TaskCoordinates
+from spark_jobs.sink_options import SinkOptions
 from tests.consumer_helpers import in_background, produce, settings_for, sql
 from tests.harness import Endpoints
 from tests.kafka_helpers import read_all
@@ -170,6 +172,28 @@ def test_a_producer_with_a_wrong_password_fails_saying_so_and_writes_nothing(
     assert "Authentication failed" in message and "sasl.password" in message
     assert "not-the-password" not in message
     assert_nothing_written(stack, topic_name)
+
+
+def test_a_write_task_refused_on_connecting_fails_at_once_naming_the_settings(
+    stack: Endpoints, topic_name: str
+) -> None:
+    """A job whose sink topics its driver already knows (a query running on, its password
+    changed) is refused in its write tasks: each ends at the refusal, not at its transaction
+    timeout (each of Spark's four attempts of a wrong password's job took 11 s before)."""
+    wrong = {**stack.properties("producer"), "sasl.password": "not-the-password"}
+    options = SinkOptions.parse(
+        {**{f"kafka.{name}": value for name, value in wrong.items()}, "topic": topic_name,
+         "kafka.bootstrap.servers": stack.bootstrap_servers, "transaction.timeout.ms": "60000"}
+    )  # fmt: skip
+    where = TaskCoordinates(query_id="q", prefix="refused", partition=0, epoch=0, attempt=0)
+    started = time.monotonic()
+    with pytest.raises(EpochWriteError) as refused, EpochTransaction(options, where) as task:
+        task.write(lambda: iter([]))
+    assert time.monotonic() - started < 30  # not the transaction's 60 s
+    message = str(refused.value)
+    assert "connecting failed; the brokers refused this client" in message, message
+    assert "Authentication failed" in message and "sasl.password" in message
+    assert "not-the-password" not in message
 
 
 def test_the_operator_tools_with_a_wrong_password_say_so_instead_of_timing_out(
