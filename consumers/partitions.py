@@ -97,8 +97,11 @@ class Partition:
 
 
 class PartitionTable:
-    def __init__(self) -> None:
+    def __init__(self, *, out_of_range_notes: Mapping[str, str] | None = None) -> None:
+        """`out_of_range_notes`: by topic, what its records' loss means and how to recover,
+        added to the reason of its partitions that are out of range."""
         self._partitions: dict[PartitionKey, Partition] = {}
+        self._notes = dict(out_of_range_notes or {})
 
     def __contains__(self, key: PartitionKey) -> bool:
         return key in self._partitions
@@ -239,7 +242,9 @@ class PartitionTable:
                         f"{now - p.progressed:.0f}s"
                     )
             else:
-                reasons.append(f"{where} {p.state} for {now - p.since:.0f}s: {p.reason}")
+                note = self._notes.get(topic) if p.state is PartitionState.OUT_OF_RANGE else None
+                reason = f"{p.reason}; {note}" if note else p.reason
+                reasons.append(f"{where} {p.state} for {now - p.since:.0f}s: {reason}")
         return reasons
 
 

@@ -100,7 +100,7 @@ class ConsumerService:
         self._db = self._session()
         # Writer schemas by id, for the routes whose values are registry-framed (from start).
         self._schemas: SchemaCache | None = None
-        self._partitions = PartitionTable()
+        self._partitions = PartitionTable(out_of_range_notes=self._out_of_range_notes())
         self._member: _Member | None = None
         self._applied_total = 0  # once stopped; see `applied_total`
         self._next_reconcile = 0.0
@@ -234,6 +234,24 @@ class ConsumerService:
             "consumer started",
             extra={"owner": self._owner, "topics": topics, "http_port": self.http_port},
         )
+
+    def _out_of_range_notes(self) -> dict[str, str]:
+        """The manifest's records lost before this group read them (its retention, the sink's
+        `epochs.retention.ms`, outlived by a group stopped or behind) are parts of epochs: what
+        that means and the way out, after the partition's own reason (docs/operations.md)."""
+        if not self._config.whole_epochs:
+            return {}
+        topic = self._config.epochs_topic
+        where = f"--group {self._config.group_id} --schema {self._config.state_schema}"
+        return {
+            topic: (
+                "they were the parts of epochs, which this group cannot judge whole without "
+                "them (the sink's epochs.retention.ms deleted them before the group read "
+                f"them): reset it (`bridge offsets reset {where} --topic {topic} --to "
+                "earliest --execute --force`), then settle each epoch /readyz then names "
+                "incomplete (`bridge epochs publish` or `bridge epochs discard`)"
+            )
+        }
 
     def _subscribe(self, member: _Member) -> list[str]:
         """Subscribe to the routes' topics: the whole routes' and the manifest too, unless

@@ -21,6 +21,8 @@ import psutil
 import psycopg
 import pytest
 import yaml
+from confluent_kafka import OFFSET_END, TopicPartition
+from confluent_kafka.admin import AdminClient
 
 from bridge.kafka_admin import create_topic
 from bridge.names import CONSUMER_APPLICATION_PREFIX, EPOCHS_TABLE, METRIC_EPOCHS_OWNER
@@ -493,6 +495,52 @@ def test_an_epoch_that_cannot_complete_is_reported_then_settled_by_the_operator(
                   "ORDER BY id")  # fmt: skip
     assert actions == [(1, "discard", 2 * per_task), (3, "publish", 2 * per_task)]
     assert counts(stack, pipeline) == ((TASKS + 2) * per_task,) * 2
+
+
+def test_manifest_parts_its_retention_deleted_before_the_group_read_them_are_named_with_the_way_out(
+    stack: Endpoints, names: dict[str, str], pipeline: dict[str, Any]
+) -> None:
+    """The group was stopped longer than the manifest keeps its records (the sink's
+    `epochs.retention.ms`), and they were deleted unread: never a silent hold. `/readyz` names
+    the manifest partition, what its loss means and the command that resets it, then the epoch
+    whose parts went with it and the commands that settle it. Run as named, every row of both
+    epochs lands once."""
+    query = f"q-{uuid.uuid4()}"
+    sink = HandSink(stack, manifest_topic=pipeline["manifest"], query=query)
+    per_task = 10
+    config = settings(stack, names, pipeline, "whole", epochs_incomplete_after_ms=1000)
+    with running(config):
+        for task in range(TASKS):
+            sink.task(1, task, epoch_records(pipeline, 1, task, per_task))
+        sink.commit(1, list(range(TASKS)))
+        eventually(lambda: visible(stack, pipeline, 1) == TASKS * per_task)
+    for task in range(TASKS):
+        sink.task(2, task, epoch_records(pipeline, 2, task, per_task))
+    sink.commit(2, list(range(TASKS)))
+    admin = AdminClient(stack.client())
+    end = TopicPartition(pipeline["manifest"], 0, OFFSET_END)
+    for future in admin.delete_records([end]).values():  # as its retention would
+        future.result(30)
+
+    with running(config) as service:
+        manifest = f"{pipeline['manifest']}[0] out_of_range"
+        epoch = f"query {query} epoch 2"
+        eventually(lambda: any(manifest in r for r in service.not_ready()))
+        eventually(lambda: any(epoch in r for r in service.not_ready()), timeout=30)
+        reasons = service.not_ready()
+        lost = next(r for r in reasons if manifest in r)
+        assert "below the log start" in lost and "epochs.retention.ms" in lost, lost
+        reset = next(c for c in lost.split("`") if c.startswith("bridge offsets reset --"))
+        settle = next(r for r in reasons if epoch in r)
+        publish = next(c for c in settle.split("`") if c.startswith("bridge epochs publish"))
+        assert visible(stack, pipeline, 2) == 0
+
+        assert bridge(stack, *reset.split()[1:]).returncode == 0
+        done = bridge(stack, *publish.split()[1:], "--schema", names["schema"])
+        assert done.returncode == 0, done.stderr
+        eventually(lambda: visible(stack, pipeline, 2) == TASKS * per_task)
+        eventually(lambda: service.ready and not service.not_ready(), timeout=30)
+    assert counts(stack, pipeline) == (2 * TASKS * per_task,) * 2
 
 
 def test_an_epoch_open_past_its_routes_hold_bound_is_discarded_by_policy(
