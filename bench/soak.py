@@ -387,6 +387,36 @@ class Ending:
     notes: list[str]  # what `note` wrote
 
 
+# What a failed drain prints of each process's log: the work directory, which holds them all,
+# goes with the test session's temporary files, so the run's output must carry the evidence.
+_EVIDENCE_LINES = 15
+_LOUD = ('"level": "warning"', '"level": "error"', '"level": "critical"', " WARN ", " ERROR ")
+
+
+def drain_evidence(end: Ending) -> list[str]:
+    """Why the consumers may not have drained: the group's open epochs and what each lacks,
+    then the last warnings and errors of each consumer's log and of the driver's."""
+    from consumers import LedgerNames, open_epochs
+
+    lines: list[str] = []
+    try:
+        with psycopg.connect(end.admin_dsn, connect_timeout=10) as conn:
+            states = open_epochs(conn, LedgerNames(STATE_SCHEMA), GROUP)
+        lines += [f"open: {state.describe(lambda _topic: True)}" for state in states[:10]]
+        lines.append(f"{len(states)} open epoch(s)")
+    except psycopg.Error as exc:
+        lines.append(f"the ledger could not be read: {exc}")
+    for process in [*end.consumers, end.driver]:
+        try:
+            text = process.log.read_text(errors="replace").splitlines()
+        except OSError as exc:
+            lines.append(f"{process.name}: {exc}")
+            continue
+        loud = [line for line in text if any(mark in line for mark in _LOUD)]
+        lines += [f"{process.name}: {line[:400]}" for line in loud[-_EVIDENCE_LINES:]]
+    return lines
+
+
 def account(end: Ending) -> dict[str, Any]:
     """After the last fault is healed: the flow's last stretch, the producer stopped, the
     consumers drained, and every id counted in Kafka and in PostgreSQL."""
@@ -415,6 +445,8 @@ def account(end: Ending) -> dict[str, Any]:
     drained = wait_for(lambda: rows_written(end.admin_dsn) >= committed, timeout=300, interval=1)
     if not drained:
         end.note(f"consumers did not drain in 300 s: {rows_written(end.admin_dsn)} of {committed}")
+        for line in drain_evidence(end):
+            say(f"  {line}")
     time.sleep(5)  # a late duplicate would show now
     for consumer in end.consumers:
         consumer.stop(timeout=60)
