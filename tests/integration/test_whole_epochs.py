@@ -543,6 +543,43 @@ def test_manifest_parts_its_retention_deleted_before_the_group_read_them_are_nam
     assert counts(stack, pipeline) == (2 * TASKS * per_task,) * 2
 
 
+def test_a_new_group_finds_an_epoch_whose_records_retention_deleted_named_with_the_way_out(
+    stack: Endpoints, names: dict[str, str], pipeline: dict[str, Any]
+) -> None:
+    """A group started after its topics' retention deleted an epoch's records, the manifest
+    still holding the epoch's parts (it keeps them as long or longer): that epoch can never be
+    whole for this group, and the query's later epochs wait behind it. Today it is named on
+    `/readyz` with the commands that settle it; publishing it as it is (nothing of it is left
+    to apply) lets the next epoch through, every row of it once."""
+    query = f"q-{uuid.uuid4()}"
+    sink = HandSink(stack, manifest_topic=pipeline["manifest"], query=query)
+    per_task = 5
+    for task in range(TASKS):
+        sink.task(1, task, epoch_records(pipeline, 1, task, per_task))
+    sink.commit(1, list(range(TASKS)))
+    admin = AdminClient(stack.client())
+    ends = [TopicPartition(topic, number, OFFSET_END)
+            for topic in pipeline["topics"] for number in range(PARTITIONS)]  # fmt: skip
+    for future in admin.delete_records(ends).values():  # as the topics' retention would
+        future.result(30)
+    for task in range(TASKS):
+        sink.task(2, task, epoch_records(pipeline, 2, task, per_task))
+    sink.commit(2, list(range(TASKS)))
+
+    config = settings(stack, names, pipeline, "whole", epochs_incomplete_after_ms=1000)
+    with running(config) as service:
+        held = f"query {query} epoch 1 (0 staged)"
+        eventually(lambda: any(held in r for r in service.not_ready()), timeout=30)
+        assert visible(stack, pipeline, 2) == 0  # behind epoch 1
+        settle = next(r for r in service.not_ready() if held in r)
+        publish = next(c for c in settle.split("`") if c.startswith("bridge epochs publish"))
+        done = bridge(stack, *publish.split()[1:], "--schema", names["schema"])
+        assert done.returncode == 0, done.stderr
+        eventually(lambda: visible(stack, pipeline, 2) == TASKS * per_task)
+        eventually(lambda: service.ready and not service.not_ready(), timeout=30)
+    assert counts(stack, pipeline) == (TASKS * per_task,) * 2
+
+
 def test_an_epoch_open_past_its_routes_hold_bound_is_discarded_by_policy(
     stack: Endpoints, names: dict[str, str], pipeline: dict[str, Any]
 ) -> None:
