@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml setup.py consumers/decoding/_avro_body.c consumers/decoding/_proto_body.c | cksum | cut -d' ' -f1)
 PACKAGES := bridge bridge_shell spark_jobs consumers tests bench
 
-.PHONY: setup demo test test-archive check lint unit integration fuzz model stack-up stack-down clean
+.PHONY: setup demo test test-caches check lint unit integration fuzz model stack-up stack-down clean
 
 # The tests run on TEST_WORKERS pytest-xdist workers, each with its own Kafka, PostgreSQL,
 # registry and Spark driver on free ports; tests that share a module's cluster stay on one worker
@@ -39,8 +39,7 @@ unit: $(STAMP)
 	$(BIN)/pytest -n $(TEST_WORKERS) tests/unit
 
 integration: setup
-	$(PYTEST) tests/integration
-	$(PYTEST) --secure tests/integration
+	@$(BIN)/python -m tests.passes --pytest "$(PYTEST)" tests/integration
 
 # The contributor's loop, in under 5 minutes: lint, the unit tests, and the integration tests
 # marked `quick` (docs/development.md says which, and what it leaves to `make test`).
@@ -52,17 +51,18 @@ check: setup lint
 demo: setup
 	$(BIN)/bridge demo
 
-# Everything on the plain stack, then the tests marked `secured` again on the secured one
-# (TLS, SASL/SCRAM and ACLs on Kafka; TLS and SCRAM on PostgreSQL; a principal per role).
+# Everything on the plain stack, and beside it the tests marked `secured` again on the secured
+# one (TLS, SASL/SCRAM and ACLs on Kafka; TLS and SCRAM on PostgreSQL; a principal per role):
+# tests/passes.py says why side by side, and prints the secured pass's report after the other's.
 test: setup
-	@$(MAKE) --no-print-directory -j2 lint test-archive
-	$(PYTEST) tests
-	$(PYTEST) --secure tests/integration
+	@$(MAKE) --no-print-directory -j2 lint test-caches
+	@$(BIN)/python -m tests.passes --pytest "$(PYTEST)" tests
 
-# The tests' Spark drivers map a class archive, dumped once per Spark home (tests/jvm_archive.py);
-# `make test` dumps it beside the lint, each on a core of its own.
-test-archive: $(STAMP)
-	@$(BIN)/python -m tests.jvm_archive
+# The caches the tests' Spark drivers read (tests/warm_caches.py: the executors' environment, the
+# precompiled Spark home, a class archive dumped once per Spark home), built beside the lint,
+# each on a core of its own.
+test-caches: $(STAMP)
+	@$(BIN)/python -m tests.warm_caches
 
 # The C readers built under ASan and UBSan, fuzzed for longer than `make test` does
 # (FUZZ_EXAMPLES per property): Avro against fastavro, Protobuf against the protobuf runtime;

@@ -21,7 +21,7 @@ import pytest
 from bridge_shell.stack.kafka import KafkaPorts, KafkaServer, new_cluster_id
 from bridge_shell.stack.process import ENV_PORT_RANGE, free_port
 from consumers.database.state import StateTables, ensure_state
-from tests import heavy_slots, jvm_archive, leftovers
+from tests import heavy_slots, jvm_archive, leftovers, warm_caches
 from tests.harness import Endpoints, endpoints
 from tests.toxiproxy import Proxy, Toxiproxy, ToxiproxyMissing, toxiproxy_binary
 
@@ -47,10 +47,23 @@ tempfile.tempdir = str(_OWN_TMP)
 
 # Each worker picks ports (its stack's, its tests' servers', its children's) from a range of its
 # own, so that no two workers ever pick the same one (bridge_shell.stack.process.free_port).
+# The session's workers share out `BRIDGE_TEST_PORTS`; two sessions side by side (`make test`'s
+# passes, tests/passes.py) are given ranges apart.
+ENV_SESSION_PORTS = "BRIDGE_TEST_PORTS"
 _WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+
+
+def _session_ports() -> tuple[int, int]:
+    low, _, high = os.environ.get(ENV_SESSION_PORTS, "20000-31999").partition("-")
+    if not (low.isdigit() and high.isdigit() and 1024 <= int(low) < int(high) <= 65535):
+        raise pytest.UsageError(f"{ENV_SESSION_PORTS}: a range of ports, like 20000-31999")
+    return int(low), int(high) + 1
+
+
 if _WORKER.startswith("gw") and _WORKER[2:].isdigit():
-    _span = 12_000 // max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
-    _first = 20_000 + int(_WORKER[2:]) * _span
+    _low, _high = _session_ports()
+    _span = (_high - _low) // max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    _first = _low + int(_WORKER[2:]) * _span
     os.environ[ENV_PORT_RANGE] = f"{_first}-{_first + _span - 1}"
 os.environ["TMPDIR"] = str(_CHILDREN_TMP)
 # The tests' JVMs (Spark drivers and executors, brokers, the registry) mostly start, do a
@@ -109,18 +122,10 @@ def _is_xdist_controller(config: pytest.Config) -> bool:
 
 
 def _warm_shared_caches() -> None:
-    """What every Spark driver of the run shares in ~/.cache/bridge (the executors' Python
-    environment, the precompiled Spark home), built once here before the workers start, so
-    that they only read it: two builders of one cache entry would race."""
-    from bridge_shell.spark.executor_env import build_executor_env
-    from bridge_shell.spark.spark_home import precompiled_spark_home
-
-    build_executor_env()
-    home = precompiled_spark_home()
-    # The workers inherit it, and every driver they start (tests/jvm_archive.py).
-    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "bridge"
-    options = jvm_archive.driver_options(cache, home)
-    if options is not None:
+    """What every Spark driver of the run shares (tests/warm_caches.py), built here before the
+    workers start if `make test` has not already, so that they only read it."""
+    options = warm_caches.warm()
+    if options is not None:  # the workers inherit it, and every driver they start
         inherited = os.environ.get("SPARK_SUBMIT_OPTS", "")
         os.environ["SPARK_SUBMIT_OPTS"] = f"{inherited} {options}".strip()
 

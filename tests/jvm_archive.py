@@ -96,16 +96,3 @@ def _dump(archive: Path, spark_home: Path) -> bool:
         shutil.move(dumped, archive.with_suffix(".part"))
         os.replace(archive.with_suffix(".part"), archive)
     return True
-
-
-# `make test` dumps the archive here, beside the lint, before the session: the dump is half a
-# minute of one core on a clean clone (a new Spark home), which the session's start would
-# otherwise spend alone. The tests' JVMs run C1 only (tests/conftest.py): the dump does too.
-if __name__ == "__main__":
-    from bridge_shell.spark.spark_home import precompiled_spark_home
-
-    os.environ["JAVA_TOOL_OPTIONS"] = f"{os.environ.get('JAVA_TOOL_OPTIONS', '')} {C1_ONLY}"
-    found = precompiled_spark_home()
-    root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "bridge"
-    if driver_options(root, found) is None and found is not None and not os.environ.get(ENV_OFF):
-        print("the Spark driver archive could not be dumped: drivers run without it")
