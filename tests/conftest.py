@@ -113,6 +113,11 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers", "quick: an integration test `make check` runs too (a few seconds, no fault)"
     )
     config.addinivalue_line(
+        "markers",
+        "exclusive(name): never runs while another test of that name does, in this session or "
+        "another beside it (tests that bind the same fixed ports)",
+    )
+    config.addinivalue_line(
         "markers", "secured: runs on the secured stack too (pytest --secure runs only these)"
     )
 

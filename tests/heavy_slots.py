@@ -42,28 +42,36 @@ def slot_count() -> int:
 
 class HeavySlots:
     """The plugin: a slot around the whole run protocol (set-up, call, tear-down) of each test
-    marked `heavy`, when the session runs on more than one xdist worker."""
+    marked `heavy`, when the session runs on more than one xdist worker; and before it the one
+    lock named by a test's `exclusive(name)` marker: tests that bind the same fixed ports (the
+    compose file's) never run at once, in one session or in two side by side."""
 
     def __init__(self, directory: Path, slots: int) -> None:
+        self._directory = directory
         self._paths = [directory / f"heavy-slot-{n}" for n in range(slots)]
 
     @pytest.hookimpl(hookwrapper=True, tryfirst=True)
     def pytest_runtest_protocol(self, item: pytest.Item) -> Generator[None, None, None]:
-        if item.get_closest_marker("heavy") is None:
-            yield
-            return
-        held = self._take(item.nodeid)
+        held: list[IO[str] | None] = []
+        exclusive = item.get_closest_marker("exclusive")
+        if exclusive is not None:  # first: a heavy slot is never held while waiting for it
+            held.append(
+                self._take(item.nodeid, [self._directory / f"exclusive-{exclusive.args[0]}"])
+            )
+        if item.get_closest_marker("heavy") is not None:
+            held.append(self._take(item.nodeid, self._paths))
         try:
             yield
         finally:
-            if held is not None:
-                fcntl.flock(held, fcntl.LOCK_UN)
-                held.close()
+            for lock in reversed(held):
+                if lock is not None:
+                    fcntl.flock(lock, fcntl.LOCK_UN)
+                    lock.close()
 
-    def _take(self, nodeid: str) -> IO[str] | None:
+    def _take(self, nodeid: str, paths: list[Path]) -> IO[str] | None:
         deadline = time.monotonic() + _WAIT_BOUND_S
         while True:
-            for path in self._paths:
+            for path in paths:
                 handle = path.open("a+")
                 try:
                     fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -76,7 +84,7 @@ class HeavySlots:
                 handle.flush()
                 return handle
             if time.monotonic() > deadline:
-                holders = "; ".join(_holder(path) for path in self._paths)
+                holders = "; ".join(_holder(path) for path in paths)
                 warnings.warn(
                     f"{nodeid}: no heavy-test slot came free in {_WAIT_BOUND_S:.0f} s (held by: "
                     f"{holders}); it runs without one",

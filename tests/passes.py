@@ -37,14 +37,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--pytest", required=True, help="the pytest command line, quoted")
     parser.add_argument("paths", nargs="+", help="what the plain pass runs")
     args = parser.parse_args(argv)
-    pytest = shlex.split(args.pytest)
+    plain_pass, secured_pass = commands(shlex.split(args.pytest), args.paths)
     warm_caches.main()  # a read when `make test` built them beside the lint
     with tempfile.TemporaryDirectory(prefix="bridge-test-passes-") as shared:
         env = {**os.environ, ENV_DIR: shared}
         report = Path(shared) / "secured.log"
         with report.open("wb") as sink:
             secured = subprocess.Popen(
-                [*pytest, "-n", _SECURED_WORKERS, "--secure", "tests/integration"],
+                secured_pass,
                 env={**env, "BRIDGE_TEST_PORTS": _SECURED_PORTS},
                 stdout=sink,
                 stderr=subprocess.STDOUT,
@@ -52,7 +52,7 @@ def main(argv: list[str]) -> int:
             print("the tests marked `secured` run beside this pass on the secured stack; "
                   "their report follows this one's", flush=True)  # fmt: skip
             try:
-                plain = subprocess.run([*pytest, *args.paths], env=env, check=False).returncode
+                plain = subprocess.run(plain_pass, env=env, check=False).returncode
                 secured_status = secured.wait()
             except KeyboardInterrupt:
                 _stop(secured)
@@ -61,6 +61,11 @@ def main(argv: list[str]) -> int:
         sys.stdout.buffer.write(report.read_bytes())
         sys.stdout.flush()
     return plain or secured_status
+
+
+def commands(pytest: list[str], paths: list[str]) -> tuple[list[str], list[str]]:
+    """The plain pass's command line (`paths` on the plain stack), and the secured pass's."""
+    return [*pytest, *paths], [*pytest, "-n", _SECURED_WORKERS, "--secure", "tests/integration"]
 
 
 def _stop(process: subprocess.Popen[bytes]) -> None:

@@ -37,6 +37,10 @@ from tests.harness import Endpoints
 from tests.kafka_helpers import read_all, transactional_producer
 
 pytestmark = pytest.mark.slow
+# The services run as written bind the compose file's fixed ports (the consumer's 9464, the
+# producer's 9465): the plain and the secured run never overlap (`make test` runs its two
+# passes side by side; tests/heavy_slots.py).
+COMPOSE_PORTS = "compose-ports"
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
@@ -226,6 +230,7 @@ def _swap(value: str, hosts: dict[str, str]) -> str:
 
 
 @pytest.mark.heavy
+@pytest.mark.exclusive(COMPOSE_PORTS)
 def test_the_compose_services_run_as_written_give_the_demos_result(
     stack: Endpoints, compose_database: str, tmp_path: Path
 ) -> None:
@@ -243,6 +248,7 @@ def test_the_compose_services_run_as_written_give_the_demos_result(
 
 @pytest.mark.secured
 @pytest.mark.heavy
+@pytest.mark.exclusive(COMPOSE_PORTS)
 def test_the_secured_overlays_services_run_as_written_give_the_demos_result(
     stack: Endpoints, compose_database: str, tmp_path: Path
 ) -> None:

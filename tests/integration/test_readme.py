@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -24,6 +25,7 @@ import pytest
 from bridge.kafka_admin import create_topic
 from bridge_shell.stack import LocalStack
 from bridge_shell.stack.process import free_port, wait_until
+from tests import passes
 from tests.harness import Endpoints
 
 pytestmark = pytest.mark.slow
@@ -107,9 +109,15 @@ def test_the_two_commands_the_readme_opens_with() -> None:
         ["make", "-n", "test"], cwd=ROOT, env=user_env(), capture_output=True, text=True,
         timeout=120, check=True,
     ).stdout  # fmt: skip
-    runs = [line.split() for line in planned.splitlines() if line.startswith(".venv/bin/pytest ")]
-    assert [run[-1] for run in runs] == ["tests", "tests/integration"], planned
-    assert "--secure" in runs[1] and "--secure" not in runs[0], planned
+    found = [shlex.split(line) for line in planned.splitlines()
+             if line.startswith(".venv/bin/python -m tests.passes ")]  # fmt: skip
+    assert len(found) == 1, planned
+    *_, pytest, paths = found[0]
+    assert found[0][3:5] == ["--pytest", pytest] and paths == "tests", planned
+    runs = passes.commands(shlex.split(pytest), [paths])
+    assert [run[0] for run in runs] == [".venv/bin/pytest"] * 2, runs
+    assert [run[-1] for run in runs] == ["tests", "tests/integration"], runs
+    assert "--secure" in runs[1] and "--secure" not in runs[0], runs
 
 
 @pytest.mark.heavy
