@@ -77,8 +77,10 @@ _made_topics: list[str] = []
 _made_tables: list[str] = []
 
 
-def new_topic(stack: Endpoints, name: str, *, partitions: int) -> None:
-    create_topic(stack.bootstrap_servers, name, partitions=partitions)
+def new_topic(
+    stack: Endpoints, name: str, *, partitions: int, topic_config: dict[str, str] | None = None
+) -> None:
+    create_topic(stack.bootstrap_servers, name, partitions=partitions, topic_config=topic_config)
     _made_topics.append(name)
 
 

@@ -282,6 +282,7 @@ class Service:
         http_port: int | None = None,  # serve /metrics there
         value_format: str = "json",  # avro: through the stack's schema registry
         route_options: dict[str, Any] | None = None,  # more of the route: epochs, metadata
+        consumer_options: dict[str, Any] | None = None,  # more of the group: epochs_topic
     ) -> None:
         self.stack, self.group = stack, group or f"bench-{uuid.uuid4().hex[:8]}"
         self.topic = topic  # its positions: a group of whole routes has the manifest's beside
@@ -304,6 +305,7 @@ class Service:
             consumer["batch_max_wait_ms"] = batch_max_wait_ms
         if http_port is not None:
             consumer["http_port"] = http_port
+        consumer |= consumer_options or {}
         name = f"{self.group}-{uuid.uuid4().hex[:6]}"
         config = scratch / f"{name}.yaml"
         config.write_text(yaml.safe_dump({

@@ -80,11 +80,12 @@ def fill_epochs(
     tasks: int,
     rows_per_task: int,
     first_epoch: int = 0,  # a query that ran before: its epochs go on from there
+    manifest: str = DEFAULT_EPOCHS_TOPIC,
 ) -> str:
     """The topic and the manifest as the sink writes them with whole epochs (each part naming
     its records' offsets, from their delivery reports); the query id."""
     new_topic(stack, topic, partitions=PARTITIONS)
-    new_topic(stack, DEFAULT_EPOCHS_TOPIC, partitions=1)
+    new_topic(stack, manifest, partitions=1)
     query = f"bench-{uuid.uuid4().hex[:8]}"
     delivered = DeliveredOffsets()
     producer = Producer({"bootstrap.servers": stack.bootstrap_servers, "linger.ms": 20,
@@ -117,12 +118,13 @@ def fill_epochs(
             part = Part(query=query, epoch=epoch, partition=task, records=written,
                         offsets=delivered.ranges(written) or {})  # fmt: skip
             delivered.clear()  # for the next transaction's
-            producer.produce(DEFAULT_EPOCHS_TOPIC, part.encode(), key_of(query), 0)
+            producer.produce(manifest, part.encode(), key_of(query), 0)
             producer.commit_transaction(60)
         producer.begin_transaction()
         whole = Epoch(query=query, epoch=epoch, parts=tuple(range(tasks)))
-        producer.produce(DEFAULT_EPOCHS_TOPIC, whole.encode(), key_of(query), 0)
+        producer.produce(manifest, whole.encode(), key_of(query), 0)
         producer.commit_transaction(60)
+    producer.close()
     return query
 
 

@@ -609,6 +609,10 @@ class ConsumerSettings(_Section):
     # An epoch incomplete for this long makes the member not ready, naming what is missing
     # (its age is a metric all along): a query stopped for good, a manifest that never came.
     epochs_incomplete_after_ms: int = Field(default=300_000, ge=1_000, le=7 * 86_400_000)
+    # Where a group that never read the manifest starts reading it: this long before the first
+    # record it reads of its whole topics (consumers/membership/manifest_start.py). Longer than
+    # an epoch's tasks run apart; 0 reads the manifest's whole history, from its log start.
+    epochs_manifest_lookback_ms: int = Field(default=3_600_000, ge=0, le=30 * 86_400_000)
     # A member holding every partition an epoch wrote to holds its records in memory, their
     # offsets not advanced, until the epoch is whole, and writes them once, in the batch that
     # completes it; at most this many records, each epoch for at most this long. Beyond either,

@@ -37,6 +37,7 @@ from consumers.epochs.staging import EpochStager
 from consumers.membership.epoch_owner import EpochOwnerElection
 from consumers.membership.kafka_health import KafkaHealth
 from consumers.membership.leases import LeaseKeeper
+from consumers.membership.manifest_start import ManifestStart
 from consumers.membership.topic_sizes import TopicSizes
 from consumers.metrics import ConsumerMetrics, HealthServer
 from consumers.partitions import PartitionTable
@@ -68,6 +69,12 @@ _RECONCILE_INTERVAL_S = 1.0  # how often leases are compared with the offsets ta
 _STALLED_AFTER_S = 60.0  # /healthz fails when the poll loop has not turned for this long
 _LIST_TOPICS_TIMEOUT_S = 10  # the topics patterns match at start-up: a Kafka that does not answer
 _FIRST_ELECTION_S = 5.0  # a member's first try for the whole routes, before it subscribes
+# The member's own client settings and callbacks (its statistics, health and commits), which the
+# manifest's start-up reader (an assigned consumer, never in the group) does without.
+_MEMBER_ONLY = frozenset(
+    ("group.protocol", "partition.assignment.strategy", "statistics.interval.ms", "stats_cb",
+     "error_cb", "on_commit")
+)  # fmt: skip
 
 
 @dataclass
@@ -217,6 +224,7 @@ class ConsumerService:
             batches=batches,
             forget=self.metrics.forget,
             dead_letters_ends=applier.dead_letters_ends,
+            manifest_start=self._manifest_start(),
         )
         self._member = _Member(consumer, batches, leases, publisher, sizes, None)
         named = any(
@@ -402,6 +410,26 @@ class ConsumerService:
             log.warning("topics not listed at start-up, routed as they come: %s", exc)
             return
         planner.add(router.matched([topic for topic in topics if topic not in planner]))
+
+    def _manifest_start(self) -> ManifestStart | None:
+        """With whole epochs, where a manifest partition the group never read starts; read by
+        a consumer of its own, assigned and never in a group, with the member's connection."""
+        if not self._config.whole_epochs:
+            return None
+        config = {k: v for k, v in self._kafka_config().items() if k not in _MEMBER_ONLY}
+        config |= {
+            "group.id": f"{self._config.group_id}.manifest-start",
+            "client.id": f"{config.get('client.id', 'bridge-consumer')}-manifest-start",
+            "auto.offset.reset": "earliest",
+        }
+        return ManifestStart(
+            manifest_topic=self._config.epochs_topic,
+            whole_topic=self._config.whole_topic,
+            earliest=self._config.start_policy == "earliest",
+            probe_config=config,
+            stored=lambda keys: self._db.run(lambda conn: self._store.stored(conn, keys)),
+            lookback_s=self._config.epochs_manifest_lookback_ms / 1000,
+        )
 
     def _kafka_config(self) -> dict[str, Any]:
         # Positions come from the database only: nothing is committed to Kafka, and a fetch

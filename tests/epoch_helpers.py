@@ -54,9 +54,11 @@ class HandSink:
         records: Sequence[tuple[str, int, bytes | None, bytes | None]],
         *,
         abort: bool = False,
+        timestamp_ms: int = 0,
     ) -> None:
         """One write task: `records` as (topic, Kafka partition, key, value), and its part, in
-        one transaction (aborted with `abort`, as a task that failed)."""
+        one transaction (aborted with `abort`, as a task that failed); stamped `timestamp_ms`
+        when given (a task of some time ago), else now, as the sink's producer stamps them."""
         delivered = DeliveredOffsets()
         producer = transactional_producer(
             self._stack.bootstrap_servers,
@@ -71,14 +73,16 @@ class HandSink:
         try:
             producer.begin_transaction()
             for topic, partition, key, value in records:
-                producer.produce(topic, value, key, partition, headers=headers)
+                producer.produce(topic, value, key, partition, headers=headers,
+                                 timestamp=timestamp_ms)  # fmt: skip
             written = Counter(topic for topic, _, _, _ in records)
             offsets = None
             if self.name_offsets and producer.flush(30) == 0:
                 offsets = delivered.ranges(dict(written))
             part = Part(query=self.query, epoch=epoch, partition=spark_partition,
                         records=written, offsets=offsets or {})  # fmt: skip
-            producer.produce(self.manifest_topic, part.encode(), key_of(self.query), 0)
+            producer.produce(self.manifest_topic, part.encode(), key_of(self.query), 0,
+                             timestamp=timestamp_ms)  # fmt: skip
             if abort:
                 producer.flush(30)
                 producer.abort_transaction(30)

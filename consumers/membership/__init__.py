@@ -2,4 +2,5 @@
 table before anything is read (`leases`), what Kafka's own health says on `/readyz`
 (`kafka_health`), and the whole-epoch topics' partition counts, asked between batches
 (`topic_sizes`), and whether it is the member elected to read the whole routes
-(`epoch_owner`). It hands the batch owner (`consumers.batch`) nothing but leases."""
+(`epoch_owner`), and where it starts reading the epoch manifest when it never has
+(`manifest_start`). It hands the batch owner (`consumers.batch`) nothing but leases."""

@@ -16,7 +16,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 
 import psycopg
 from confluent_kafka import Consumer, KafkaException, TopicPartition
@@ -36,6 +36,17 @@ _RANGE_BUDGET_AGAIN_S = 2.0
 _RANGE_FIRST_PAUSE_S = 0.1
 _RANGE_LONGEST_PAUSE_S = 1.0
 _RANGE_SHORTEST_WAIT_S = 0.2
+
+
+class ManifestFirstRead(Protocol):
+    """Where a manifest partition the group never read starts
+    (`consumers.membership.manifest_start.ManifestStart`)."""
+
+    @property
+    def topic(self) -> str: ...
+
+    def offset(self, consumer: Consumer, key: PartitionKey, log_range: tuple[int, int]) -> int: ...
+
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
@@ -74,6 +85,7 @@ class LeaseKeeper:
         dead_letters_ends: Callable[
             [psycopg.Connection[Any], list[PartitionKey]], dict[PartitionKey, int]
         ],
+        manifest_start: ManifestFirstRead | None = None,
     ) -> None:
         self._table = table
         self._store = store
@@ -83,6 +95,7 @@ class LeaseKeeper:
         self._batches = batches  # only through `_batch_settled_first`
         self._forget_metrics = forget
         self._dead_letters_ends = dead_letters_ends
+        self._manifest_start = manifest_start  # with whole epochs: the manifest's first read
         # Assigned by Kafka, not claimed yet: since when, and why.
         self._unclaimed: dict[PartitionKey, tuple[float, str]] = {}
         self._range_failures: dict[PartitionKey, str] = {}  # the last error of each range query
@@ -158,7 +171,8 @@ class LeaseKeeper:
         ranges = self._log_ranges(consumer, released, _RANGE_BUDGET_AGAIN_S)
         if not ranges:
             return  # tried again at the next reconcile; `_log_ranges` logged why
-        leases = self._db.run(lambda conn: self._claim(conn, ranges))
+        starts = self._starts(consumer, ranges)
+        leases = self._db.run(lambda conn: self._claim(conn, starts))
         released = list(ranges)
         # Assigned afresh rather than sought: a partition whose fetch failed (offset out of range
         # with auto.offset.reset=error) refuses a seek, and a new assignment also drops anything
@@ -212,7 +226,8 @@ class LeaseKeeper:
             if key not in ranges:
                 since = self._unclaimed.get(key, (time.monotonic(), ""))[0]
                 self._unclaimed[key] = (since, self._range_failures.pop(key, "no log range"))
-        leases = self._db.run(lambda conn: self._claim(conn, ranges)) if ranges else []
+        starts = self._starts(consumer, ranges)
+        leases = self._db.run(lambda conn: self._claim(conn, starts)) if ranges else []
         for key in ranges:
             self._unclaimed.pop(key, None)
         # Called even with nothing to assign: a rebalance callback that assigns nothing has the
@@ -272,12 +287,25 @@ class LeaseKeeper:
             self._range_failures.pop(key, None)
         return [tp for tp in partitions if (tp.topic, tp.partition) not in dropped]
 
-    def _claim(
-        self, conn: psycopg.Connection[Any], watermarks: dict[PartitionKey, tuple[int, int]]
-    ) -> list[Lease]:
-        # Where a partition never seen starts; a stored offset wins inside the claim itself.
+    def _starts(
+        self, consumer: Consumer, ranges: dict[PartitionKey, tuple[int, int]]
+    ) -> dict[PartitionKey, int]:
+        """Where each partition starts if the group never read it (a stored offset wins inside
+        the claim itself): its log start or end by the start policy; the epoch manifest's
+        where `consumers.membership.manifest_start` says, asked only when it has no row."""
         earliest = self._config.start_policy == "earliest"
-        starts = {key: low if earliest else high for key, (low, high) in watermarks.items()}
+        starts = {key: low if earliest else high for key, (low, high) in ranges.items()}
+        found = self._manifest_start
+        manifest = [key for key in ranges if found is not None and key[0] == found.topic]
+        if found is None or not manifest:
+            return starts
+        stored = self._db.run(lambda conn: self._store.rows(conn, manifest))
+        for key in manifest:
+            if key not in stored:
+                starts[key] = found.offset(consumer, key, ranges[key])
+        return starts
+
+    def _claim(self, conn: psycopg.Connection[Any], starts: dict[PartitionKey, int]) -> list[Lease]:
         leases = self._store.claim(
             conn, starts, lock_wait_ms=self._config.db_session_timeout_ms // 2
         )

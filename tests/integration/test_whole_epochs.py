@@ -21,13 +21,20 @@ import psutil
 import psycopg
 import pytest
 import yaml
-from confluent_kafka import OFFSET_END, TopicPartition
+from confluent_kafka import OFFSET_END, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from bridge.epoch_manifest import Part, key_of
 from bridge.kafka_admin import create_topic
-from bridge.names import CONSUMER_APPLICATION_PREFIX, EPOCHS_TABLE, METRIC_EPOCHS_OWNER
+from bridge.names import (
+    CONSUMER_APPLICATION_PREFIX,
+    EPOCH_PARTS_TABLE,
+    EPOCHS_TABLE,
+    METRIC_EPOCHS_OWNER,
+)
 from bridge.settings import BridgeSettings
 from consumers.database.offsets.store import application_name
+from consumers.membership.manifest_start import LOOKBACK_S
 from consumers.service import ConsumerService
 from tests.consumer_helpers import (
     dead_letters,
@@ -93,6 +100,13 @@ def epoch_records(
         value = f'{{"id": {record_id}, "epoch_no": {epoch}}}'.encode()
         records.append((topic, record_id % PARTITIONS, None, value))
     return records
+
+
+def write_epoch(sink: HandSink, pipeline: dict[str, Any], epoch: int, per_task: int) -> None:
+    """Each of the TASKS tasks of `epoch`, then its record: an epoch the driver committed."""
+    for task in range(TASKS):
+        sink.task(epoch, task, epoch_records(pipeline, epoch, task, per_task))
+    sink.commit(epoch, list(range(TASKS)))
 
 
 def counts(stack: Endpoints, pipeline: dict[str, Any]) -> tuple[int, int]:
@@ -514,9 +528,7 @@ def test_manifest_parts_its_retention_deleted_before_the_group_read_them_are_nam
             sink.task(1, task, epoch_records(pipeline, 1, task, per_task))
         sink.commit(1, list(range(TASKS)))
         eventually(lambda: visible(stack, pipeline, 1) == TASKS * per_task)
-    for task in range(TASKS):
-        sink.task(2, task, epoch_records(pipeline, 2, task, per_task))
-    sink.commit(2, list(range(TASKS)))
+    write_epoch(sink, pipeline, 2, per_task)
     admin = AdminClient(stack.client())
     end = TopicPartition(pipeline["manifest"], 0, OFFSET_END)
     for future in admin.delete_records([end]).values():  # as its retention would
@@ -554,17 +566,13 @@ def test_a_new_group_finds_an_epoch_whose_records_retention_deleted_named_with_t
     query = f"q-{uuid.uuid4()}"
     sink = HandSink(stack, manifest_topic=pipeline["manifest"], query=query)
     per_task = 5
-    for task in range(TASKS):
-        sink.task(1, task, epoch_records(pipeline, 1, task, per_task))
-    sink.commit(1, list(range(TASKS)))
+    write_epoch(sink, pipeline, 1, per_task)
     admin = AdminClient(stack.client())
     ends = [TopicPartition(topic, number, OFFSET_END)
             for topic in pipeline["topics"] for number in range(PARTITIONS)]  # fmt: skip
     for future in admin.delete_records(ends).values():  # as the topics' retention would
         future.result(30)
-    for task in range(TASKS):
-        sink.task(2, task, epoch_records(pipeline, 2, task, per_task))
-    sink.commit(2, list(range(TASKS)))
+    write_epoch(sink, pipeline, 2, per_task)
 
     config = settings(stack, names, pipeline, "whole", epochs_incomplete_after_ms=1000)
     with running(config) as service:
@@ -578,6 +586,78 @@ def test_a_new_group_finds_an_epoch_whose_records_retention_deleted_named_with_t
         eventually(lambda: visible(stack, pipeline, 2) == TASKS * per_task)
         eventually(lambda: service.ready and not service.not_ready(), timeout=30)
     assert counts(stack, pipeline) == (TASKS * per_task,) * 2
+
+
+def other_querys_parts(stack: Endpoints, manifest: str, count: int, at_ms: int) -> str:
+    """`count` parts of another query (of a topic no route reads), stamped `at_ms`, on the
+    shared manifest, as a week of another query leaves it; its name."""
+    other = f"q-other-{uuid.uuid4()}"
+    producer = Producer(stack.client("producer"))
+    try:
+        for epoch in range(count):
+            part = Part(query=other, epoch=epoch, partition=0, records={"elsewhere": 1})
+            producer.produce(manifest, part.encode(), key_of(other), 0, timestamp=at_ms)
+            if epoch % 1000 == 999:
+                producer.flush(30)
+        assert producer.flush(30) == 0
+    finally:
+        producer.close()
+    return other
+
+
+def parts_read(stack: Endpoints, names: dict[str, str], query: str) -> int:
+    """Parts of `query` in the group's ledger: parts whose epoch record never comes stay."""
+    with psycopg.connect(stack.dsn) as conn:
+        found = conn.execute(
+            f"SELECT count(*) FROM {names['schema']}.{EPOCH_PARTS_TABLE} WHERE query = %s",
+            (query,),
+        ).fetchone()
+    assert found is not None
+    return int(found[0])
+
+
+def test_a_new_group_reads_the_manifest_from_before_its_first_record_not_its_history(
+    stack: Endpoints, names: dict[str, str], pipeline: dict[str, Any]
+) -> None:
+    """The manifest is shared and keeps days of other queries' parts; a new group starts
+    reading it `LOOKBACK_S` before the first record of its own topics, so those hours are
+    never read (a part whose epoch record never comes would stay in its ledger), and the
+    group's own epoch publishes, every row once."""
+    hours_ago = int(time.time() * 1000) - int(3 * LOOKBACK_S * 1000)
+    other = other_querys_parts(stack, pipeline["manifest"], 2000, hours_ago)
+    query = f"q-{uuid.uuid4()}"
+    sink = HandSink(stack, manifest_topic=pipeline["manifest"], query=query)
+    per_task = 5
+    write_epoch(sink, pipeline, 1, per_task)
+    with running(settings(stack, names, pipeline, "whole")):
+        eventually(lambda: visible(stack, pipeline, 1) == TASKS * per_task)
+    assert counts(stack, pipeline) == (TASKS * per_task,) * 2
+    assert parts_read(stack, names, other) == 0
+    assert parts_read(stack, names, query) == 0  # settled: cleared
+
+
+def test_a_new_group_reads_the_manifest_from_before_the_first_record_it_reads(
+    stack: Endpoints, names: dict[str, str], pipeline: dict[str, Any]
+) -> None:
+    """A group that starts at its topics' earliest records, written hours ago, reads the
+    manifest from before them: the parts of their epoch (written with them), and of another
+    query written since, then their epoch's record written now. Starting from now less the
+    lookback instead would miss the parts, and hold the epoch for ever."""
+    now_ms = int(time.time() * 1000)
+    query = f"q-{uuid.uuid4()}"
+    sink = HandSink(stack, manifest_topic=pipeline["manifest"], query=query)
+    per_task = 5
+    for task in range(TASKS):
+        old = now_ms - int(3 * LOOKBACK_S * 1000)
+        sink.task(1, task, epoch_records(pipeline, 1, task, per_task), timestamp_ms=old)
+    other = other_querys_parts(stack, pipeline["manifest"], 50, now_ms - int(2 * LOOKBACK_S * 1000))
+    sink.commit(1, list(range(TASKS)))
+    write_epoch(sink, pipeline, 2, per_task)
+    with running(settings(stack, names, pipeline, "whole")):
+        eventually(lambda: visible(stack, pipeline, 2) == TASKS * per_task)
+    assert visible(stack, pipeline, 1) == TASKS * per_task
+    assert counts(stack, pipeline) == (2 * TASKS * per_task,) * 2
+    assert parts_read(stack, names, other) == 50
 
 
 def test_an_epoch_open_past_its_routes_hold_bound_is_discarded_by_policy(
