@@ -1,5 +1,5 @@
 """A new group's start against the epoch manifest's history: a week of another query's parts on
-the shared manifest, against an empty manifest, in one run.
+the shared manifest, against an empty manifest and against reading the week whole, in one run.
 
     .venv/bin/python -m bench.manifest_start [--days 7] [--trigger-s 1] [--spark-partitions 8]
         [--rounds 3] [--epochs 3] [--tasks 4] [--rows-per-task 1000] [--results-dir DIR]
@@ -13,10 +13,11 @@ each epoch's records stamped when it ran, the last one now: 5.4 million records 
 (bench.epochs.fill_epochs, its parts on the kind's manifest); then the clock, as a user pays
 it: the service (`python -m consumers`, its own process, a new group, one whole route, the
 kind's manifest as its `epochs_topic`) from its start to its last epoch published. Also the
-manifest records its group read (its position on the manifest less where it started). The
-figure is the median of each round's week / empty ratio. A group that read the manifest from
-its log start (`epochs_manifest_lookback_ms: 0`, every release before this one) read about
-5,700 manifest records a second here: a week, 16 minutes. Writes
+manifest records its group read (its position on the manifest less where it started). A third
+kind, `week-whole`, reads the week's manifest from its log start (`epochs_manifest_lookback_ms:
+0`), as every release before this one did, though with this release's statements (a release
+before read about 5,700 manifest records a second here: a week, 16 minutes). The figures are
+the medians of each round's week / empty and week-whole / empty ratios. Writes
 bench/results/manifest-start-*.json.
 """
 
@@ -47,7 +48,9 @@ from bench.epochs import fill_epochs, published
 from bridge.epoch_manifest import Epoch, Part, key_of
 from bridge.names import DEFAULT_STATE_SCHEMA, OFFSETS_TABLE
 
-KINDS = ("empty", "week")
+# `week-whole`: the week's manifest read from its log start (`epochs_manifest_lookback_ms: 0`),
+# as every release before this one read it, with this release's set-based ledger statements.
+KINDS = ("empty", "week", "week-whole")
 
 
 def fill_history(stack: Endpoints, manifest: str, args: argparse.Namespace) -> int:
@@ -111,9 +114,11 @@ def group_run(
     new_table(stack, table, COLUMNS)
     records = args.epochs * args.tasks * args.rows_per_task
     started = time.perf_counter()
-    service = Service(stack, topic, table, "insert", scratch,
-                      route_options={"epochs": "whole"},
-                      consumer_options={"epochs_topic": manifest})  # fmt: skip
+    group: dict[str, Any] = {"epochs_topic": manifest}
+    if kind == "week-whole":
+        group["epochs_manifest_lookback_ms"] = 0
+    service = Service(stack, topic, table, "insert", scratch, route_options={"epochs": "whole"},
+                      consumer_options=group)  # fmt: skip
     try:
         service.wait_until(lambda: published(service) >= args.epochs, timeout=3600)
         seconds = time.perf_counter() - started
@@ -124,7 +129,8 @@ def group_run(
         rows = conn.execute(f"SELECT count(*), count(DISTINCT id) FROM public.{table}").fetchone()
     if rows is None or tuple(rows) != (records, records):
         raise RuntimeError(f"{table}: {rows} rows and distinct ids, {records} written")
-    started_at = _started_at(service.log.read_text(), manifest)
+    # Read from the log start with a lookback of 0, which the member does not log.
+    started_at = 0 if kind == "week-whole" else _started_at(service.log.read_text(), manifest)
     return {
         "kind": kind,
         "seconds": round(seconds, 2),
@@ -164,8 +170,9 @@ def main() -> None:
     parser.add_argument("--results-dir", type=Path, default=RESULTS)
     args = parser.parse_args()
     with scratch_dir("bridge-bench-manifest-start-") as scratch, running_stack() as stack:
-        manifests = {kind: f"bench-epochs-{kind}-{uuid.uuid4().hex[:8]}" for kind in KINDS}
-        for manifest in manifests.values():
+        manifests = {kind: f"bench-epochs-{kind}-{uuid.uuid4().hex[:8]}" for kind in KINDS[:2]}
+        manifests["week-whole"] = manifests["week"]
+        for manifest in sorted(set(manifests.values())):
             new_topic(stack, manifest, partitions=1, topic_config={"retention.ms": "-1"})
         filling = time.perf_counter()
         history = fill_history(stack, manifests["week"], args)
@@ -173,7 +180,7 @@ def main() -> None:
               f"{time.perf_counter() - filling:.0f} s", flush=True)  # fmt: skip
         rounds: list[list[dict[str, Any]]] = []
         for number in range(args.rounds):
-            order = KINDS[number % 2 :] + KINDS[: number % 2]
+            order = KINDS[number % 3 :] + KINDS[: number % 3]
             runs = [group_run(stack, kind, manifests[kind], args, scratch) for kind in order]
             rounds.append(runs)
             for r in runs:
@@ -181,10 +188,19 @@ def main() -> None:
                       f"{r['seconds']} s from its start; it started on the manifest at "
                       f"{r['manifest_started_at']} of {r['manifest_history']:,} and read "
                       f"{r['manifest_records_read']} records of it", flush=True)  # fmt: skip
-        each = []
-        for runs in rounds:
-            by = {r["kind"]: r["seconds"] for r in runs}
-            each.append(round(by["week"] / by["empty"], 3))
+
+        def seconds(kind: str) -> float:
+            return float(median(r["seconds"] for rs in rounds for r in rs if r["kind"] == kind))
+
+        def ratios(kind: str, against: str) -> list[float]:
+            found = []
+            for runs in rounds:
+                by = {r["kind"]: r["seconds"] for r in runs}
+                found.append(round(by[kind] / by[against], 3))
+            return found
+
+        each = ratios("week", "empty")
+        whole = ratios("week-whole", "empty")
         figures: dict[str, Any] = {
             "days": args.days,
             "trigger_s": args.trigger_s,
@@ -193,19 +209,28 @@ def main() -> None:
             "epochs": args.epochs,
             "records": args.epochs * args.tasks * args.rows_per_task,
             "lookback_ms_default": 3_600_000,
-            "seconds_empty": median(
-                r["seconds"] for rs in rounds for r in rs if r["kind"] == "empty"
-            ),
-            "seconds_week": median(
-                r["seconds"] for rs in rounds for r in rs if r["kind"] == "week"
-            ),
+            "seconds_empty": seconds("empty"),
+            "seconds_week": seconds("week"),
+            "seconds_week_whole": seconds("week-whole"),
             "ratio_week_to_empty": median(each),
             "ratios": each,
+            "ratio_week_whole_to_empty": median(whole),
+            "ratios_week_whole": whole,
+            "manifest_records_per_second_whole": round(
+                median(
+                    r["manifest_records_read"] / r["seconds"]
+                    for rs in rounds
+                    for r in rs
+                    if r["kind"] == "week-whole"
+                )
+            ),
             "rounds": rounds,
         }
         print(f"start to published: a week of history {figures['seconds_week']} s against an "
-              f"empty manifest {figures['seconds_empty']} s: {median(each)}x (rounds {each})",
-              flush=True)  # fmt: skip
+              f"empty manifest {figures['seconds_empty']} s: {median(each)}x (rounds {each}); "
+              f"read from its log start {figures['seconds_week_whole']} s: {median(whole)}x "
+              f"(rounds {whole}), {figures['manifest_records_per_second_whole']:,} manifest "
+              "records a second", flush=True)  # fmt: skip
     print(f"written to {write_results('manifest-start', figures, directory=args.results_dir)}")
 
 
