@@ -13,7 +13,9 @@ are written while the epoch runs. So a never-read manifest partition starts
 `epochs_manifest_lookback_ms` (an hour by default) before
 the earliest record the group will read (the first one at its start on each whole topic's
 partition, read once by a consumer of its own), or before now when there is none yet
-(`start_policy: latest`, topics still empty). An epoch that ran for longer than the lookback
+(topics still empty). Under `start_policy: latest` it starts at its end, as the group's
+topics do: the parts of epochs written before would open epochs whose records the group never
+reads. An epoch that ran for longer than the lookback
 before the group's first record may have a part before that start: the group then names it on
 `/readyz` with the way out, as it names a part that retention deleted. Whatever cannot be read
 in its bound (a leader away, a transaction open at the start) starts the manifest at its log
@@ -68,6 +70,10 @@ class ManifestStart:
         `log_range`): the lookback before its first record on its whole topics, or the log
         start when that cannot be known in the bounds."""
         low, high = log_range
+        if not self._earliest:
+            # The group reads its topics from their end: the parts of epochs written before
+            # would open epochs whose records it never reads, each held for ever.
+            return high
         if self._lookback_ms == 0:
             return low  # the whole history, as asked
         try:

@@ -31,6 +31,7 @@ from bridge.names import (
     EPOCH_PARTS_TABLE,
     EPOCHS_TABLE,
     METRIC_EPOCHS_OWNER,
+    OFFSETS_TABLE,
 )
 from bridge.settings import BridgeSettings
 from consumers.database.offsets.store import application_name
@@ -658,6 +659,37 @@ def test_a_new_group_reads_the_manifest_from_before_the_first_record_it_reads(
     assert visible(stack, pipeline, 1) == TASKS * per_task
     assert counts(stack, pipeline) == (2 * TASKS * per_task,) * 2
     assert parts_read(stack, names, other) == 50
+
+
+def test_a_new_group_at_latest_reads_the_manifest_from_its_end(
+    stack: Endpoints, names: dict[str, str], pipeline: dict[str, Any]
+) -> None:
+    """`start_policy: latest`: the group reads its topics from their end, and the manifest too,
+    not the lookback before: the parts of an epoch written before it started would open an
+    epoch whose records it never reads, held for ever, and every later epoch behind it. The
+    epoch written after its start publishes, every row once, and nothing before it does."""
+    query = f"q-{uuid.uuid4()}"
+    sink = HandSink(stack, manifest_topic=pipeline["manifest"], query=query)
+    per_task = 5
+    write_epoch(sink, pipeline, 1, per_task)
+    config = settings(stack, names, pipeline, "whole", start_policy="latest")
+
+    def claimed() -> int:  # the offsets table comes with the service
+        try:
+            return int(sql(stack, f"SELECT count(*) FROM {names['schema']}.{OFFSETS_TABLE} "
+                                  "WHERE owner IS NOT NULL")[0][0])  # fmt: skip
+        except psycopg.errors.UndefinedTable:
+            return 0
+
+    with running(config) as service:
+        # Every partition claimed, at its end: the topics' and the manifest's.
+        eventually(lambda: claimed() == 2 * PARTITIONS + 1, timeout=30)
+        write_epoch(sink, pipeline, 2, per_task)
+        eventually(lambda: visible(stack, pipeline, 2) == TASKS * per_task)
+        assert not service.not_ready()
+    assert visible(stack, pipeline, 1) == 0
+    assert counts(stack, pipeline) == (TASKS * per_task,) * 2
+    assert parts_read(stack, names, query) == 0  # epoch 1's never read; epoch 2's cleared
 
 
 def test_an_epoch_open_past_its_routes_hold_bound_is_discarded_by_policy(
