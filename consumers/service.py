@@ -192,6 +192,10 @@ class ConsumerService:
         self._route_existing_topics(consumer, router, planner)
         self._starting = "connecting to the database"
         self._db.connect()
+        first_read = self._manifest_start()
+        if first_read is not None:
+            self._starting = "looking for the first records of the whole topics"
+            first_read.prepare()  # before the group assigns anything: outside its callbacks
         publisher = self._publisher(planner, applier)
         sizes = None if publisher is None else TopicSizes(self._partitions, self._whole_topics())
         batches = BatchLifecycle(
@@ -224,7 +228,7 @@ class ConsumerService:
             batches=batches,
             forget=self.metrics.forget,
             dead_letters_ends=applier.dead_letters_ends,
-            manifest_start=self._manifest_start(),
+            manifest_start=first_read,
         )
         self._member = _Member(consumer, batches, leases, publisher, sizes, None)
         named = any(
