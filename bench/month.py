@@ -1,17 +1,17 @@
 """A month compressed: the pipeline as users run it for months, its costs near its start and
-at its end, in one run (20,000 epochs: at the one epoch a second the default 250 ms trigger gives
-on 2 cores with 2 members, five and a half hours).
+at its end, in one run of 20,000 epochs.
 
     .venv/bin/python -m bench.month [--epochs 20000] [--warm-epochs 200]
-        [--trigger '250 milliseconds'] [--rate 2000] [--members 2] [--window-s 30]
+        [--trigger '100 milliseconds'] [--rate 2000] [--members 2] [--window-s 30]
         [--pause-s 30] [--results-dir DIR]
 
 The real pipeline with the defaults (whole epochs, pooled transactional ids): `bridge produce
---source rate` at `--rate` rows a second with a `--trigger` processing-time trigger into a topic
-of 4 partitions, and `--members` services of one group (`python -m consumers`, default
-settings) into a table whose `applied_at` PostgreSQL stamps as it inserts each row. Measured
+--source kafka` reading a topic that `bench.feed` fills at `--rate` rows a second, with a
+`--trigger` processing-time trigger, into a topic of 4 partitions, and `--members` services of
+one group (`python -m consumers`, default settings) into a table whose `applied_at` PostgreSQL
+stamps as it inserts each row. Measured
 twice, once the query has committed `--warm-epochs` epochs (the start) and once it has committed
-`--epochs` (the end):
+`--epochs` (the end); members' resident memory is also traced every minute:
 
 - end-to-end latency: p50 / p99 from each row's event time to its `applied_at`, over the rows
   stamped in a window of `--window-s` seconds;
@@ -61,7 +61,8 @@ from spark_jobs.progress import SinkCounters
 
 def sql(dsn: str, statement: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
     with psycopg.connect(dsn, autocommit=True) as conn:
-        return conn.execute(statement.encode(), params).fetchall()
+        cursor = conn.execute(statement.encode(), params)
+        return cursor.fetchall() if cursor.description else []
 
 
 _WAIT_S = 600.0  # a member's drain, the query's first epochs: bounded, and said when missed
@@ -76,13 +77,37 @@ class Pipeline:
         self.table = self.topic.replace("-", "_")
         self.group = f"bench-month-{uuid.uuid4().hex[:8]}"
         new_topic(stack, self.topic, partitions=PARTITIONS)
-        columns = 'value bigint, "timestamp" timestamptz, applied_at timestamptz'
+        # The kafka source's columns (its record's value: the feeder's number; its timestamp:
+        # the feeder's CreateTime), and the time PostgreSQL inserts the row.
+        columns = (
+            "key text, value bigint, source_topic text, source_partition int, "
+            'source_offset bigint, "timestamp" timestamptz, applied_at timestamptz'
+        )
         new_table(stack, self.table, f"{columns} DEFAULT clock_timestamp()")
+        # The watching reads ranges through these, so its cost stays flat as the table grows
+        # (a count of the whole table every poll loaded the database it measured, more so at
+        # the end). Both columns rise with time, so the indexes stay right-leaning and cheap.
+        sql(stack.dsn, f"CREATE INDEX ON public.{self.table} (value)")
+        sql(stack.dsn, f'CREATE INDEX ON public.{self.table} ("timestamp")')
         self.members = self._members()
+        self.rss_trace: list[list[float]] = []  # [epochs committed, each member's RSS MB]
+        # The query reads a topic fed at --rate, as a user's pipelines do: Spark's rate source
+        # hands out rows a whole second at a time (one epoch a second at most, whatever the
+        # trigger). One partition keeps the rows in the order of their numbers, so the rows
+        # the query committed are the first `rows_written` of them.
+        self.source_topic = f"{self.topic}-source"
+        new_topic(stack, self.source_topic, partitions=1,
+                  topic_config={"retention.ms": str(3_600_000)})  # fmt: skip
+        self.feeder_log = scratch / "feeder.log"
+        with self.feeder_log.open("w") as out:
+            self.feeder = subprocess.Popen([
+                sys.executable, "-m", "bench.feed", "--bootstrap-servers",
+                stack.bootstrap_servers, "--topic", self.source_topic, "--rate", str(args.rate),
+            ], stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
         self.checkpoint = scratch / "checkpoint"
         command = [
-            str(Path(sys.executable).with_name("bridge")), "produce", "--source", "rate",
-            "--rows-per-second", str(args.rate), "--trigger", args.trigger,
+            str(Path(sys.executable).with_name("bridge")), "produce", "--source", "kafka",
+            "--source-topic", self.source_topic, "--trigger", args.trigger,
             "--topic", self.topic, "--checkpoint", str(self.checkpoint),
             "--bootstrap-servers", stack.bootstrap_servers,
         ]  # fmt: skip
@@ -100,8 +125,15 @@ class Pipeline:
     def progress(self) -> SinkCounters:
         return SinkCounters.load(self.checkpoint / PROGRESS_FILE)
 
-    def rows(self) -> int:
-        return int(sql(self.stack.dsn, f"SELECT count(*) FROM public.{self.table}")[0][0])
+    def rows(self, since: int, until: int) -> int:
+        """The rows of values `since` to `until` (exclusive): the feeder numbers its rows
+        0, 1, ... in the order the query's epochs commit them."""
+        return int(sql(self.stack.dsn, f"SELECT count(*) FROM public.{self.table} "
+                       "WHERE value >= %s AND value < %s", (since, until))[0][0])  # fmt: skip
+
+    def members_rss_mb(self) -> list[float]:
+        return [round(psutil.Process(m.process.pid).memory_info().rss / 2**20, 1)
+                for m in self.members]  # fmt: skip
 
     def wait_for_epochs(self, epochs: int, timeout: float) -> None:
         deadline, said = time.monotonic() + timeout, time.monotonic()
@@ -113,25 +145,32 @@ class Pipeline:
                 raise RuntimeError(f"{done} epochs of {epochs} in {timeout:.0f} s")
             if time.monotonic() - said > 60:
                 rate = (done - first) / (time.monotonic() - started)
-                print(f"{done:,} epochs committed, {rate:.2f} a second", flush=True)
+                print(f"{done:,} epochs committed, {rate:.2f} a second; members' RSS "
+                      f"{self.members_rss_mb()} MB", flush=True)  # fmt: skip
+                self.rss_trace.append([done, *self.members_rss_mb()])
                 said = time.monotonic()
             time.sleep(1)
 
-    def wait_for_rows(self, rows: int) -> float:
-        """Seconds until the table holds `rows`; raises past the bound, or if a member ends."""
+    def wait_for_rows(self, rows: int, since: int = 0) -> float:
+        """Seconds until the table holds the rows of values `since` to `rows` (exclusive), those
+        below known present; raises past the bound, or if a member ends."""
         started = time.monotonic()
-        while self.rows() < rows:
+        while self.rows(since, rows) < rows - since:
             for member in self.members:
                 if member.process.poll() is not None:
                     raise RuntimeError(f"a member ended:\n{member.log.read_text()[-3000:]}")
             if time.monotonic() - started > _WAIT_S:
-                raise RuntimeError(f"{self.rows()} rows of {rows} after {_WAIT_S:.0f} s")
+                found = self.rows(since, rows)
+                raise RuntimeError(f"{found} rows of {rows - since} after {_WAIT_S:.0f} s")
             time.sleep(0.05)
         return time.monotonic() - started
 
     def stop(self) -> int:
-        """The query stopped (SIGTERM: it finishes its epoch), the members drained and stopped;
-        the rows it wrote."""
+        """The feeder stopped, then the query (SIGTERM: it finishes its epoch), the members
+        drained and stopped; the rows the query wrote."""
+        self.feeder.send_signal(signal.SIGTERM)
+        if self.feeder.wait(timeout=90) != 0:
+            raise RuntimeError(f"the feeder failed:\n{self.feeder_log.read_text()[-3000:]}")
         self.producer.send_signal(signal.SIGTERM)
         code = self.producer.wait(timeout=180)
         if code != 0:
@@ -145,6 +184,9 @@ class Pipeline:
         return written
 
     def close(self) -> None:
+        if self.feeder.poll() is None:
+            self.feeder.kill()
+            self.feeder.wait()
         if self.producer.poll() is None:
             self.producer.kill()
             self.producer.wait()
@@ -152,16 +194,20 @@ class Pipeline:
             member.stop()
 
 
-def snapshot(pipeline: Pipeline) -> dict[str, Any]:
+def snapshot(pipeline: Pipeline, *, at_start: bool) -> dict[str, Any]:
+    """The figures at one age. The drain restarts the members, so at the start it comes first
+    (the members measured after it are those that run on to the end), and at the end last
+    (the members measured are those that ran since the start)."""
     args, stack = pipeline.args, pipeline.stack
     epochs = pipeline.progress().epochs_committed
+    drain = drain_speed(pipeline) if at_start else {}
     window_start = sql(stack.dsn, "SELECT now()")[0][0]
     time.sleep(args.window_s)  # the window measured: the rows stamped in it
     window_end = sql(stack.dsn, "SELECT now()")[0][0]
     latencies = latency_ms(pipeline, window_start, window_end)
     memory = resident_mb(pipeline)
-    drain = drain_speed(pipeline)
     state = state_size(stack)
+    drain = drain or drain_speed(pipeline)
     return {
         "epochs_committed": epochs,
         "p50_ms": _at(latencies, 0.5),
@@ -205,13 +251,17 @@ def resident_mb(pipeline: Pipeline) -> dict[str, float]:
 def drain_speed(pipeline: Pipeline) -> dict[str, float]:
     """The members stopped for `--pause-s`, then started again: the backlog's rows a second,
     start-up included."""
+    # Every row the query committed so far landed first (the members running): the count
+    # below then reads only the rows of the pause, whatever the table's age.
+    landed = pipeline.progress().rows_written
+    pipeline.wait_for_rows(landed)
     for member in pipeline.members:
         member.stop()
     time.sleep(pipeline.args.pause_s)  # the backlog grows meanwhile: nothing to wait for
-    behind_from = pipeline.rows()
     target = pipeline.progress().rows_written
+    behind_from = landed + pipeline.rows(landed, target)
     pipeline.members = pipeline._members()
-    seconds = pipeline.wait_for_rows(target)
+    seconds = pipeline.wait_for_rows(target, since=landed)
     return {"drain_rows": target - behind_from, "drain_rows_per_second": round(
         (target - behind_from) / seconds)}  # fmt: skip
 
@@ -243,7 +293,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--epochs", type=int, default=20_000)
     parser.add_argument("--warm-epochs", type=int, default=200)
-    parser.add_argument("--trigger", default="250 milliseconds")
+    parser.add_argument("--trigger", default="100 milliseconds")
     parser.add_argument("--rate", type=int, default=2000)
     parser.add_argument("--members", type=int, default=2)
     parser.add_argument("--window-s", type=int, default=30)
@@ -255,10 +305,10 @@ def main() -> None:
         try:
             started = time.monotonic()
             pipeline.wait_for_epochs(args.warm_epochs, timeout=_WAIT_S)
-            start = snapshot(pipeline)
+            start = snapshot(pipeline, at_start=True)
             print(f"start: {start}", flush=True)
             pipeline.wait_for_epochs(args.epochs, timeout=86_400)
-            end = snapshot(pipeline)
+            end = snapshot(pipeline, at_start=False)
             print(f"end: {end}", flush=True)
             hours = (time.monotonic() - started) / 3600
             written = pipeline.stop()
@@ -277,6 +327,7 @@ def main() -> None:
         "epochs": args.epochs, "trigger": args.trigger, "rows_per_second": args.rate,
         "members": args.members, "hours": round(hours, 2), "rows": written,
         "start": start, "end": end, "end_to_start": ratios,
+        "members_rss_mb_by_epochs": pipeline.rss_trace,
         # Past 1.1x the start's, the worse way (drain speed: below 1 / 1.1x): for the docs to
         # name with the constant that bounds each (the manifest: its retention).
         "past_1_1x": sorted(k for k, v in ratios.items() if v is not None and (
