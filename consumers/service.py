@@ -34,6 +34,7 @@ from consumers.epochs.assembly import EpochAssembly
 from consumers.epochs.ledger import knows_epochs
 from consumers.epochs.publisher import EpochPublisher
 from consumers.epochs.staging import EpochStager
+from consumers.epochs.whole_routes import WholeRoutes
 from consumers.membership.epoch_owner import EpochOwnerElection
 from consumers.membership.kafka_health import KafkaHealth
 from consumers.membership.leases import LeaseKeeper
@@ -68,7 +69,6 @@ _STATISTICS_INTERVAL_MS = 5_000  # how often librdkafka reports the last stable 
 _RECONCILE_INTERVAL_S = 1.0  # how often leases are compared with the offsets table
 _STALLED_AFTER_S = 60.0  # /healthz fails when the poll loop has not turned for this long
 _LIST_TOPICS_TIMEOUT_S = 10  # the topics patterns match at start-up: a Kafka that does not answer
-_FIRST_ELECTION_S = 5.0  # a member's first try for the whole routes, before it subscribes
 # The member's own client settings and callbacks (its statistics, health and commits), which the
 # manifest's start-up reader (an assigned consumer, never in the group) does without.
 _MEMBER_ONLY = frozenset(
@@ -87,9 +87,7 @@ class _Member:
     leases: LeaseKeeper
     publisher: EpochPublisher | None  # with routes that want whole epochs
     sizes: TopicSizes | None  # with them too: the whole topics' partition counts
-    # With them and `epochs_members: one`: whether this member reads the whole routes. None
-    # until the group's ledger knows an epoch, when no route says `epochs: whole` (`_elect`).
-    election: EpochOwnerElection | None
+    whole: WholeRoutes  # when it reads the whole routes, and asks the ledger about them
 
 
 class ConsumerService:
@@ -112,12 +110,8 @@ class ConsumerService:
         self._applied_total = 0  # once stopped; see `applied_total`
         self._next_reconcile = 0.0
         self._behind = False  # the last poll filled a batch: more records are waiting
-        self._reads_whole = True  # subscribed to the whole routes' topics (`_subscribe`)
         self._manifest_absent_noted = False  # said once: the manifest topic is not made yet
         self._ended_with: dict[str, Any] | None = None  # `context()` when an error ended the loop
-        self._looks = True  # the publisher looks at the ledger (`start`: from the first epoch)
-        self._claims_asked: frozenset[PartitionKey] = frozenset()  # see `_claims_meet_epochs`
-        self._claims_ask_at = 0.0  # monotonic: when the database could not say, asked again
         self._http: HealthServer | None = None
         self._last_turn = time.monotonic()
         self._turns = 0
@@ -179,8 +173,8 @@ class ConsumerService:
             self._join(consumer, router, planner, applier)
         except BaseException:  # refused, or failed: nothing is left open (a client left
             # behind would go on connecting, and its callbacks keep this service alive)
-            if self._member is not None and self._member.election is not None:
-                self._member.election.close()  # and its lock with it
+            if self._member is not None:
+                self._member.whole.close()  # an election's lock with it
             consumer.close()
             self._db.close()
             if self._schemas is not None:
@@ -230,17 +224,19 @@ class ConsumerService:
             dead_letters_ends=applier.dead_letters_ends,
             manifest_start=first_read,
         )
-        self._member = _Member(consumer, batches, leases, publisher, sizes, None)
-        named = any(
-            r.epochs == "whole" and "epochs" in r.model_fields_set for r in self._config.routes
+        whole = WholeRoutes(
+            whole_epochs=self._config.whole_epochs,
+            named_whole=any(
+                r.epochs == "whole" and "epochs" in r.model_fields_set for r in self._config.routes
+            ),
+            one_member=self._config.epochs_members == "one",
+            knows_epochs=self._ledger_knows_epochs,
+            elect=self._election,
         )
-        # The publisher looks at the ledger from the group's first epoch on: a group whose
-        # topics no bridge sink writes (whole epochs by default only) never pays its looks, nor
-        # waits for them on its loop while the database is out of reach.
-        self._looks = named or bool(self._config.whole_epochs and self._ledger_knows_epochs())
-        if self._config.elects_at_start or (self._looks and self._config.epochs_members == "one"):
-            self._starting = "trying for the whole routes (epochs_members: one)"
-            self._elect(self._member)
+        self._member = _Member(consumer, batches, leases, publisher, sizes, whole)
+        if self._config.whole_epochs:
+            self._starting = "asking the ledger for epochs, trying for the whole routes"
+            whole.start()
         topics = self._subscribe(self._member)
         log.info(
             "consumer started",
@@ -268,8 +264,8 @@ class ConsumerService:
     def _subscribe(self, member: _Member) -> list[str]:
         """Subscribe to the routes' topics: the whole routes' and the manifest too, unless
         another member is elected to read them. An empty subscription leaves the group."""
-        self._reads_whole = member.election is None or member.election.holds
-        topics = self._config.subscription(whole=self._reads_whole)
+        reads_whole = member.whole.reads_whole
+        topics = self._config.subscription(whole=reads_whole)
         if topics:
             leases = member.leases
             member.consumer.subscribe(
@@ -278,49 +274,25 @@ class ConsumerService:
             )  # fmt: skip
         else:
             member.consumer.unsubscribe()
-        if member.election is not None:
-            self.metrics.epochs_owner.set(int(self._reads_whole))
+        member.whole.subscribed(whole=reads_whole)
+        self._owner_metric(member)
         return topics
 
-    def _elect(self, member: _Member) -> None:
-        """Try for the whole routes from now on (`epochs_members: one`): at start when a route
-        says `epochs: whole` or the ledger knows an epoch of the group; else once it does, so
-        that a group whose topics no bridge sink writes keeps sharing them (and opens no
-        session for an election). The next reconcile subscribes as the election says."""
-        election = EpochOwnerElection(
+    def _owner_metric(self, member: _Member) -> None:
+        if member.whole.owner is not None:
+            self.metrics.epochs_owner.set(int(member.whole.owner))
+
+    def _election(self) -> EpochOwnerElection:
+        """An election of the member that reads the whole routes (`epochs_members: one`)."""
+        return EpochOwnerElection(
             db=self._session(),  # its own: the lock lives as long as this session
             name=f"bridge-epochs:{self._config.state_schema}:{self._config.group_id}",
         )
-        member.election = election
-        election.start(wait_s=_FIRST_ELECTION_S)
-        if election.holds and self._reads_whole:  # already subscribed to them: no rebalance
-            self.metrics.epochs_owner.set(1)
-
-    def _claims_meet_epochs(self, batches: BatchLifecycle) -> bool:
-        """Whether partitions were claimed since the last ask and the group has had epochs: a
-        member that dies leaves its staged epochs to the one taking its partitions, which may
-        never see an epoch's record itself (its query stopped), yet publishes them. Asked on the
-        batches' connection, which the claim has just used, while no batch is in flight on it
-        (a claim settles the batch in flight first)."""
-        if self._member is None or self._member.publisher is None:
-            return False  # no whole routes: nothing to publish
-        claimed = frozenset(self._partitions.keys())
-        if claimed <= self._claims_asked:
-            self._claims_asked = claimed  # a partition revoked and claimed again is new again
-            return False
-        if batches.stage is not Stage.IDLE or self._last_turn < self._claims_ask_at:
-            return False  # asked at a turn with no batch in flight on the connection
-        knows = self._ledger_knows_epochs()
-        if knows is None:  # asked again a reconcile later
-            self._claims_ask_at = self._last_turn + _RECONCILE_INTERVAL_S
-        else:
-            self._claims_asked = claimed
-        return bool(knows)
 
     def _ledger_knows_epochs(self) -> bool | None:
         """Whether the group has had an epoch; None when the database cannot say now (asked
-        again after a claim, `_claims_meet_epochs`). Never reconnects: the loop's own
-        reconnection reports an unreachable database."""
+        again after a claim, `WholeRoutes.claims_meet_epochs`). Never reconnects: the loop's
+        own reconnection reports an unreachable database."""
         conn = self._db.open_connection()
         if conn is None:
             return None
@@ -516,8 +488,9 @@ class ConsumerService:
             if self._last_turn >= self._next_reconcile:
                 self._next_reconcile = self._last_turn + _RECONCILE_INTERVAL_S
                 member.leases.reconcile()
-                if member.election is not None and member.election.holds != self._reads_whole:
+                if member.whole.resubscribe_due():
                     self._subscribe(member)  # elected, or no longer: the group rebalances
+                self._owner_metric(member)
                 self.metrics.states(batches.partition_states())
                 batches.report()
             if not self._behind:
@@ -542,26 +515,24 @@ class ConsumerService:
                 messages = [m for m in messages if m.error() is None]
             self._kafka.check()
             # Before the batch goes: a claim in this poll settled the one in flight first.
-            new_claims_meet_epochs = not self._looks and self._claims_meet_epochs(batches)
+            claims_met_epochs = member.publisher is not None and member.whole.claims_meet_epochs(
+                frozenset(self._partitions.keys()),
+                idle=batches.stage is Stage.IDLE,
+                now=self._last_turn,
+            )
             if messages or batches.holding_due():
                 batches.submit(messages)
             else:
                 batches.settle()
-            if member.publisher is not None and not self._looks:
-                self._looks = new_claims_meet_epochs or batches.epochs_seen()
-                if self._looks:
-                    log.info("the group has epochs: its publisher looks at the ledger from now on")
-            if member.publisher is not None and self._looks:
+            if member.publisher is not None:
+                member.whole.after_batch(
+                    claims_met_epochs=claims_met_epochs, epochs_seen=batches.epochs_seen()
+                )
+            if member.publisher is not None and member.whole.looks:
                 # A publication, or an epoch the ledger no longer holds open, lets later
                 # epochs of its query go in a batch (`consumers.epochs.assembly`).
                 batches.epochs_looked(member.publisher.look(batches.epochs_asking()))
-                if (
-                    member.election is None
-                    and self._config.epochs_members == "one"
-                    and member.publisher.knows_epochs
-                ):
-                    log.info("the group's ledger knows an epoch: trying for the whole routes")
-                    self._elect(member)
+                member.whole.after_look(publisher_knows_epochs=member.publisher.knows_epochs)
 
     def _kafka_error(self, message: Message) -> None:
         error = cast(KafkaError, message.error())  # the caller saw one
@@ -590,18 +561,18 @@ class ConsumerService:
         log.warning("kafka error: %s", error.str())
 
     def close(self) -> None:
-        member, self._member = self._member, None
-        if member is not None:
-            self._applied_total = member.batches.applied_total
+        member = self._member
         try:
             if member is not None:
                 member.batches.settle()  # the batch in flight commits or rolls back first
         finally:
+            if member is not None:  # counted once the batch in flight has settled
+                self._applied_total = member.batches.applied_total
+            self._member = None
             self._stop_http()
             if member is not None:
                 member.consumer.close()  # leaves the group: partitions are revoked and released
-                if member.election is not None:
-                    member.election.close()  # after leaving: a standby takes the whole routes
+                member.whole.close()  # after leaving: a standby takes the whole routes
                 if member.publisher is not None:
                     member.publisher.close()
             self._db.close()
@@ -624,7 +595,7 @@ class ConsumerService:
             + self._member.batches.reasons()
             + self._partitions.not_progressing(stalled_after_s=stalled_after)
             + (self._member.publisher.reasons() if self._member.publisher is not None else [])
-            + (self._member.election.reasons() if self._member.election is not None else [])
+            + self._member.whole.reasons()
         )
 
     def healthy(self) -> bool:
