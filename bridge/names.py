@@ -69,6 +69,7 @@ WHOLE_EPOCHS: Final = b"whole"
 
 # Prometheus metrics of the consumer (counters gain `_total` when exported).
 METRIC_RECORDS_APPLIED: Final = "bridge_consumer_records_applied"
+METRIC_RECORDS_READ: Final = "bridge_consumer_records_read"
 METRIC_DEAD_LETTERS: Final = "bridge_consumer_dead_letters"
 METRIC_BATCHES: Final = "bridge_consumer_batches"
 METRIC_BATCH_SECONDS: Final = "bridge_consumer_batch_duration_seconds"

@@ -37,6 +37,7 @@ from bridge.names import (
     METRIC_OLDEST_INCOMPLETE_EPOCH,
     METRIC_PARTITIONS,
     METRIC_RECORDS_APPLIED,
+    METRIC_RECORDS_READ,
     METRIC_RECORDS_STAGED,
     METRIC_REGISTRY_UNAVAILABLE,
     METRIC_TABLE_MISMATCH,
@@ -59,6 +60,15 @@ class ConsumerMetrics:
         self.records_applied = Counter(
             METRIC_RECORDS_APPLIED,
             "Records applied to PostgreSQL (inserted, upserted or deleted).",
+            ["topic"],
+            registry=self.registry,
+        ).labels
+        # With whole epochs the member that reads an epoch's records may not be the one that
+        # publishes them (applied, above): this says who read them.
+        self.records_read = Counter(
+            METRIC_RECORDS_READ,
+            "Records this member read and committed the offsets of (written, staged, dead-"
+            "lettered or left out), by topic.",
             ["topic"],
             registry=self.registry,
         ).labels

@@ -535,6 +535,9 @@ class BatchLifecycle:
             self._consumer.seek(TopicPartition(lease.topic, lease.partition, lease.next_offset))
 
     def _count(self, result: CommitResult, records: list[list[Record]]) -> None:
+        for of_key in records:  # one partition's records each
+            if of_key:
+                self._metrics.records_read(of_key[0].topic()).inc(len(of_key))
         applied = 0
         for topic, (rows, dead, skipped) in result.applied.items():
             applied += rows

@@ -242,6 +242,7 @@ def test_a_batch_in_flight_moves_its_leases_only_once_its_outcome_is_read() -> N
     pipeline.call("settle")
     assert held(pipeline) == dict.fromkeys(KEYS, 6)
     assert pipeline.batches.applied_total == 2
+    assert read(pipeline) == 12  # 3 records of each partition in each batch
     assert pipeline.kafka.sought == []
 
 
@@ -251,7 +252,7 @@ def test_a_refused_batch_moves_nothing_and_fetches_again_from_the_leases() -> No
     assert held(pipeline) == dict.fromkeys(KEYS, 0)
     assert sorted(pipeline.kafka.sought) == [("orders", 0, 0), ("orders", 1, 0)]
     assert pipeline.refusals.reasons()  # /readyz says why it waits
-    assert pipeline.batches.applied_total == 0
+    assert pipeline.batches.applied_total == 0 and read(pipeline) == 0
 
 
 def test_records_polled_before_a_rewind_are_dropped_and_fetched_again() -> None:
@@ -313,6 +314,14 @@ def test_a_move_the_table_refuses_raises_naming_it() -> None:
 
 def _held_metric(pipeline: Pipeline) -> float | None:
     return pipeline.metrics.registry.get_sample_value("bridge_consumer_epoch_records_held")
+
+
+def read(pipeline: Pipeline) -> float:
+    """Records the member read, committed: `bridge_consumer_records_read_total`."""
+    value = pipeline.metrics.registry.get_sample_value(
+        "bridge_consumer_records_read_total", {"topic": "orders"}
+    )
+    return value or 0.0
 
 
 def test_records_held_for_their_epoch_send_nothing_and_a_rewind_drops_them() -> None:
