@@ -42,6 +42,9 @@ EPOCH_ACTIONS_TABLE: Final = "epoch_actions"
 # Per (group, query), the epoch through which every epoch the group knows is settled
 # (migration 0006): what tells a replayed epoch once its settled rows are pruned.
 EPOCH_WATERMARKS_TABLE: Final = "epoch_watermarks"
+# Per (group, query), the topics of its whole routes the query's manifest names (migration
+# 0008): which queries share a topic, and which topics no sink writes.
+EPOCH_TOPICS_TABLE: Final = "epoch_topics"
 # Alembic's version table for the tables above: which version of their shape the schema holds.
 STATE_VERSION_TABLE: Final = "state_version"
 ADVANCE_OFFSETS_FUNCTION: Final = "advance_offsets"

@@ -30,6 +30,7 @@ from bridge.names import (
     EPOCH_JUDGE_FUNCTION,
     EPOCH_PARTS_TABLE,
     EPOCH_STAGED_TABLE,
+    EPOCH_TOPICS_TABLE,
     EPOCH_WATERMARKS_TABLE,
     EPOCHS_TABLE,
 )
@@ -122,7 +123,16 @@ def define_tables(metadata: MetaData) -> list[Table]:
         Column("moved_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
         PrimaryKeyConstraint("group_id", "query"),
     )
-    return [epochs, parts, chunks, staged, actions, watermarks]
+    topics = Table(
+        EPOCH_TOPICS_TABLE,
+        metadata,
+        Column("group_id", Text, nullable=False),
+        Column("query", Text, nullable=False),
+        Column("topic", Text, nullable=False),  # of a whole route, named with records
+        Column("seen_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+        PrimaryKeyConstraint("group_id", "query", "topic"),
+    )
+    return [epochs, parts, chunks, staged, actions, watermarks, topics]
 
 
 @dataclass(frozen=True)
@@ -139,6 +149,7 @@ class LedgerNames:
             "staged": EPOCH_STAGED_TABLE,
             "actions": EPOCH_ACTIONS_TABLE,
             "watermarks": EPOCH_WATERMARKS_TABLE,
+            "topics": EPOCH_TOPICS_TABLE,
             "judge": EPOCH_JUDGE_FUNCTION,  # a function: `consumers.epochs.ledger.judge`
         }
         if name not in tables:

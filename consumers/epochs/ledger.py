@@ -48,7 +48,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any, NamedTuple
 
@@ -563,6 +563,10 @@ def advance_watermark(names: LedgerNames, group: str, query: str) -> sql.Compose
 # a range of the primary key holding only what it deletes: its cost does not grow with the
 # history, and the ledger holds the open epochs plus this many rows per query.
 KEEP_SETTLED = 1_000
+# A query's topics are forgotten once no part named them for this long: the sink's default
+# manifest retention (`epochs.retention.ms`), past which a group could not read the query's
+# epochs anyway. A query that writes again is named again by its next part.
+TOPICS_UNSEEN = timedelta(days=7)
 
 
 def prune_settled(
@@ -599,6 +603,12 @@ def prune_settled(
             "AND e.query = p.query AND e.epoch = p.epoch AND e.outcome IS NULL)"
         ).format(parts=names.parts, marks=names.watermarks, epochs=names.epochs),
         {"group": group},
+    )
+    conn.execute(
+        sql.SQL(
+            "DELETE FROM {topics} WHERE group_id = %(group)s AND seen_at < now() - %(unseen)s"
+        ).format(topics=names.topics),
+        {"group": group, "unseen": TOPICS_UNSEEN},
     )
     return max(0, gone)
 

@@ -332,7 +332,7 @@ class EpochStager:
         return found
 
     def _manifest_steps(self, documents: list[Part | Epoch]) -> list[Step]:
-        """The ledger's rows of the manifest's records, in at most four statements however many
+        """The ledger's rows of the manifest's records, in at most five statements however many
         records (a statement or two a record read a catching-up manifest at 5,700 records a
         second). Other queries, and other groups', share the manifest topic: an epoch is kept
         only once a part of it names a topic this group holds back; the record of an epoch the
@@ -343,11 +343,14 @@ class EpochStager:
         parts: dict[tuple[str, int, int], Part] = {}
         kept: dict[EpochKey, None] = {}
         records: dict[EpochKey, Epoch] = {}
+        topics: set[tuple[str, str]] = set()  # (query, topic): the group's whole topics named
         for document in documents:
             if isinstance(document, Part):
                 parts.setdefault((document.query, document.epoch, document.partition), document)
-                if any(n and self._whole_topic(t) for t, n in document.records.items()):
+                ours = {t for t, n in document.records.items() if n and self._whole_topic(t)}
+                if ours:
                     kept.setdefault((document.query, document.epoch))
+                    topics.update((document.query, t) for t in ours)
             else:
                 records.setdefault((document.query, document.epoch), document)
         group = sql.Literal(self._group)
@@ -373,6 +376,17 @@ class EpochStager:
                 "jsonb_to_recordset({}::jsonb) AS d(query text, epoch bigint) WHERE {} "
                 "ON CONFLICT DO NOTHING"
             ).format(self._ledger.epochs, group, _rows(_keys(kept)), unsettled)))  # fmt: skip
+        if topics:
+            # Which queries share a topic, for the members' ownership: a row a (query, topic),
+            # its time moved at most hourly (a row lock otherwise), pruned once unseen for the
+            # manifest's retention (`ledger.prune_settled`).
+            pairs = [{"query": q, "topic": t} for q, t in sorted(topics)]
+            steps.append(Step(sql.SQL(
+                "INSERT INTO {} AS n (group_id, query, topic) SELECT {}, d.query, d.topic FROM "
+                "jsonb_to_recordset({}::jsonb) AS d(query text, topic text) "
+                "ON CONFLICT (group_id, query, topic) DO UPDATE SET seen_at = now() "
+                "WHERE n.seen_at < now() - interval '1 hour'"
+            ).format(self._ledger.topics, group, _rows(pairs))))  # fmt: skip
         if records:
             # The same epoch record twice (a replayed commit hook) changes nothing.
             named = [{"query": q, "epoch": e, "parts": list(d.parts)}

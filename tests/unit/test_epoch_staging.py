@@ -90,8 +90,10 @@ def test_manifest_records_become_ledger_statements_and_a_bad_one_a_dead_letter()
     epoch = Epoch(query="q", epoch=1, parts=(0,)).encode()
     other = Part(query="r", epoch=1, partition=0, records={"b": 5}).encode()
     steps = staging.plan("bridge-epochs", [record(None, part), record(None, epoch)])
-    # The part, the epoch's row; the epoch record, and the clearing of parts of epochs not kept.
-    assert steps is not None and len(steps) == 4
+    # The part, the epoch's row, the query's topic; the epoch record, and the clearing of
+    # parts of epochs not kept.
+    assert steps is not None and len(steps) == 5
+    assert "epoch_topics" in steps[2].statement.as_string(None) and '"a"' in str(steps[2])
     ignored = staging.plan("bridge-epochs", [record(None, other)])
     assert ignored is not None and len(ignored) == 1  # its part only: no topic of this group
     assert staging.plan("bridge-epochs", [record(None, b"not json")]) is None
