@@ -201,7 +201,21 @@ class EpochAssembly:
 
     def asking(self) -> list[EpochKey]:
         """The epochs whose manifest the ledger is to be asked about, between batches: a batch
-        found their records and not all of their manifest (step 2)."""
+        found their records and not all of their manifest (step 2), and, every
+        `_LOOK_AGAIN_S`, the held ones whose manifest is still not whole: an answer that came
+        before the member staging the manifest had it all is asked again without waiting for
+        a batch (the manifest's partition may be another member's)."""
+        now = self._clock()
+        again = [
+            epoch
+            for epoch in self._waiting
+            if epoch not in self._asking
+            and not self._manifest_known(epoch)
+            and now - self._looked.get(epoch, -_LOOK_AGAIN_S) >= _LOOK_AGAIN_S
+        ]
+        for epoch in again:
+            self._looked[epoch] = now
+        self._asking = sorted({*self._asking, *again})
         return list(self._asking)
 
     def looked(self, look: LedgerLook) -> None:

@@ -426,6 +426,25 @@ def test_parts_committed_before_the_member_joined_are_read_from_the_ledger() -> 
     assert found.asking() == []  # the epoch record completed what the ledger told
 
 
+def test_a_manifest_the_ledger_had_in_part_is_asked_about_again_without_a_batch() -> None:
+    """Another member reads the manifest and stages it: the ledger's first answer may come
+    before it has all of it. The held epoch is asked about again every half second, with no
+    new record to start a batch, and once the answer is whole the held records publish."""
+    log, clock = Log(), Clock()
+    found = assembly(clock=clock)
+    records = whole_epoch(log, 0)
+    assert batch(found, records[:6]).epochs == ()  # both tasks' records; no manifest here
+    assert found.asking() == [(QUERY, 0)]
+    found.looked(LedgerLook(manifests={(QUERY, 0): (None, {0: {TOPIC: 3}})}))  # in part
+    batch(found, [])  # the answer's batch: still not whole, held
+    assert found.asking() == []
+    clock.now += 0.5
+    assert found.asking() == [(QUERY, 0)]  # again, with no batch in between
+    found.looked(LedgerLook(manifests={(QUERY, 0): ((0, 1), {0: {TOPIC: 3}, 1: {TOPIC: 3}})}))
+    assert found.due()
+    assert batch(found, []).epochs == ((QUERY, 0),)
+
+
 def test_an_unanswered_question_to_the_ledger_is_asked_again() -> None:
     log, found = Log(), assembly()
     records = whole_epoch(log, 0)
