@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from pathlib import Path
@@ -619,14 +619,15 @@ class ConsumerSettings(_Section):
     # and in a group whose members share the partitions, records are staged in the ledger.
     epochs_hold_records: int = Field(default=50_000, ge=0, le=10_000_000)
     epochs_hold_ms: int = Field(default=2_000, ge=0, le=600_000)
-    # Which members read the whole routes' topics and the manifest. `one`: one member at a
-    # time, elected through PostgreSQL (a lock of its session), which then holds every
-    # partition of them and publishes each epoch in the batch that completes it; the others
-    # read the group's per-partition routes and stand by. `all`: every member, sharing the
-    # partitions, each epoch staged in the ledger until one member publishes it. With whole
-    # epochs by default only (no route says `epochs: whole`), `one` begins once the group's
-    # ledger knows an epoch: until then the members share every route, as a group whose
-    # producers are not bridge's sink always has (`elects_at_start`).
+    # Which members read the whole routes' topics. `one`: one member per unit of the group's
+    # Spark queries (those that write a common topic), the units spread over the members
+    # through PostgreSQL (locks of their sessions); a unit's member holds every partition of
+    # its topics and publishes each epoch in the batch that completes it; topics no query's
+    # manifest names are shared by all the members, as per-partition routes are. `all`:
+    # every member, sharing the partitions, each epoch staged in the ledger until one member
+    # publishes it. With whole epochs by default only (no route says `epochs: whole`), `one`
+    # begins once the group's ledger knows an epoch: until then the members share every
+    # route, as a group whose producers are not bridge's sink always has (`elects_at_start`).
     epochs_members: Literal["one", "all"] = "one"
 
     @field_validator("state_schema")
@@ -703,16 +704,34 @@ class ConsumerSettings(_Section):
                 return index, route.for_topic(topic)
         return None
 
-    def subscription(self, *, whole: bool = True) -> list[str]:
-        """What the consumer subscribes to: each named topic, and each pattern as a regex;
-        without the whole routes' topics and the manifest when `whole` is False (a member
-        that stands by for them, `epochs_members: one`)."""
-        topics = [
-            route.topic or subscription(cast(str, route.topic_pattern))
-            for route in self.routes
-            if whole or route.epochs != "whole"
-        ]
-        return [*topics, self.epochs_topic] if whole and self.whole_epochs else topics
+    def subscription(
+        self,
+        reads: Callable[[str], bool] | None = None,
+        named: Collection[str] = (),
+        listed: Iterable[str] = (),
+    ) -> list[str]:
+        """What the consumer subscribes to: each named topic, and each pattern as a regex, and
+        the manifest when a route wants whole epochs. With `reads` (the group's units of
+        queries spread over its members, `epochs_members: one`), a whole route's topic only
+        when this member reads it, and a whole route's pattern as the topics of `listed` (what
+        Kafka has) it matches and this member reads, once a topic of `named` (a unit's)
+        matches it."""
+        topics: list[str] = []
+        for index, route in enumerate(self.routes):
+            pattern = route.topic_pattern
+            if reads is None or route.epochs != "whole":
+                topics.append(route.topic or subscription(cast(str, pattern)))
+            elif route.topic is not None:
+                topics += [route.topic] if reads(route.topic) else []
+            elif not any(self._read_by(index, topic) for topic in named):
+                topics.append(subscription(cast(str, pattern)))
+            else:
+                topics += sorted(t for t in listed if self._read_by(index, t) and reads(t))
+        return [*topics, self.epochs_topic] if self.whole_epochs else topics
+
+    def _read_by(self, index: int, topic: str) -> bool:
+        found = self.route_for(topic)
+        return found is not None and found[0] == index
 
 
 def _common_topic(first: RouteSettings, second: RouteSettings) -> str | None:

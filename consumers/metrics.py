@@ -197,8 +197,10 @@ class ConsumerMetrics:
         )
         self.epochs_owner = Gauge(
             METRIC_EPOCHS_OWNER,
-            "1 when this member reads the group's whole routes (epochs_members: one), 0 when it "
-            "stands by for them or the group has had no epoch yet (all members read them).",
+            "Per Spark query of the group's whole routes (epochs_members: one): 1 when this "
+            "member reads its topics, 0 when another member does. No series until the group "
+            "has had an epoch (every member reads every whole route).",
+            ["query"],
             registry=self.registry,
         )
         Gauge(METRIC_INFO, "The consumer group.", list(labels), registry=self.registry).labels(

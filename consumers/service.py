@@ -35,11 +35,11 @@ from consumers.epochs.ledger import knows_epochs
 from consumers.epochs.publisher import EpochPublisher
 from consumers.epochs.staging import EpochStager
 from consumers.epochs.whole_routes import WholeRoutes
-from consumers.membership.epoch_owner import EpochOwnerElection
 from consumers.membership.kafka_health import KafkaHealth
 from consumers.membership.leases import LeaseKeeper
 from consumers.membership.manifest_start import ManifestStart
 from consumers.membership.topic_sizes import TopicSizes
+from consumers.membership.unit_owners import UnitOwners
 from consumers.metrics import ConsumerMetrics, HealthServer
 from consumers.partitions import PartitionTable
 from consumers.tables.applier import Applier
@@ -69,6 +69,8 @@ _STATISTICS_INTERVAL_MS = 5_000  # how often librdkafka reports the last stable 
 _RECONCILE_INTERVAL_S = 1.0  # how often leases are compared with the offsets table
 _STALLED_AFTER_S = 60.0  # /healthz fails when the poll loop has not turned for this long
 _LIST_TOPICS_TIMEOUT_S = 10  # the topics patterns match at start-up: a Kafka that does not answer
+_LIST_TOPICS_EVERY_S = 10.0  # as librdkafka looks for a pattern's topics (metadata refresh)
+_LIST_TOPICS_WAIT_S = 2.0  # between batches: a Kafka slow to answer is asked again later
 # The member's own client settings and callbacks (its statistics, health and commits), which the
 # manifest's start-up reader (an assigned consumer, never in the group) does without.
 _MEMBER_ONLY = frozenset(
@@ -110,6 +112,13 @@ class ConsumerService:
         self._applied_total = 0  # once stopped; see `applied_total`
         self._next_reconcile = 0.0
         self._behind = False  # the last poll filled a batch: more records are waiting
+        self._subscribed: list[str] = []  # what the member is subscribed to (`_subscribe`)
+        self._listed: frozenset[str] = frozenset()  # the topics Kafka has (`_list_topics`)
+        self._list_at = 0.0  # monotonic: when they are listed again
+        self._whole_patterns = any(
+            r.epochs == "whole" and r.topic_pattern is not None for r in self._config.routes
+        )
+        self._owner_queries: set[str] = set()  # the queries the owner metric names
         self._manifest_absent_noted = False  # said once: the manifest topic is not made yet
         self._ended_with: dict[str, Any] | None = None  # `context()` when an error ended the loop
         self._http: HealthServer | None = None
@@ -231,13 +240,13 @@ class ConsumerService:
             ),
             one_member=self._config.epochs_members == "one",
             knows_epochs=self._ledger_knows_epochs,
-            elect=self._election,
+            elect=self._owners,
         )
         self._member = _Member(consumer, batches, leases, publisher, sizes, whole)
         if self._config.whole_epochs:
             self._starting = "asking the ledger for epochs, trying for the whole routes"
             whole.start()
-        topics = self._subscribe(self._member)
+        topics = self._subscribe(self._member, self._subscription(self._member))
         log.info(
             "consumer started",
             extra={"owner": self._owner, "topics": topics, "http_port": self.http_port},
@@ -261,11 +270,18 @@ class ConsumerService:
             )
         }
 
-    def _subscribe(self, member: _Member) -> list[str]:
-        """Subscribe to the routes' topics: the whole routes' and the manifest too, unless
-        another member is elected to read them. An empty subscription leaves the group."""
-        reads_whole = member.whole.reads_whole
-        topics = self._config.subscription(whole=reads_whole)
+    def _subscription(self, member: _Member) -> list[str]:
+        """The routes' topics and the manifest: of the whole routes, while the group's
+        ownership is known, those this member reads (its units', and those no unit names)."""
+        owned = member.whole.owned()
+        if owned is None:
+            return self._config.subscription()
+        if self._whole_patterns and time.monotonic() >= self._list_at:
+            self._list_topics(member.consumer)
+        return self._config.subscription(owned.reads, owned.named, self._listed)
+
+    def _subscribe(self, member: _Member, topics: list[str]) -> list[str]:
+        """Subscribe to `topics` (the group rebalances); an empty subscription leaves it."""
         if topics:
             leases = member.leases
             member.consumer.subscribe(
@@ -274,19 +290,38 @@ class ConsumerService:
             )  # fmt: skip
         else:
             member.consumer.unsubscribe()
-        member.whole.subscribed(whole=reads_whole)
+        self._subscribed = topics
         self._owner_metric(member)
         return topics
 
-    def _owner_metric(self, member: _Member) -> None:
-        if member.whole.owner is not None:
-            self.metrics.epochs_owner.set(int(member.whole.owner))
+    def _list_topics(self, consumer: Consumer) -> None:
+        """The topics Kafka has, which a whole route's pattern may match: a member subscribes
+        to those it reads by name once a unit names one of them (between batches; the last
+        answer kept when Kafka does not give one)."""
+        self._list_at = time.monotonic() + _LIST_TOPICS_EVERY_S
+        try:
+            self._listed = frozenset(consumer.list_topics(timeout=_LIST_TOPICS_WAIT_S).topics)
+        except KafkaException as exc:
+            log.warning("topics not listed for the whole routes' patterns: %s", exc)
 
-    def _election(self) -> EpochOwnerElection:
-        """An election of the member that reads the whole routes (`epochs_members: one`)."""
-        return EpochOwnerElection(
-            db=self._session(),  # its own: the lock lives as long as this session
-            name=f"bridge-epochs:{self._config.state_schema}:{self._config.group_id}",
+    def _owner_metric(self, member: _Member) -> None:
+        owned = member.whole.owned()
+        if owned is None:
+            return
+        for query in self._owner_queries - set(owned.queries):
+            self.metrics.epochs_owner.remove(query)  # its unit is gone (unseen for a week)
+        for query, reads in owned.queries.items():
+            self.metrics.epochs_owner.labels(query).set(int(reads))
+        self._owner_queries = set(owned.queries)
+
+    def _owners(self) -> UnitOwners:
+        """This member's share of the group's units of queries (`epochs_members: one`)."""
+        return UnitOwners(
+            db=self._session(),  # its own: the locks live as long as this session
+            ledger=self._tables.ledger,
+            group_id=self._config.group_id,
+            name=f"{self._config.state_schema}:{self._config.group_id}",
+            whole_topic=self._config.whole_topic,
         )
 
     def _ledger_knows_epochs(self) -> bool | None:
@@ -488,8 +523,9 @@ class ConsumerService:
             if self._last_turn >= self._next_reconcile:
                 self._next_reconcile = self._last_turn + _RECONCILE_INTERVAL_S
                 member.leases.reconcile()
-                if member.whole.resubscribe_due():
-                    self._subscribe(member)  # elected, or no longer: the group rebalances
+                topics = self._subscription(member)
+                if topics != self._subscribed:  # units taken or let go: the group rebalances
+                    self._subscribe(member, topics)
                 self._owner_metric(member)
                 self.metrics.states(batches.partition_states())
                 batches.report()

@@ -8,14 +8,16 @@ whole epochs in a group, apart from the loop that wires it (`consumers.service`)
   see an epoch's record itself, yet publishes them). A group whose topics no bridge sink writes
   (whole epochs by default only) never pays the looks, nor waits for them while the database is
   out of reach.
-- **Election** (`epochs_members: one`). One member at a time reads the whole routes' topics and
-  the manifest (`consumers.membership.epoch_owner`): tried at start when a route names `epochs:
-  whole`, else once the ledger knows an epoch, so that a group whose topics no sink writes keeps
-  sharing its partitions (and opens no session for an election).
-- **Subscription.** A member subscribes to the whole routes' topics while no election is held,
-  or while it holds it; the loop subscribes again when that changes (`resubscribe_due`).
+- **Ownership** (`epochs_members: one`). Each unit of the group's queries (those that write a
+  common topic) is read by one member, the units spread over the members
+  (`consumers.membership.unit_owners`): started at start when a route names `epochs: whole`,
+  else once the ledger knows an epoch, so that a group whose topics no sink writes keeps
+  sharing its partitions (and opens no session for it).
+- **Subscription.** While no ownership is known, a member reads every whole route; then the
+  topics of its units and those no unit names (`owned`), which the loop subscribes to again
+  when they change.
 
-Each step takes the loop's monotonic time as an argument, and the database and the election as
+Each step takes the loop's monotonic time as an argument, and the database and the ownership as
 callables, so the policy is tested with neither Kafka nor PostgreSQL (tests/unit).
 """
 
@@ -26,6 +28,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from consumers.database.offsets import PartitionKey
+from consumers.epochs.units import Owned
 
 log = logging.getLogger("bridge.consumer")
 
@@ -33,11 +36,11 @@ _ASK_AGAIN_S = 1.0  # after claims the database could not answer for: the reconc
 FIRST_ELECTION_S = 5.0  # a member's first try for the whole routes, before it subscribes
 
 
-class Election(Protocol):
-    """Who reads the whole routes (`consumers.membership.epoch_owner.EpochOwnerElection`)."""
+class Owners(Protocol):
+    """Who reads each unit (`consumers.membership.unit_owners.UnitOwners`)."""
 
     @property
-    def holds(self) -> bool: ...
+    def owned(self) -> Owned: ...
 
     def start(self, *, wait_s: float) -> None: ...
 
@@ -54,7 +57,7 @@ class WholeRoutes:
         named_whole: bool,  # a route names `epochs: whole`
         one_member: bool,  # `epochs_members: one`
         knows_epochs: Callable[[], bool | None],  # the ledger; None: the database cannot say
-        elect: Callable[[], Election],  # a new election, not yet started
+        elect: Callable[[], Owners],  # the member's share of the units, not yet started
         ask_again_s: float = _ASK_AGAIN_S,
         first_election_s: float = FIRST_ELECTION_S,
     ) -> None:
@@ -65,9 +68,8 @@ class WholeRoutes:
         self._elect = elect
         self._ask_again_s = ask_again_s
         self._first_election_s = first_election_s
-        self.election: Election | None = None
+        self.owners: Owners | None = None
         self.looks = True  # decided by `start`
-        self._reads_whole = True  # as subscribed (`subscribed`)
         self._claims_asked: frozenset[PartitionKey] = frozenset()
         self._claims_ask_at = 0.0  # when the database could not say, asked again then
 
@@ -77,26 +79,12 @@ class WholeRoutes:
         elected at start subscribes once, to everything)."""
         self.looks = self._named_whole or bool(self._whole_epochs and self._knows_epochs())
         if self._one_member and (self._named_whole or self.looks):
-            self._start_election()
+            self._start_owners()
 
-    @property
-    def reads_whole(self) -> bool:
-        """Whether the member is to read the whole routes' topics and the manifest."""
-        return self.election is None or self.election.holds
-
-    def subscribed(self, *, whole: bool) -> None:
-        """The member subscribed, with the whole routes or without them."""
-        self._reads_whole = whole
-
-    def resubscribe_due(self) -> bool:
-        """Elected, or no longer: the member subscribes again (the group rebalances)."""
-        return self.election is not None and self.election.holds != self._reads_whole
-
-    @property
-    def owner(self) -> bool | None:
-        """For the metric: whether this member holds the election and reads the whole routes
-        (subscribed to them); None with no election."""
-        return None if self.election is None else self.election.holds and self._reads_whole
+    def owned(self) -> Owned | None:
+        """What the member reads of the whole routes; None while the group's ownership is not
+        known (every member reads every whole route)."""
+        return None if self.owners is None else self.owners.owned
 
     def claims_meet_epochs(
         self, claimed: frozenset[PartitionKey], *, idle: bool, now: float
@@ -128,18 +116,18 @@ class WholeRoutes:
     def after_look(self, *, publisher_knows_epochs: bool) -> None:
         """After the publisher's look: with one member reading the whole routes, the first
         try for them once the ledger knows an epoch."""
-        if self.election is None and self._one_member and publisher_knows_epochs:
-            log.info("the group's ledger knows an epoch: trying for the whole routes")
-            self._start_election()
+        if self.owners is None and self._one_member and publisher_knows_epochs:
+            log.info("the group's ledger knows an epoch: its queries spread over its members")
+            self._start_owners()
 
     def reasons(self) -> list[str]:
-        return [] if self.election is None else self.election.reasons()
+        return [] if self.owners is None else self.owners.reasons()
 
     def close(self) -> None:
-        """After the member left its group: a standby takes the whole routes."""
-        if self.election is not None:
-            self.election.close()
+        """After the member left its group: the other members take its units."""
+        if self.owners is not None:
+            self.owners.close()
 
-    def _start_election(self) -> None:
-        self.election = self._elect()
-        self.election.start(wait_s=self._first_election_s)
+    def _start_owners(self) -> None:
+        self.owners = self._elect()
+        self.owners.start(wait_s=self._first_election_s)

@@ -261,9 +261,9 @@ def test_by_default_a_group_shares_another_producers_records_until_its_first_epo
 ) -> None:
     """Routes that do not say `epochs` (whole by default), two members: records without the
     sink's provenance go to their tables as their batches commit, the partitions spread over
-    both members, no election held and no dead letter; from the sink's first epoch, one member
-    is elected to read the whole routes, every epoch is published whole, and other records
-    still land."""
+    both members, no lock held and no dead letter; from the sink's first epoch, the members
+    share out its query (one unit: both topics), one of them reads it, every epoch is published
+    whole, and other records still land."""
     query = f"q-{uuid.uuid4()}"
     sink = HandSink(stack, manifest_topic=pipeline["manifest"], query=query)
     routes = [{"topic": t, "table": table}
@@ -292,14 +292,14 @@ def test_by_default_a_group_shares_another_producers_records_until_its_first_epo
         eventually(lambda: counts(stack, pipeline) == (2 * others,) * 2)
         # Shared, as a sticky assignor spreads 9 partitions (the manifest's too) over two.
         eventually(lambda: holding(members) in ([3, 5], [4, 4]))
-        assert _elections(stack, names) == 0
+        assert _locks(stack, names) == 0
         for epoch in range(epochs):
             for task in range(TASKS):
                 sink.task(epoch, task, epoch_records(pipeline, epoch, task, per_task))
             sink.commit(epoch, list(range(TASKS)))
         eventually(lambda: published(stack.dsn, names["schema"], query) == epochs, timeout=90)
-        eventually(lambda: _elections(stack, names) == 1)
-        # The elected member holds both topics and the manifest; the other stands by.
+        eventually(lambda: _locks(stack, names) == 3)  # each member's slot, and the unit's
+        # The member that reads the unit holds both topics; the other, neither.
         eventually(lambda: holding(members) == [0, 2 * PARTITIONS])
         another_producers(20_000_000)
         total = epochs * TASKS * per_task + 4 * others
@@ -313,10 +313,10 @@ def test_a_member_started_before_the_groups_first_epoch_looks_once_it_takes_part
     stack: Endpoints, names: dict[str, str], pipeline: dict[str, Any]
 ) -> None:
     """Routes whole by default: a member started while its group had no epoch neither looks
-    at the ledger nor tries for the whole routes. Another member then brings the group its
-    epochs (a row in the ledger, as one that staged an epoch and died leaves it) and leaves:
-    the first member, claiming its partitions, asks the ledger, looks at it from then on (it
-    publishes what the other left staged) and tries for the whole routes."""
+    at the ledger nor takes its share of the group's queries. Another member then brings the
+    group its epochs (a row in the ledger, as one that staged an epoch and died leaves it) and
+    leaves: the first member, claiming its partitions, asks the ledger, looks at it from then
+    on (it publishes what the other left staged) and takes its share (a slot lock)."""
     routes = [{"topic": t, "table": table}
               for t, table in zip(pipeline["topics"], pipeline["tables"], strict=True)]  # fmt: skip
     config = settings_for(
@@ -324,15 +324,15 @@ def test_a_member_started_before_the_groups_first_epoch_looks_once_it_takes_part
     )
     with running(config) as first:
         eventually(lambda: len(first.context()["partitions"]) == 2 * PARTITIONS + 1)
-        assert _elections(stack, names) == 0
+        assert _locks(stack, names) == 0
         sql(stack, f"INSERT INTO {names['schema']}.{EPOCHS_TABLE} (group_id, query, epoch, "
                    f"outcome, settled_at) VALUES ('{names['group']}', 'q-{uuid.uuid4()}', 0, "
                    "'discarded', now())")  # fmt: skip
-        with running(config):  # it tries for the whole routes at its start: the ledger knows
+        with running(config):  # it takes its share at its start: the ledger knows epochs
             eventually(lambda: len(first.context()["partitions"]) < 2 * PARTITIONS + 1)
-        assert first.metrics.registry.get_sample_value(METRIC_EPOCHS_OWNER) == 0
-        eventually(lambda: first.metrics.registry.get_sample_value(METRIC_EPOCHS_OWNER) == 1)
-        eventually(lambda: _elections(stack, names) == 1)
+            assert _locks(stack, names) == 1  # its slot: the first member has none yet
+        eventually(lambda: _locks(stack, names) == 1)  # the first member's own
+        eventually(lambda: len(first.context()["partitions"]) == 2 * PARTITIONS + 1)
 
 
 def _keyed_route(
@@ -856,8 +856,8 @@ def test_a_member_killed_while_epochs_flow_holds_them_back_for_at_most_15_second
     epochs_members: str,
 ) -> None:
     """Two members with the product's own Kafka settings, an epoch written every 0.3 s; one is
-    SIGKILLed: with `one`, the member elected to read the whole topics (the other stands by),
-    with `all`, one of the two sharing them. Every epoch spans every partition, so none can
+    SIGKILLed: with `one`, the member that reads the query's topics (the other reads none of
+    them), with `all`, one of the two sharing them. Every epoch spans every partition, so none can
     complete until the dead member's partitions move: the lock of its session released, the
     session timeout, the rebalance, the claim and a publication. The next epoch is published
     within 15 s of the kill (docs/consumer.md says what sets the bound), and nothing is lost,
@@ -897,11 +897,13 @@ def test_a_member_killed_while_epochs_flow_holds_them_back_for_at_most_15_second
     reader = Reader(stack.dsn, pipeline["tables"], dict.fromkeys(range(10_000), TASKS * per_task))
     writer = threading.Thread(target=flow, daemon=True)
     try:
-        sharing = 2 if epochs_members == "all" else 1
-        eventually(lambda: _owners(stack, names, pipeline["topics"]) == sharing, timeout=90)
         eventually(lambda: all('"consumer started"' in _text(log) for log in logs), timeout=90)
         with reading(reader):
             writer.start()
+            # Under `one`, the query's unit is known from its first part: one member then reads
+            # both topics (they are shared until then, as topics no manifest names are).
+            sharing = 2 if epochs_members == "all" else 1
+            eventually(lambda: _owners(stack, names, pipeline["topics"]) == sharing, timeout=90)
             eventually(lambda: len(settled_at()) >= 5, timeout=90)
             owners = _owner_pids(stack, names, pipeline["topics"])
             victim = next(m for m in members if m.process.pid in owners)
@@ -923,6 +925,161 @@ def test_a_member_killed_while_epochs_flow_holds_them_back_for_at_most_15_second
     assert after - killed_at <= 15, f"the next epoch came {after - killed_at:.1f} s after the kill"
     assert reader.partial == [], f"part of an epoch seen: {reader.partial[:5]}"
     assert counts(stack, pipeline) == (len(written) * TASKS * per_task,) * 2
+
+
+def one_topic_records(
+    topic: str, epoch: int, task: int, per_task: int
+) -> list[tuple[str, int, bytes | None, bytes | None]]:
+    """A task's records, all to `topic`, over all its partitions."""
+    return [
+        (topic, i % PARTITIONS, None,
+         f'{{"id": {(epoch * TASKS + task) * per_task + i}, "epoch_no": {epoch}}}'.encode())
+        for i in range(per_task)
+    ]  # fmt: skip
+
+
+def test_two_queries_spread_over_two_members_and_a_killed_members_query_moves_within_15_s(
+    stack: Endpoints, names: dict[str, str], pipeline: dict[str, Any], tmp_path: Path
+) -> None:
+    """Two Spark queries, each writing a topic of its own, an epoch of each every 0.3 s; two
+    member processes of one default group. Each member reads one query (its partitions, and
+    `bridge_consumer_epochs_owner{query}`), and publishes its epochs whole. The owner of the
+    first query is SIGKILLed: the other member reads both, the first query's next epoch is
+    published within 15 s of the kill, and nothing is lost, doubled or seen in part."""
+    (topic_a, topic_b), (table_a, table_b) = pipeline["topics"], pipeline["tables"]
+    sinks = {topic: HandSink(stack, manifest_topic=pipeline["manifest"], query=f"q-{uuid.uuid4()}")
+             for topic in (topic_a, topic_b)}  # fmt: skip
+    per_task = 16
+    config = tmp_path / "consumer.yaml"
+    routes = [{"topic": t, "table": table}
+              for t, table in zip(pipeline["topics"], pipeline["tables"], strict=True)]  # fmt: skip
+    config.write_text(yaml.safe_dump(plain_config(
+        stack, names, routes=routes, epochs_topic=pipeline["manifest"], http_port=0)))  # fmt: skip
+    logs = [tmp_path / f"member-{i}.log" for i in range(2)]
+    members = [Member(config, log) for log in logs]
+    written: list[int] = []
+    stop = threading.Event()
+
+    def flow() -> None:
+        while not stop.is_set():
+            epoch = len(written)
+            for topic, sink in sinks.items():
+                for task in range(TASKS):
+                    sink.task(epoch, task, one_topic_records(topic, epoch, task, per_task))
+                sink.commit(epoch, list(range(TASKS)))
+            written.append(epoch)
+            stop.wait(0.3)
+
+    def settled_at(topic: str) -> dict[int, float]:
+        rows = sql(stack, f"SELECT epoch, extract(epoch FROM settled_at) FROM "
+                          f"{names['schema']}.epochs WHERE query = '{sinks[topic].query}' "
+                          "AND outcome = 'published'")  # fmt: skip
+        return {int(epoch): float(at) for epoch, at in rows}
+
+    def owner_metric(log: Path, topic: str) -> float:
+        """The member's `bridge_consumer_epochs_owner` for the topic's query; -1: none yet."""
+        port = _http_port(log)
+        if port is None:
+            return -1.0
+        _, body = http_get(f"http://127.0.0.1:{port}/metrics")
+        line = f'{METRIC_EPOCHS_OWNER}{{query="{sinks[topic].query}"}} '
+        found = [float(row[len(line) :]) for row in body.splitlines() if row.startswith(line)]
+        return found[0] if found else -1.0
+
+    def spread() -> bool:
+        """One query each: each topic's partitions with one member, not the same one."""
+        a, b = (_owner_pids(stack, names, [t]) for t in (topic_a, topic_b))
+        return len(a) == len(b) == 1 and a != b
+
+    readers = [Reader(stack.dsn, [table], dict.fromkeys(range(10_000), TASKS * per_task))
+               for table in (table_a, table_b)]  # fmt: skip
+    writer = threading.Thread(target=flow, daemon=True)
+    try:
+        eventually(lambda: all('"consumer started"' in _text(log) for log in logs), timeout=90)
+        with reading(readers[0]), reading(readers[1]):
+            writer.start()
+            eventually(spread, timeout=90)
+            eventually(lambda: sorted((owner_metric(log, topic_a), owner_metric(log, topic_b))
+                                      for log in logs) == [(0.0, 1.0), (1.0, 0.0)])  # fmt: skip
+            eventually(lambda: min(len(settled_at(t)) for t in sinks) >= 5, timeout=90)
+            (owner_a,) = _owner_pids(stack, names, [topic_a])
+            victim = next(m for m in members if m.process.pid == owner_a)
+            killed_at = float(sql(stack, "SELECT extract(epoch FROM now())")[0][0])
+            victim.kill()
+            first_after = len(written) + 1  # needs the dead member's query to have moved
+            eventually(lambda: first_after in settled_at(topic_a), timeout=60)
+            after = settled_at(topic_a)[first_after]
+            stop.set()
+            writer.join(60)
+            eventually(lambda: all(len(settled_at(t)) == len(written) for t in sinks), timeout=90)
+            survivor = next(m for m in members if m is not victim)
+            assert _owner_pids(stack, names, pipeline["topics"]) == {survivor.process.pid}
+    finally:
+        stop.set()
+        for member in members:
+            if member.process.poll() is None:
+                member.kill()
+    print(f"the first query's next epoch was published {after - killed_at:.1f} s after the kill")
+    assert after - killed_at <= 15, f"the next epoch came {after - killed_at:.1f} s after the kill"
+    for reader in readers:
+        assert reader.partial == [], f"part of an epoch seen: {reader.partial[:5]}"
+    assert counts(stack, pipeline) == (2 * len(written) * TASKS * per_task,) * 2
+
+
+def test_another_producers_topic_spreads_over_the_members_and_the_sinks_has_one_reader(
+    stack: Endpoints, names: dict[str, str], pipeline: dict[str, Any]
+) -> None:
+    """A default group of two members reads a topic a Spark query writes through the sink and
+    a topic another producer writes (Kafka Connect, say: no provenance, in no manifest), both
+    routes whole by default. Once the query has had epochs, one member reads its topic and
+    publishes them whole, while the other producer's topic's partitions stay spread over both
+    members, its records landing as their batches commit. (Kafka's assignor balances the
+    partitions each member holds, so the other producer's topic has more partitions than the
+    query's: the member that reads the query takes fewer of them.)"""
+    sink_topic = pipeline["topics"][0]
+    other_topic = f"{pipeline['topics'][1]}-connect"
+    create_topic(stack.bootstrap_servers, other_topic, partitions=3 * PARTITIONS)
+    query = f"q-{uuid.uuid4()}"
+    sink = HandSink(stack, manifest_topic=pipeline["manifest"], query=query)
+    topics = (sink_topic, other_topic)
+    routes = [{"topic": t, "table": table}
+              for t, table in zip(topics, pipeline["tables"], strict=True)]  # fmt: skip
+    config = settings_for(
+        stack, names, consumer={"routes": routes, "epochs_topic": pipeline["manifest"]}
+    )
+    per_task, epochs, others = 20, 3, 100
+
+    def holding(member: ConsumerService, topic: str) -> int:
+        return sum(name.rsplit("[", 1)[0] == topic for name in member.context()["partitions"])
+
+    def other_producers(first: int) -> None:
+        produce(stack, other_topic, [(f"k{i}", {"id": first + i, "epoch_no": -1})
+                                     for i in range(others)])  # fmt: skip
+
+    with running(config) as first, running(config) as second:
+        members = (first, second)
+        for epoch in range(epochs):
+            for task in range(TASKS):
+                sink.task(epoch, task, one_topic_records(sink_topic, epoch, task, per_task))
+            sink.commit(epoch, list(range(TASKS)))
+        eventually(lambda: published(stack.dsn, names["schema"], query) == epochs, timeout=90)
+        # The query's topic with one member; the other producer's with both.
+        eventually(lambda: sorted(holding(m, sink_topic) for m in members) == [0, PARTITIONS])
+        eventually(lambda: all(holding(m, other_topic) > 0 for m in members))
+        other_producers(10_000_000)
+        for epoch in range(epochs, 2 * epochs):
+            for task in range(TASKS):
+                sink.task(epoch, task, one_topic_records(sink_topic, epoch, task, per_task))
+            sink.commit(epoch, list(range(TASKS)))
+        eventually(lambda: published(stack.dsn, names["schema"], query) == 2 * epochs)
+        total = 2 * epochs * TASKS * per_task + others
+        eventually(lambda: counts(stack, pipeline) == (total, total))
+        assert sorted(holding(m, sink_topic) for m in members) == [0, PARTITIONS]
+        assert all(holding(m, other_topic) > 0 for m in members)
+        # The records of the sink's topic were read by the member that published them.
+        reader = next(m for m in members if holding(m, sink_topic))
+        assert sample(reader, "bridge_consumer_records_read_total", topic=sink_topic) > 0
+    assert dead_letters(stack, names) == 0
 
 
 def test_a_route_moved_between_staging_and_publication_plans_the_staged_records_again(
@@ -965,8 +1122,8 @@ def _owners(stack: Endpoints, names: dict[str, str], topics: list[str]) -> int:
     return int(rows[0][0])
 
 
-def _elections(stack: Endpoints, names: dict[str, str]) -> int:
-    """How many of the group's sessions hold an advisory lock: the elected reader's."""
+def _locks(stack: Endpoints, names: dict[str, str]) -> int:
+    """The advisory locks the group's sessions hold: each member's slot, and each unit's."""
     rows = sql(stack, "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid) "
                f"WHERE l.locktype = 'advisory' AND l.granted "
                f"AND a.application_name = '{application_name(names['group'])}'")  # fmt: skip
@@ -974,9 +1131,11 @@ def _elections(stack: Endpoints, names: dict[str, str]) -> int:
 
 
 def _owner_pids(stack: Endpoints, names: dict[str, str], topics: list[str]) -> set[int]:
-    """The process ids of the members that own partitions of `topics` (owners are host:pid)."""
+    """The process ids of the members that own partitions of `topics` (owners are host:pid; a
+    partition released and not claimed again has none)."""
     rows = sql(stack, f"SELECT DISTINCT owner FROM {names['schema']}.offsets "
-               f"WHERE group_id = '{names['group']}' AND topic = ANY(ARRAY{topics})")  # fmt: skip
+               f"WHERE group_id = '{names['group']}' AND topic = ANY(ARRAY{topics}) "
+               "AND owner IS NOT NULL")  # fmt: skip
     return {int(str(owner).rsplit(":", 1)[1]) for (owner,) in rows}
 
 

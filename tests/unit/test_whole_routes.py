@@ -1,7 +1,8 @@
 """The policy of whole routes in a group (`consumers.epochs.whole_routes`): when a member's
-publisher looks at the ledger, when it tries for the whole routes, and what it subscribes to;
-with a ledger and an election of the test's own, and the loop's time passed in. And what a
-service that stops with a batch in flight counts as applied."""
+publisher looks at the ledger, when it starts reading its share of the units of queries, and
+what it subscribes to (`ConsumerSettings.subscription`); with a ledger and an ownership of the
+test's own, and the loop's time passed in. And what a service that stops with a batch in flight
+counts as applied."""
 
 from __future__ import annotations
 
@@ -10,13 +11,14 @@ from typing import Any, cast
 
 from bridge.settings import load_settings
 from consumers.database.offsets import PartitionKey
+from consumers.epochs.units import Owned
 from consumers.epochs.whole_routes import WholeRoutes
 from consumers.service import ConsumerService, _Member
 
 
-class Election:
-    def __init__(self, *, holds: bool) -> None:
-        self.holds = holds
+class Owners:
+    def __init__(self, owned: Owned) -> None:
+        self.owned = owned
         self.waited_s: float | None = None
         self.closed = False
 
@@ -27,7 +29,7 @@ class Election:
         self.closed = True
 
     def reasons(self) -> list[str]:
-        return ["whole epochs' owner not elected: the test's reason"]
+        return ["whole routes' owners not known: the test's reason"]
 
 
 class Ledger:
@@ -42,13 +44,16 @@ class Ledger:
         return self.knows
 
 
-def policy(
-    ledger: Ledger, *, named: bool = False, one: bool = True, holds: bool = True
-) -> tuple[WholeRoutes, list[Election]]:
-    made: list[Election] = []
+MINE = Owned(topics=frozenset({"orders"}), named=frozenset({"orders", "payments"}))
 
-    def elect() -> Election:
-        made.append(Election(holds=holds))
+
+def policy(
+    ledger: Ledger, *, named: bool = False, one: bool = True
+) -> tuple[WholeRoutes, list[Owners]]:
+    made: list[Owners] = []
+
+    def elect() -> Owners:
+        made.append(Owners(MINE))
         return made[-1]
 
     whole = WholeRoutes(
@@ -69,7 +74,7 @@ def test_a_group_whose_topics_no_sink_writes_neither_looks_nor_elects_and_reads_
     ledger = Ledger(knows=False)
     whole, made = policy(ledger)
     whole.start()
-    assert not whole.looks and made == [] and whole.reads_whole and whole.owner is None
+    assert not whole.looks and made == [] and whole.owned() is None  # it reads them all
     assert not whole.claims_meet_epochs(claims(A), idle=True, now=0.0)  # asked: it knows none
     for turn in range(1, 10):  # the same claims, batches of no epoch: never asked again
         assert not whole.claims_meet_epochs(claims(A), idle=True, now=float(turn))
@@ -84,31 +89,42 @@ def test_a_named_whole_route_looks_and_elects_at_start_waiting_for_the_first_try
     whole.start()
     assert whole.looks and len(made) == 1 and made[0].waited_s == 5.0
     assert ledger.asked == 0  # named: nothing to ask
-    assert whole.reads_whole
+    assert whole.owned() is MINE
 
 
-def test_the_subscription_follows_the_election_both_ways() -> None:
-    whole, made = policy(Ledger(knows=True), holds=False)
-    whole.start()
-    assert not whole.reads_whole  # a standby: the whole routes are another member's
-    whole.subscribed(whole=False)
-    assert not whole.resubscribe_due() and whole.owner is False
-    made[0].holds = True  # the owner died: this member took the lock
-    assert whole.resubscribe_due() and whole.owner is False  # until it subscribes to them
-    whole.subscribed(whole=whole.reads_whole)
-    assert not whole.resubscribe_due() and whole.owner is True
-    made[0].holds = False  # its session was lost with the lock
-    assert whole.resubscribe_due() and whole.owner is False
-    whole.subscribed(whole=whole.reads_whole)
-    assert not whole.resubscribe_due() and not whole.reads_whole
+def test_a_member_subscribes_to_its_units_topics_and_those_no_unit_names() -> None:
+    settings = load_settings(
+        kafka={"bootstrap_servers": "127.0.0.1:9"},
+        postgres={"dsn": "postgresql://bridge@127.0.0.1:9/bridge"},
+        consumer={"group_id": "g", "epochs_topic": "manifest", "routes": [
+            {"topic": "orders", "table": "public.orders"},
+            {"topic": "payments", "table": "public.payments"},
+            {"topic": "connect-users", "table": "public.users"},
+            {"topic": "audit", "table": "public.audit", "epochs": "per-partition"},
+            {"topic_pattern": "ledger-.*", "table": "public.ledger"},
+            {"topic_pattern": "cdc-.*", "table": "public.cdc"},
+        ]},
+    ).consumer_to_run()  # fmt: skip
+    everything = ["orders", "payments", "connect-users", "audit", "^(ledger-.*)$", "^(cdc-.*)$",
+                  "manifest"]  # fmt: skip
+    assert settings.subscription() == everything  # the group's ownership not known yet
+    listed = ["ledger-eu", "ledger-us", "ledger-new", "cdc-a", "orders", "payments"]
+    mine = Owned(topics=frozenset({"orders", "ledger-eu"}),
+                 named=frozenset({"orders", "payments", "ledger-eu", "ledger-us"}))  # fmt: skip
+    assert settings.subscription(mine.reads, mine.named, listed) == [
+        "orders", "connect-users", "audit", "ledger-eu", "ledger-new", "^(cdc-.*)$", "manifest"
+    ]  # fmt: skip
+    theirs = Owned(topics=frozenset({"payments", "ledger-us"}), named=mine.named)
+    assert settings.subscription(theirs.reads, theirs.named, listed) == [
+        "payments", "connect-users", "audit", "ledger-new", "ledger-us", "^(cdc-.*)$", "manifest"
+    ]  # fmt: skip
 
 
 def test_with_every_member_reading_them_there_is_no_election() -> None:
     whole, made = policy(Ledger(knows=True), named=True, one=False)
     whole.start()
     whole.after_look(publisher_knows_epochs=True)
-    assert whole.looks and made == [] and whole.reads_whole and not whole.resubscribe_due()
-    assert whole.owner is None and whole.reasons() == []
+    assert whole.looks and made == [] and whole.owned() is None and whole.reasons() == []
 
 
 def test_a_batch_with_an_epoch_starts_the_looks_and_the_ledger_knowing_one_the_election() -> None:
