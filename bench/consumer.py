@@ -283,6 +283,7 @@ class Service:
         value_format: str = "json",  # avro: through the stack's schema registry
         route_options: dict[str, Any] | None = None,  # more of the route: epochs, metadata
         consumer_options: dict[str, Any] | None = None,  # more of the group: epochs_topic
+        more_routes: list[dict[str, Any]] | None = None,  # other topics, as the config says them
     ) -> None:
         self.stack, self.group = stack, group or f"bench-{uuid.uuid4().hex[:8]}"
         self.topic = topic  # its positions: a group of whole routes has the manifest's beside
@@ -299,7 +300,8 @@ class Service:
             DEFAULT_STATE_SCHEMA if tree is None else f"{DEFAULT_STATE_SCHEMA}_baseline"
         )
         consumer: dict[str, Any] = {
-            "group_id": self.group, "routes": [route], "state_schema": self.state_schema,
+            "group_id": self.group, "routes": [route, *(more_routes or [])],
+            "state_schema": self.state_schema,
         }  # fmt: skip
         if batch_max_wait_ms is not None:
             consumer["batch_max_wait_ms"] = batch_max_wait_ms

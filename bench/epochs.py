@@ -20,8 +20,8 @@ with `epochs: whole` against the per-partition mode, in one run.
     together, with each route mode and each kind, timed from their start to every row visible
     (per partition: the offsets table at the topic's end; whole: the last epoch published), in
     `--group-rounds` rounds, the kinds alternated; figures per member count, the medians of each
-    round's ratio whole / per-partition. With whole epochs one member is elected to read the
-    whole routes (`epochs_members: one`, consumers/membership/epoch_owner.py).
+    round's ratio whole / per-partition. With whole epochs one member reads the one query's
+    topics (`epochs_members: one`, consumers/membership/unit_owners.py).
 (b) Latency at a 1 s trigger: bench.latency's pipeline (`bridge produce --source rate` on real
     Spark, `--latency-members` services of one group, 2 by default, with default settings) with
     the sink's and the route's whole epochs, against the same pipeline per partition,
@@ -81,19 +81,21 @@ def fill_epochs(
     rows_per_task: int,
     first_epoch: int = 0,  # a query that ran before: its epochs go on from there
     manifest: str = DEFAULT_EPOCHS_TOPIC,
+    query: str | None = None,  # that query's id, its topics made; else a new query's
 ) -> str:
     """The topic and the manifest as the sink writes them with whole epochs (each part naming
     its records' offsets, from their delivery reports); the query id."""
-    new_topic(stack, topic, partitions=PARTITIONS)
-    new_topic(stack, manifest, partitions=1)
-    query = f"bench-{uuid.uuid4().hex[:8]}"
+    if query is None:
+        new_topic(stack, topic, partitions=PARTITIONS)
+        new_topic(stack, manifest, partitions=1)
+        query = f"bench-{uuid.uuid4().hex[:8]}"
     delivered = DeliveredOffsets()
     producer = Producer({"bootstrap.servers": stack.bootstrap_servers, "linger.ms": 20,
                          "transactional.id": f"bench-{uuid.uuid4().hex}",
                          "on_delivery": delivered})  # fmt: skip
     producer.init_transactions(30)
     now_ms = int(time.time() * 1000)
-    record_id = 0
+    record_id = first_epoch * tasks * rows_per_task  # ids go on from the epochs before too
     for epoch in range(first_epoch, first_epoch + epochs):
         for task in range(tasks):
             headers: list[tuple[str, str | bytes | None]] = [
