@@ -3,7 +3,7 @@ at its end, in one run of 20,000 epochs.
 
     .venv/bin/python -m bench.month [--epochs 20000] [--warm-epochs 200]
         [--trigger '100 milliseconds'] [--rate 2000] [--members 2] [--window-s 30]
-        [--pause-s 30] [--results-dir DIR]
+        [--pause-s 30] [--drains 3] [--results-dir DIR]
 
 The real pipeline with the defaults (whole epochs, pooled transactional ids): `bridge produce
 --source kafka` reading a topic that `bench.feed` fills at `--rate` rows a second, with a
@@ -17,8 +17,10 @@ twice, once the query has committed `--warm-epochs` epochs (the start) and once 
   stamped in a window of `--window-s` seconds;
 - drain speed, as a user pays it: the members stopped for `--pause-s` seconds while the query
   goes on, then started again; the rows behind at their start over the time until the table
-  holds every row the query had committed then (their start-up included);
-- resident memory: each member's process, and the driver's (`bridge produce` and its JVM);
+  holds every row the query had committed then (their start-up included, which dominates it:
+  the median of `--drains` drains);
+- resident memory: each member's process, and the driver's (`bridge produce` and its JVM),
+  also traced every minute with the members';
 - the state tables' size (the schema's tables and indexes) and their ledger rows;
 - the brokers' live transactional ids (bench.capacity's count, from the transaction log) and
   the manifest topic's records (its log end less its log start).
@@ -90,7 +92,8 @@ class Pipeline:
         sql(stack.dsn, f"CREATE INDEX ON public.{self.table} (value)")
         sql(stack.dsn, f'CREATE INDEX ON public.{self.table} ("timestamp")')
         self.members = self._members()
-        self.rss_trace: list[list[float]] = []  # [epochs committed, each member's RSS MB]
+        # [epochs committed, each member's RSS MB, the driver's JVM's RSS MB], every minute
+        self.rss_trace: list[list[float]] = []
         # The query reads a topic fed at --rate, as a user's pipelines do: Spark's rate source
         # hands out rows a whole second at a time (one epoch a second at most, whatever the
         # trigger). One partition keeps the rows in the order of their numbers, so the rows
@@ -147,7 +150,8 @@ class Pipeline:
                 rate = (done - first) / (time.monotonic() - started)
                 print(f"{done:,} epochs committed, {rate:.2f} a second; members' RSS "
                       f"{self.members_rss_mb()} MB", flush=True)  # fmt: skip
-                self.rss_trace.append([done, *self.members_rss_mb()])
+                jvm = resident_mb(self)["driver_jvm_rss_mb"]
+                self.rss_trace.append([done, *self.members_rss_mb(), jvm])
                 said = time.monotonic()
             time.sleep(1)
 
@@ -248,9 +252,17 @@ def resident_mb(pipeline: Pipeline) -> dict[str, float]:
     }
 
 
-def drain_speed(pipeline: Pipeline) -> dict[str, float]:
-    """The members stopped for `--pause-s`, then started again: the backlog's rows a second,
-    start-up included."""
+def drain_speed(pipeline: Pipeline) -> dict[str, Any]:
+    """`--drains` times: the members stopped for `--pause-s`, then started again; the backlog's
+    rows a second, start-up included (which dominates it: one sample says little), the median
+    and each."""
+    drains = [drain_once(pipeline) for _ in range(pipeline.args.drains)]
+    speeds = sorted(d["drain_rows_per_second"] for d in drains)
+    return {"drain_rows": drains[0]["drain_rows"],
+            "drain_rows_per_second": speeds[len(speeds) // 2], "drains": drains}  # fmt: skip
+
+
+def drain_once(pipeline: Pipeline) -> dict[str, float]:
     # Every row the query committed so far landed first (the members running): the count
     # below then reads only the rows of the pause, whatever the table's age.
     landed = pipeline.progress().rows_written
@@ -298,6 +310,7 @@ def main() -> None:
     parser.add_argument("--members", type=int, default=2)
     parser.add_argument("--window-s", type=int, default=30)
     parser.add_argument("--pause-s", type=float, default=30)
+    parser.add_argument("--drains", type=int, default=3)  # at each end: the median is given
     parser.add_argument("--results-dir", type=Path, default=RESULTS)
     args = parser.parse_args()
     with scratch_dir("bridge-bench-month-") as scratch, running_stack() as stack:
